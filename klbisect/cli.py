@@ -1,0 +1,260 @@
+"""The command line: parse options, call the core, print. Nothing else."""
+from __future__ import annotations
+
+import errno
+import json
+import sqlite3
+import sys
+import traceback
+
+import click
+
+from . import __version__
+from .build import DEFAULT_BUILD_PATHS
+from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_STORAGE, EXIT_USAGE,
+                     KlbisectError)
+from .probe import DEFAULT_TIMEOUT
+
+
+class Cli(click.Group):
+    """Turns every failure into one line and a documented exit code. A
+    traceback would exit 1, which `git bisect run` reads as 'bad'."""
+
+    def main(self, *args, **kwargs):
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+            sys.exit(rv if isinstance(rv, int) else 0)
+        except KlbisectError as e:
+            click.echo(f"klbisect: error: {e.message}", err=True)
+            if e.detail:
+                click.echo(e.detail, err=True)
+            sys.exit(e.code)
+        except click.exceptions.Abort:
+            click.echo("klbisect: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except click.UsageError as e:
+            hint = f" (see klbisect {e.ctx.info_name if e.ctx else ''} --help)".replace("  ", " ")
+            click.echo(f"klbisect: error: {e.format_message()}{hint}", err=True)
+            sys.exit(EXIT_USAGE)
+        except click.ClickException as e:
+            click.echo(f"klbisect: error: {e.format_message()}", err=True)
+            sys.exit(EXIT_USAGE)
+        except KeyboardInterrupt:
+            click.echo("klbisect: interrupted; finished runs are saved, rerun to resume", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except (sqlite3.OperationalError, OSError) as e:
+            if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+                return self._internal(e)
+            click.echo(f"klbisect: error: cannot write state ({e}); free disk space and rerun: "
+                       "recorded runs are kept", err=True)
+            sys.exit(EXIT_STORAGE)
+        except SystemExit:
+            raise
+        except Exception as e:  # noqa: BLE001 - the last line of defence for git bisect
+            return self._internal(e)
+
+    @staticmethod
+    def _internal(e: Exception):
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f"{tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else "?"
+        click.echo(f"klbisect: internal error: {type(e).__name__}: {e} (at {where}); "
+                   "set KLBISECT_DEBUG=1 for the traceback", err=True)
+        import os
+        if os.environ.get("KLBISECT_DEBUG"):
+            traceback.print_exc()
+        sys.exit(EXIT_INTERNAL)
+
+
+def _codes_epilog() -> str:
+    return "Exit codes:\n\n" + "\n\n".join(f"  {k}: {v}" for k, v in sorted(EXIT_CODES.items()))
+
+
+@click.group(cls=Cli, epilog=_codes_epilog())
+@click.version_option(__version__, prog_name="klbisect")
+def cli() -> None:
+    """Find the commit that made a noisy KL-divergence metric worse.
+
+    \b
+    klbisect run --good ddd4600 --bad main --probe-cmd "python3 test_kl.py"
+    klbisect start --good ddd4600 --bad main --probe-cmd "..."; git bisect run klbisect probe
+    """
+
+
+repo_option = click.option("--repo", "repo", default=None, metavar="PATH",
+                           help="Repository (default: the one of the current directory).")
+
+
+def probe_options(f):
+    opts = [
+        click.option("--good", required=True, help="A known-good commit (sha, branch or tag)."),
+        click.option("--bad", required=True, help="A known-bad commit, e.g. main."),
+        click.option("--probe-cmd", default=None, help="Shell command that runs the KL test from the checkout root."),
+        click.option("--probe", "probe_kind", type=click.Choice(["cmd", "sglang"]), default="cmd",
+                     show_default=True, help="cmd: --probe-cmd; sglang: launch a server and measure KL."),
+        click.option("--build-cmd", default=None, help="Shell command that builds a checkout before probing it."),
+        click.option("--build", "build_kind", type=click.Choice(["sglang"]), default=None,
+                     help="SGLang-aware rebuilds (editable install, pinned kernel wheels)."),
+        click.option("--build-paths", default=",".join(DEFAULT_BUILD_PATHS), show_default=True,
+                     help="Comma-separated globs: rebuild only when a matching file changed."),
+        click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
+                     help="Seconds before one probe run is killed."),
+        click.option("--metric", default=None, help="Judge one label (default: max over labels)."),
+        click.option("--metric-regex", default=None,
+                     help="Regex with a group 'value' (and optionally 'label') for non-SGLang output."),
+        click.option("--threshold", type=float, default=None,
+                     help="Classic mode: a run fails at or above this value (no learning)."),
+        click.option("--votes", type=int, default=1, show_default=True,
+                     help="Classic mode: majority of this many runs per commit."),
+        click.option("--max-runs", type=int, default=10, show_default=True,
+                     help="At most this many runs with a value per commit."),
+        click.option("--endpoint-runs", type=int, default=3, show_default=True,
+                     help="Runs per endpoint before checking that they separate."),
+        click.option("--max-endpoint-runs", type=int, default=10, show_default=True),
+        click.option("--confidence", type=float, default=0.99, show_default=True,
+                     help="Stop when the most likely culprit (or block) reaches this probability."),
+        click.option("--all-commits", is_flag=True, help="Also consider commits of merged side branches."),
+        click.option("--max-total-runs", type=int, default=400, show_default=True),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return sglang_options(f)
+
+
+def sglang_options(f):
+    opts = [
+        click.option("--model-path", default=None, help="--probe sglang: model to serve."),
+        click.option("--server-args", default="", help="--probe sglang: extra launch_server arguments."),
+        click.option("--prompts", default=None, help="--probe sglang: JSON list of token-id lists."),
+        click.option("--runs-per-launch", type=int, default=0,
+                     help="--probe sglang: runs sharing one server launch (0: all runs of a commit)."),
+        click.option("--max-new-tokens", type=int, default=None, help="--probe sglang: tokens per sample."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def make_config(kw: dict):
+    from .session import BisectConfig
+    sglang = {k: kw.pop(k) for k in ("model_path", "server_args", "prompts", "runs_per_launch", "max_new_tokens")
+              if k in kw}
+    sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0)}
+    if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
+        raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
+    return BisectConfig(
+        good=kw["good"], bad=kw["bad"], probe_cmd=kw["probe_cmd"], probe=kw["probe_kind"],
+        build_cmd=kw["build_cmd"], build=kw["build_kind"],
+        build_paths=tuple(p.strip() for p in kw["build_paths"].split(",") if p.strip()),
+        timeout=kw["timeout"], metric=kw["metric"], metric_regex=kw["metric_regex"],
+        threshold=kw["threshold"], votes=kw["votes"], max_runs=kw["max_runs"],
+        endpoint_runs=kw["endpoint_runs"], max_endpoint_runs=kw["max_endpoint_runs"],
+        confidence=kw["confidence"], first_parent=not kw["all_commits"],
+        max_total_runs=kw["max_total_runs"], sglang=sglang,
+        parallel=kw.get("parallel", 1), gpus_per_probe=kw.get("gpus_per_probe", 0),
+        executor=kw.get("executor", "local"), ray_address=kw.get("ray_address"),
+    )
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj, sort_keys=False, default=str))
+
+
+@cli.command()
+@repo_option
+@probe_options
+@click.option("--parallel", type=int, default=1, show_default=True, help="Probe this many commits at once.")
+@click.option("--gpus-per-probe", type=int, default=0, show_default=True,
+              help="GPUs given to each parallel probe (CUDA_VISIBLE_DEVICES); 0: no assignment.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--ray-address", default=None, help="auto or ray://HOST:PORT (with --executor ray).")
+@click.option("--json", "as_json", is_flag=True, help="End stdout with one JSON object.")
+def run(repo, as_json, **kw):
+    """Bisect by itself in a worktree; your checkout and HEAD stay untouched."""
+    from .report import format_result
+    from .session import run_bisect
+    res = run_bisect(repo, make_config(kw))
+    click.echo(format_result(res), err=as_json)
+    if as_json:
+        _emit_json(res.to_json())
+    return 0 if res.complete else EXIT_NOT_SURE
+
+
+@cli.command()
+@repo_option
+@probe_options
+def start(repo, **kw):
+    """Calibrate the endpoints, then `git bisect start --first-parent`.
+
+    Next: git bisect run klbisect probe
+    """
+    from .session import start as do_start
+    out = do_start(repo, make_config(kw))
+    click.echo(out["git"].strip())
+    click.echo(f"klbisect: session {out['session']} ready ({out['n_commits']} candidate commits). Next:\n"
+               "    git bisect run klbisect probe\n"
+               "then `klbisect status` for the answer and `klbisect reset` to finish.")
+    return 0
+
+
+@cli.command()
+@repo_option
+def probe(repo):
+    """Judge HEAD for `git bisect run`: exit 0 good, 1 bad, 125 skip."""
+    from .session import probe_head
+    return probe_head(repo).exit_code
+
+
+@cli.command()
+@repo_option
+@click.option("--json", "as_json", is_flag=True)
+def status(repo, as_json):
+    """Commits probed, their values and verdicts, the most likely culprit."""
+    from .report import format_status
+    from .session import status as get_status
+    st = get_status(repo)
+    if as_json:
+        _emit_json(st)
+    else:
+        click.echo(format_status(st))
+    return 0
+
+
+@cli.command()
+@repo_option
+@click.option("--session", "session_id", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def log(repo, session_id, as_json):
+    """Every probe run of the session, with its log file."""
+    import time
+
+    from .session import log as get_log
+    rows = get_log(repo, session_id)
+    if as_json:
+        _emit_json(rows)
+        return 0
+    for r in rows:
+        t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
+        vals = " ".join(f"{k}={v:.4g}" for k, v in r["values"].items()) or r["status"]
+        click.echo(f"{t} {r['sha'][:12]} exit={r['exit_code']} {r['duration'] or 0:6.1f}s  {vals}")
+        click.echo(f"         {r['subject'][:70]}  log: {r['log_path']}")
+    return 0
+
+
+@cli.command()
+@repo_option
+@click.option("--purge", is_flag=True, help="Also delete run history and logs.")
+def reset(repo, purge):
+    """End the session, reset git bisect, remove worktrees (keeps history)."""
+    from .session import reset as do_reset
+    for line in do_reset(repo, purge) or ["nothing to reset"]:
+        click.echo(line)
+    return 0
+
+
+def main() -> None:
+    cli(prog_name="klbisect")
+
+
+if __name__ == "__main__":
+    main()

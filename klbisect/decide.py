@@ -1,0 +1,329 @@
+"""Judge commits from their runs: what good and bad look like, and how sure.
+
+Pure numpy/scipy. Values are modelled in log space when they are all
+positive (KL values are positive and skewed). Good and bad are Student-t
+distributions around their medians with one pooled robust scale: the
+predictive distribution of a new value when the spread is estimated from few
+runs, so two endpoint runs give wide tails and twenty give nearly normal
+ones. A broad outlier component and a per-run clip on the likelihood ratio
+mean one wild value can never decide, or flip, a verdict alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+RUN_LR_CAP = 40.0        # no single run counts for more than 40:1
+VERDICT_LR = 500.0       # a verdict needs 500:1 (so at least two agreeing runs)
+OUTLIER_WEIGHT = 0.02
+OUTLIER_SCALE = 3.0      # in log space: covers values 20x off either way
+MIN_ENDPOINT_RUNS = 3
+MAX_ENDPOINT_RUNS = 10
+SEPARATION_P = 0.05
+
+GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
+
+
+def _stats():
+    # scipy.stats costs ~2 s to import; `klbisect probe` runs once per commit
+    # and needs only the closed-form densities below.
+    from scipy import stats  # noqa: PLC0415
+    return stats
+
+
+def _t_logpdf(y: np.ndarray, df: float, loc: float, scale: float) -> np.ndarray:
+    z = (y - loc) / scale
+    return (math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+            - math.log(scale) - (df + 1) / 2 * np.log1p(z * z / df))
+
+
+def _norm_logpdf(y: np.ndarray, loc: float, scale: float) -> np.ndarray:
+    z = (y - loc) / scale
+    return -0.5 * z * z - math.log(scale) - 0.5 * math.log(2 * math.pi)
+
+
+def _arr(values: Iterable[float]) -> np.ndarray:
+    return np.asarray(list(values), dtype=float)
+
+
+@dataclass
+class Model:
+    """What good and bad runs look like, learned from known-good and known-bad runs."""
+
+    log_space: bool
+    mu_good: float
+    mu_bad: float
+    scale: float
+    df: float
+    n_good: int = 0
+    n_bad: int = 0
+    cap: float = RUN_LR_CAP
+    kind: str = "learned"
+
+    @classmethod
+    def fit(cls, good: Sequence[float], bad: Sequence[float], cap: float = RUN_LR_CAP) -> "Model":
+        g, b = _arr(good), _arr(bad)
+        if len(g) < 1 or len(b) < 1:
+            raise ValueError("need at least one good and one bad value")
+        log_space = bool(np.all(g > 0) and np.all(b > 0))
+        tg, tb = _transform(g, log_space), _transform(b, log_space)
+        mu_g, mu_b = float(np.median(tg)), float(np.median(tb))
+        resid = np.concatenate([tg - mu_g, tb - mu_b])
+        scale = _pooled_scale(resid, len(g) + len(b) - 2)
+        floor = max(0.02 * abs(mu_b - mu_g), 1e-3 if log_space else 1e-12)
+        n = len(g) + len(b)
+        df = float(max(n - 2, 1))
+        # Predictive spread for a new value: sigma * sqrt(1 + 1/n_group).
+        scale = max(scale, floor) * math.sqrt(1.0 + 2.0 / n)
+        return cls(log_space, mu_g, mu_b, float(scale), df, len(g), len(b), cap)
+
+    def transform(self, values: Iterable[float]) -> np.ndarray:
+        return _transform(_arr(values), self.log_space)
+
+    def _logpdf(self, y: np.ndarray, mu: float) -> np.ndarray:
+        core = _t_logpdf(y, self.df, mu, self.scale)
+        mid = 0.5 * (self.mu_good + self.mu_bad)
+        broad = _norm_logpdf(y, mid, max(OUTLIER_SCALE, 4 * self.scale))
+        return np.logaddexp(np.log1p(-OUTLIER_WEIGHT) + core, math.log(OUTLIER_WEIGHT) + broad)
+
+    def log_lr(self, values: Iterable[float]) -> np.ndarray:
+        """Per-run log likelihood ratio, bad over good, clipped to +-log(cap)."""
+        y = self.transform(values)
+        if y.size == 0:
+            return y
+        llr = self._logpdf(y, self.mu_bad) - self._logpdf(y, self.mu_good)
+        c = math.log(self.cap)
+        return np.clip(llr, -c, c)
+
+    @property
+    def effect(self) -> float:
+        """Separation of good and bad in units of the run-to-run spread."""
+        return abs(self.mu_bad - self.mu_good) / self.scale
+
+    def boundary(self) -> float:
+        """The value where a run is equally likely good or bad (for plots)."""
+        mid = 0.5 * (self.mu_good + self.mu_bad)
+        return float(math.exp(mid)) if self.log_space else float(mid)
+
+    def centre(self, which: str) -> float:
+        mu = self.mu_good if which == GOOD else self.mu_bad
+        return float(math.exp(mu)) if self.log_space else float(mu)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Model":
+        if d.get("kind") == "threshold":
+            return ThresholdModel.from_dict(d)  # type: ignore[return-value]
+        return cls(**{k: d[k] for k in ("log_space", "mu_good", "mu_bad", "scale", "df",
+                                         "n_good", "n_bad", "cap", "kind") if k in d})
+
+
+def _transform(x: np.ndarray, log_space: bool) -> np.ndarray:
+    return np.log(np.maximum(x, 1e-300)) if log_space else x
+
+
+def _pooled_scale(resid: np.ndarray, dof: int) -> float:
+    """Robust pooled spread: MAD when there are enough runs, else a
+    trimmed standard deviation (MAD of a handful of residuals is mostly the
+    zeros the medians produce)."""
+    if resid.size >= 12:
+        mad = 1.4826 * float(np.median(np.abs(resid - np.median(resid))))
+        if mad > 0:
+            return mad
+    r = np.sort(np.abs(resid))
+    if r.size > 4:
+        r = r[:-1]  # one outlier among endpoint runs must not inflate the spread
+    dof = max(dof, 1)
+    return float(math.sqrt(np.sum(r ** 2) / dof))
+
+
+@dataclass
+class ThresholdModel:
+    """Classic mode: a run fails when its value reaches the CI threshold;
+    a commit's verdict is the majority of ``votes`` runs."""
+
+    threshold: float
+    votes: int = 1
+    kind: str = "threshold"
+    cap: float = 1e6
+
+    def fails(self, values: Iterable[float]) -> np.ndarray:
+        return _arr(values) >= self.threshold
+
+    def log_lr(self, values: Iterable[float]) -> np.ndarray:
+        f = self.fails(values)
+        return np.where(f, 1.0, -1.0) * math.log(self.cap)
+
+    def boundary(self) -> float:
+        return self.threshold
+
+    @property
+    def effect(self) -> float:
+        return float("nan")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ThresholdModel":
+        return cls(threshold=d["threshold"], votes=d.get("votes", 1))
+
+
+@dataclass
+class Verdict:
+    decision: str            # good | bad | undecided | skip
+    n_values: int
+    n_crashes: int
+    log_lr: float            # summed (clipped) evidence, bad over good
+    reason: str = ""
+
+    @property
+    def lr_text(self) -> str:
+        x = self.log_lr
+        if x >= 0:
+            return f"{math.exp(min(x, 700)):.3g}:1 for bad"
+        return f"{math.exp(min(-x, 700)):.3g}:1 for good"
+
+
+def judge(values: Sequence[float], crashes: int, model: "Model | ThresholdModel",
+          max_runs: int, crash_limit: int = 2, verdict_lr: float = VERDICT_LR) -> Verdict:
+    """Verdict on one commit from its runs so far (Wald's SPRT), or undecided
+    while more runs would help. ``skip`` when it cannot be measured."""
+    n = len(values)
+    if isinstance(model, ThresholdModel):
+        fails = int(np.sum(model.fails(values)))
+        passes = n - fails
+        need = model.votes // 2 + 1
+        llr = float((fails - passes) * math.log(model.cap)) if n else 0.0
+        if fails >= need:
+            return Verdict(BAD, n, crashes, llr, f"{fails}/{n} runs at or above {model.threshold:g}")
+        if passes >= need:
+            return Verdict(GOOD, n, crashes, llr, f"{passes}/{n} runs below {model.threshold:g}")
+    else:
+        llr = float(np.sum(model.log_lr(values))) if n else 0.0
+        bound = math.log(verdict_lr)
+        if llr >= bound:
+            return Verdict(BAD, n, crashes, llr, f"{n} runs, likelihood ratio {math.exp(min(llr, 700)):.3g}:1 for bad")
+        if llr <= -bound:
+            return Verdict(GOOD, n, crashes, llr, f"{n} runs, likelihood ratio {math.exp(min(-llr, 700)):.3g}:1 for good")
+    if n == 0 and crashes >= crash_limit:
+        return Verdict(SKIP, n, crashes, 0.0, f"{crashes} runs crashed without printing a value")
+    if n >= max_runs:
+        return Verdict(SKIP, n, crashes, llr, f"undecided after {n} runs (--max-runs)")
+    if crashes >= max_runs + crash_limit:
+        return Verdict(SKIP, n, crashes, llr, f"{crashes} crashed runs")
+    return Verdict(UNDECIDED, n, crashes, llr)
+
+
+@dataclass
+class Separation:
+    separated: bool
+    p_value: float
+    effect: float
+    direction: str          # "up" when bad values are higher
+    good: dict = field(default_factory=dict)
+    bad: dict = field(default_factory=dict)
+
+
+def separation(good: Sequence[float], bad: Sequence[float]) -> Separation:
+    """Do the endpoints differ? Welch's t on the (log) values and Mann-Whitney
+    U; the smaller p counts, as in Pinpoint's comparison."""
+    stats = _stats()
+    g, b = _arr(good), _arr(bad)
+    sg, sb = summarize(g), summarize(b)
+    if len(g) < 2 or len(b) < 2:
+        return Separation(False, 1.0, 0.0, "up", sg, sb)
+    m = Model.fit(g, b)
+    tg, tb = m.transform(g), m.transform(b)
+    if np.ptp(np.concatenate([tg, tb])) == 0:
+        return Separation(False, 1.0, 0.0, "up", sg, sb)
+    with np.errstate(all="ignore"):
+        p_t = stats.ttest_ind(tg, tb, equal_var=False).pvalue
+    p_u = stats.mannwhitneyu(tg, tb, alternative="two-sided").pvalue
+    p = float(np.nanmin([p_t, p_u]))
+    if not np.isfinite(p):
+        # zero spread in both groups but different values: a clean step
+        p = 0.0 if np.median(tg) != np.median(tb) else 1.0
+    direction = "up" if m.mu_bad >= m.mu_good else "down"
+    return Separation(p <= SEPARATION_P, p, m.effect, direction, sg, sb)
+
+
+# ---- calibration statistics (klbisect calibrate, status) -------------------
+
+def summarize(values: Sequence[float]) -> dict:
+    v = _arr(values)
+    if v.size == 0:
+        return {"n": 0}
+    q = np.percentile(v, [5, 25, 50, 75, 95])
+    return {"n": int(v.size), "min": float(v.min()), "p5": float(q[0]), "p25": float(q[1]),
+            "median": float(q[2]), "p75": float(q[3]), "p95": float(q[4]), "max": float(v.max())}
+
+
+def exceedances(values: Sequence[float], thresholds: Sequence[float]) -> list[tuple[float, int, int]]:
+    """(threshold, runs at or above it, runs) for each candidate threshold."""
+    v = _arr(values)
+    return [(float(t), int(np.sum(v >= t)), int(v.size)) for t in thresholds]
+
+
+def exceedance_upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
+    """Clopper-Pearson upper bound on the true exceedance rate after k of n."""
+    if n == 0:
+        return 1.0
+    if k >= n:
+        return 1.0
+    return float(_stats().beta.ppf(confidence, k + 1, n - k))
+
+
+def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
+                        confidence: float = 0.95) -> tuple[float | None, str]:
+    """Smallest threshold whose false-failure rate is at most ``false_fail_rate``
+    with ``confidence``, from the empirical distribution; beyond the data, a
+    log-normal tail fitted to the upper half. Returns (threshold, how)."""
+    stats = _stats()
+    v = np.sort(_arr(values))
+    n = v.size
+    if n == 0:
+        return None, "no values"
+    # The order statistic v[j] is a distribution-free upper confidence bound
+    # on the (1 - rate) quantile when P(Binomial(n, 1-rate) < j+1) >= confidence.
+    j = int(stats.binom.ppf(confidence, n, 1.0 - false_fail_rate))
+    if j < n:
+        return float(v[j]) * (1 + 1e-9), f"order statistic {j + 1} of {n} runs (distribution-free)"
+    if np.all(v > 0) and n >= 5:
+        y = np.log(v)
+        mu, sd = float(np.mean(y)), float(np.std(y, ddof=1))
+        # t prediction-style inflation for the uncertainty of mu and sd
+        z = stats.t.ppf(1 - false_fail_rate, n - 1) * math.sqrt(1 + 1 / n)
+        z *= math.sqrt((n - 1) / stats.chi2.ppf(1 - confidence, n - 1))
+        return float(math.exp(mu + z * sd)), (
+            f"log-normal tail fit ({n} runs are too few for a distribution-free bound at "
+            f"{false_fail_rate:g})")
+    return None, f"too few runs ({n})"
+
+
+def info_per_run(model: "Model", n_sim: int = 20000, seed: int = 0) -> float:
+    """Mutual information (bits) between one run's value and good-vs-bad at
+    p = 1/2, by Monte Carlo from the model itself (with its clip)."""
+    if not isinstance(model, Model):
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    yg = model.mu_good + model.scale * rng.standard_t(model.df, n_sim)
+    yb = model.mu_bad + model.scale * rng.standard_t(model.df, n_sim)
+    to_val = (lambda y: np.exp(y)) if model.log_space else (lambda y: y)
+    lg, lb = model.log_lr(to_val(yg)), model.log_lr(to_val(yb))
+    # I = E[log2(2 f_x / (f_g + f_b))] averaged over both hypotheses
+    ig = np.mean(np.log2(2.0 / (1.0 + np.exp(lg))))
+    ib = np.mean(np.log2(2.0 / (1.0 + np.exp(-lb))))
+    return float(max(0.0, 0.5 * (ig + ib)))
+
+
+def runs_lower_bound(n_commits: int, bits_per_run: float, delta: float = 0.01) -> float:
+    """Fano: runs needed to find one culprit among N with error <= delta."""
+    if bits_per_run <= 0:
+        return float("inf")
+    return max(0.0, ((1 - delta) * math.log2(max(n_commits, 2)) - 1) / bits_per_run)

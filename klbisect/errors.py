@@ -1,0 +1,46 @@
+"""One user-facing error type and the exit codes every command shares.
+
+Codes at or above 128 make ``git bisect run`` abort instead of counting a
+misconfiguration as a bad commit; 0/1/125 are reserved for verdicts.
+"""
+from __future__ import annotations
+
+EXIT_GOOD = 0
+EXIT_BAD = 1
+EXIT_SKIP = 125
+EXIT_INTERRUPTED = 130
+EXIT_USAGE = 150          # bad option, missing probe, no session
+EXIT_REVISION = 151       # not a repository, unknown revision, bad range
+EXIT_REPO_STATE = 152     # dirty tree, bisect already in progress
+EXIT_BUSY = 153           # another klbisect holds this repository
+EXIT_NO_SIGNAL = 154      # endpoints give no value or do not separate
+EXIT_PROBE_MISSING = 155  # the probe command is not found
+EXIT_STORAGE = 156        # disk full or state not writable
+EXIT_NOT_SURE = 157       # search ended without reaching --confidence
+EXIT_INTERNAL = 159       # a bug in klbisect: never 1, so git bisect aborts
+
+EXIT_CODES = {
+    EXIT_GOOD: "good (probe) / success",
+    EXIT_BAD: "bad (probe only)",
+    EXIT_SKIP: "skip: build failed, probe crashed, no value, or undecided (probe only)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); rerun the same command to resume",
+    EXIT_USAGE: "usage: a bad or missing option, or no klbisect session",
+    EXIT_REVISION: "not a git repository, unknown revision, or good/bad not a valid range",
+    EXIT_REPO_STATE: "repository state: dirty working tree or a git bisect already in progress",
+    EXIT_BUSY: "busy: another klbisect is working on this repository",
+    EXIT_NO_SIGNAL: "the endpoints print no value, or good and bad do not separate",
+    EXIT_PROBE_MISSING: "the probe command was not found",
+    EXIT_STORAGE: "state could not be written (disk full?); nothing recorded was lost",
+    EXIT_NOT_SURE: "the search stopped before reaching --confidence (see candidates)",
+    EXIT_INTERNAL: "internal error in klbisect (a bug; the message says where)",
+}
+
+
+class KlbisectError(Exception):
+    """An error the user can act on: printed as one line, never a traceback."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE, detail: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.detail = detail  # optional extra lines (e.g. a log tail) shown after the message

@@ -1,0 +1,63 @@
+"""One measurement of one commit on one slot: check out, build if needed, probe.
+
+Runs in worker threads (or on a Ray node), so it touches no database: it
+returns an ``Outcome`` that the caller records.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import git
+
+from . import repo as gitrepo
+from .build import Builder, BuildResult
+from .probe import Probe, RunResult, Slot
+
+
+@dataclass
+class Outcome:
+    sha: str
+    slot: int
+    started: float
+    build: BuildResult | None = None   # set when a build ran
+    run: RunResult | None = None       # None when the build failed
+    changed_since_build: list[str] | None = field(default=None)
+
+    @property
+    def build_failed(self) -> bool:
+        return self.build is not None and not self.build.ok
+
+
+@dataclass
+class Measurer:
+    """Holds what a slot knows between measurements: which commit its
+    checkout last built successfully."""
+
+    repo: git.Repo
+    probe: Probe
+    builder: Builder | None
+    log_dir: Path
+    use_worktree: bool = True
+    last_built: dict[int, str | None] = field(default_factory=dict)
+
+    def measure(self, sha: str, slot: Slot) -> Outcome:
+        started = time.time()
+        out = Outcome(sha, slot.index, started)
+        if self.use_worktree:
+            gitrepo.worktree_checkout(self.repo, slot.checkout, sha)
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
+        if self.builder is not None:
+            last = self.last_built.get(slot.index)
+            changed = None if last is None else gitrepo.changed_files(self.repo, last, sha)
+            if self.builder.needs_build(changed):
+                out.build = self.builder.build(slot.checkout, self.log_dir / f"build-{sha[:12]}-{stamp}.log", slot)
+                if not out.build.ok:
+                    # a half-finished build may have left the environment
+                    # changed: the next commit rebuilds whatever it touches
+                    self.last_built[slot.index] = None
+                    return out
+                self.last_built[slot.index] = sha
+        out.run = self.probe.run(slot.checkout, self.log_dir / f"run-{sha[:12]}-{stamp}-s{slot.index}.log", slot)
+        return out

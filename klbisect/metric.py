@@ -1,0 +1,69 @@
+"""Read metric values out of a probe's output, whatever its exit code.
+
+Pure functions: the output of SGLang's KL tests is the default format; a
+regex or JSON lines cover other tools.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+_LABEL = re.compile(r"^\s*\[([A-Za-z0-9_.:/-]+)\]")
+_AVG_KL = re.compile(r"avg_kl_div\s*[=:]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)")
+JSON_PREFIX = "KLBISECT "  # JSON-lines form: KLBISECT {"label": "x", "value": 0.004}
+DEFAULT_LABEL = "value"
+
+
+def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
+    """Return label -> value for every metric the output printed.
+
+    Without ``regex``: every ``avg_kl_div=<float>`` line, labelled by the
+    nearest preceding ``[label]`` line (SGLang's format), plus JSON lines
+    ``KLBISECT {"label": ..., "value": ...}``. With ``regex``: a named group
+    ``value`` (or the first group) and an optional named group ``label``.
+    A label printed twice keeps its last value; NaN and inf are dropped
+    because they carry no ordering a decision could use.
+    """
+    values: dict[str, float] = {}
+    if regex:
+        pattern = re.compile(regex)
+        for m in pattern.finditer(text):
+            groups = m.groupdict()
+            raw = groups.get("value") if "value" in groups else (m.group(1) if m.groups() else m.group(0))
+            label = groups.get("label") or DEFAULT_LABEL
+            _put(values, label, raw)
+        return values
+    label = DEFAULT_LABEL
+    for line in text.splitlines():
+        if line.startswith(JSON_PREFIX):
+            try:
+                obj = json.loads(line[len(JSON_PREFIX):])
+                _put(values, str(obj.get("label", DEFAULT_LABEL)), obj["value"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
+            continue
+        m = _LABEL.match(line)
+        if m:
+            label = m.group(1)
+        for hit in _AVG_KL.finditer(line):
+            _put(values, label, hit.group(1))
+    return values
+
+
+def _put(values: dict[str, float], label: str, raw) -> None:
+    try:
+        v = float(raw)
+    except (TypeError, ValueError):
+        return
+    if math.isfinite(v):
+        values[label] = v
+
+
+def scalar(values: dict[str, float], metric: str | None = None) -> float | None:
+    """One number per run: the chosen label, else the max over labels."""
+    if not values:
+        return None
+    if metric:
+        return values.get(metric)
+    return max(values.values())

@@ -1,0 +1,102 @@
+"""Judge nothing, measure once: run the probe in a checkout and read its values.
+
+A run that prints no value is a crash (evidence of nothing), whatever its
+exit code; a run that prints values and then fails its assertion is a
+measurement.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .metric import parse_values
+from .proc import run_logged
+
+DEFAULT_TIMEOUT = 1800.0  # a 5-minute test plus a slow server launch, twice over
+
+STATUS_OK = "ok"
+STATUS_CRASH = "crash"
+STATUS_TIMEOUT = "timeout"
+STATUS_NOTFOUND = "notfound"
+
+
+@dataclass
+class Slot:
+    """Where one probe runs: a checkout, its environment, its ports."""
+
+    index: int
+    checkout: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port_base: int = 0
+    pid_dir: Path | None = None
+
+
+@dataclass
+class RunResult:
+    values: dict[str, float]
+    exit_code: int | None
+    status: str
+    duration: float
+    log_path: str
+
+    @property
+    def has_value(self) -> bool:
+        return bool(self.values)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Probe(Protocol):
+    key: str
+
+    def describe(self) -> str: ...
+
+    def run(self, checkout: Path, log_path: Path, slot: Slot) -> RunResult: ...
+
+
+def config_key(kind: str, **parts) -> str:
+    """A stable identity for a probe configuration, so stored runs are reused
+    only by a probe that would have measured the same thing."""
+    blob = json.dumps({"kind": kind, **parts}, sort_keys=True)
+    return f"{kind}:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def classify(values: dict[str, float], exit_code: int | None, timed_out: bool) -> str:
+    if values:
+        return STATUS_OK
+    if timed_out:
+        return STATUS_TIMEOUT
+    if exit_code == 127:
+        return STATUS_NOTFOUND
+    return STATUS_CRASH
+
+
+@dataclass
+class CommandProbe:
+    """The user's shell command, run from the checkout's root."""
+
+    cmd: str
+    timeout: float = DEFAULT_TIMEOUT
+    metric_regex: str | None = None
+
+    @property
+    def key(self) -> str:
+        return config_key("cmd", cmd=self.cmd, regex=self.metric_regex)
+
+    def describe(self) -> str:
+        return self.cmd
+
+    def run(self, checkout: Path, log_path: Path, slot: Slot) -> RunResult:
+        env = dict(slot.env)
+        if slot.port_base:
+            env["KLBISECT_PORT_BASE"] = str(slot.port_base)
+        res = run_logged(self.cmd, cwd=checkout, log_path=log_path, timeout=self.timeout,
+                         env=env, pid_dir=slot.pid_dir)
+        text = Path(log_path).read_text(errors="replace")
+        values = parse_values(text, self.metric_regex)
+        status = classify(values, res.exit_code, res.timed_out)
+        return RunResult(values, res.exit_code, status, res.duration, str(log_path))

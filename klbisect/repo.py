@@ -1,0 +1,200 @@
+"""Small functions over ``git``; every failure becomes one ``KlbisectError``.
+
+Commands run through GitPython's argv interface: no shell ever sees a
+revision or path the user typed.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from .errors import EXIT_REPO_STATE, EXIT_REVISION, KlbisectError
+
+_PR = re.compile(r"\(#(\d+)\)\s*$")
+
+
+@dataclass
+class Commit:
+    sha: str
+    subject: str
+    pr: int | None
+
+
+def parse_pr(subject: str) -> int | None:
+    """PR number of a squash-merge subject: the trailing ``(#N)``; for
+    ``Revert "... (#A)" (#B)`` that is B, the revert's own PR."""
+    m = _PR.search(subject or "")
+    return int(m.group(1)) if m else None
+
+
+def open_repo(path: str | Path | None = None) -> git.Repo:
+    where = Path(path or ".").resolve()
+    if not where.exists():
+        raise KlbisectError(f"{where} does not exist; pass --repo PATH of a git repository", EXIT_REVISION)
+    try:
+        return git.Repo(where, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise KlbisectError(f"{where} is not a git repository; cd into one or pass --repo PATH",
+                            EXIT_REVISION) from None
+
+
+def _git(repo: git.Repo, *args: str, cwd: str | Path | None = None) -> str:
+    g = git.Git(str(cwd)) if cwd else repo.git
+    try:
+        return g.execute(["git", *args])
+    except git.GitCommandError as e:
+        msg = (e.stderr or "").strip().splitlines()
+        raise KlbisectError(f"git {args[0]} failed: {msg[-1] if msg else e}", EXIT_REVISION) from None
+
+
+def toplevel(repo: git.Repo) -> Path:
+    if repo.bare:
+        raise KlbisectError(f"{repo.git_dir} is a bare repository; klbisect needs a working tree", EXIT_REVISION)
+    return Path(repo.working_tree_dir)
+
+
+def common_dir(repo: git.Repo) -> Path:
+    """Shared by all worktrees of the repository: where klbisect keeps state."""
+    return Path(repo.common_dir).resolve()
+
+
+def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
+    if not rev or rev.startswith("-"):
+        raise KlbisectError(f"{what} {rev!r} is not a revision; give a sha, branch or tag", EXIT_REVISION)
+    try:
+        return repo.git.execute(["git", "rev-parse", "--verify", "--quiet", "--end-of-options",
+                                 f"{rev}^{{commit}}"]).strip()
+    except git.GitCommandError:
+        raise KlbisectError(f"unknown {what} {rev!r}: no such commit in {toplevel(repo)}; "
+                            "check the name or fetch it first", EXIT_REVISION) from None
+
+
+def is_ancestor(repo: git.Repo, a: str, b: str) -> bool:
+    try:
+        repo.git.execute(["git", "merge-base", "--is-ancestor", a, b])
+        return True
+    except git.GitCommandError:
+        return False
+
+
+def check_range(repo: git.Repo, good: str, bad: str) -> tuple[str, str]:
+    g, b = resolve(repo, good, "good revision"), resolve(repo, bad, "bad revision")
+    if g == b:
+        raise KlbisectError(f"good and bad are the same commit ({g[:12]}); "
+                            "give a known-good commit older than the bad one", EXIT_REVISION)
+    if not is_ancestor(repo, g, b):
+        raise KlbisectError(f"good {good} ({g[:12]}) is not an ancestor of bad {bad} ({b[:12]}); "
+                            "swap them or pick a good commit from bad's history", EXIT_REVISION)
+    return g, b
+
+
+def candidates(repo: git.Repo, good: str, bad: str, first_parent: bool = True) -> list[Commit]:
+    """The commits a culprit can be, oldest first, with ``good`` at index 0."""
+    args = ["log", "--reverse", "--format=%H%x00%s", "--topo-order"]
+    if first_parent:
+        args.append("--first-parent")
+    out = _git(repo, *args, f"{good}..{bad}")
+    commits = [Commit(good, subject(repo, good), parse_pr(subject(repo, good)))]
+    for line in out.splitlines():
+        sha, _, subj = line.partition("\x00")
+        commits.append(Commit(sha, subj, parse_pr(subj)))
+    return commits
+
+
+def subject(repo: git.Repo, sha: str) -> str:
+    return _git(repo, "log", "-1", "--format=%s", sha)
+
+
+def is_dirty(repo: git.Repo) -> bool:
+    return bool(_git(repo, "status", "--porcelain", "--untracked-files=no").strip())
+
+
+def bisect_in_progress(repo: git.Repo) -> bool:
+    gd = Path(repo.git_dir)
+    return (gd / "BISECT_START").exists()
+
+
+def changed_files(repo: git.Repo, a: str, b: str) -> list[str]:
+    return [p for p in _git(repo, "diff", "--name-only", "--no-renames", a, b).splitlines() if p]
+
+
+def remote_url(repo: git.Repo, name: str = "origin") -> str | None:
+    try:
+        return repo.git.execute(["git", "remote", "get-url", name]).strip() or None
+    except git.GitCommandError:
+        return None
+
+
+def head_sha(checkout: Path) -> str:
+    return git.Git(str(checkout)).execute(["git", "rev-parse", "HEAD"]).strip()
+
+
+# ---- worktrees -------------------------------------------------------------
+
+def worktree_checkout(repo: git.Repo, path: Path, sha: str) -> None:
+    """A detached worktree at ``sha``, created on first use and reused after."""
+    if (path / ".git").exists():
+        g = git.Git(str(path))
+        try:
+            g.execute(["git", "checkout", "--quiet", "--force", "--detach", sha])
+            g.execute(["git", "clean", "-fdq", "-e", ".klbisect-keep"])
+            return
+        except git.GitCommandError:
+            worktree_remove(repo, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _git(repo, "worktree", "prune")
+    _git(repo, "worktree", "add", "--force", "--detach", str(path), sha)
+
+
+def worktree_remove(repo: git.Repo, path: Path) -> None:
+    try:
+        repo.git.execute(["git", "worktree", "remove", "--force", str(path)])
+    except git.GitCommandError:
+        shutil.rmtree(path, ignore_errors=True)
+        try:
+            repo.git.execute(["git", "worktree", "prune"])
+        except git.GitCommandError:
+            pass
+
+
+# ---- git bisect ------------------------------------------------------------
+
+def bisect_start(repo: git.Repo, good: str, bad: str, first_parent: bool = True) -> str:
+    args = ["bisect", "start"]
+    if first_parent:
+        args.append("--first-parent")
+    return _git(repo, *args, bad, good)
+
+
+def bisect_reset(repo: git.Repo) -> None:
+    if bisect_in_progress(repo):
+        _git(repo, "bisect", "reset")
+
+
+def bisect_refs(repo: git.Repo) -> dict[str, list[str]]:
+    """git's own bisect state: refs/bisect/bad, good-*, skip-*."""
+    out = {"bad": [], "good": [], "skip": []}
+    try:
+        text = repo.git.execute(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/bisect/"])
+    except git.GitCommandError:
+        return out
+    for line in text.splitlines():
+        ref, sha = line.split()
+        kind = ref.rsplit("/", 1)[-1].split("-", 1)[0]
+        if kind in out:
+            out[kind].append(sha)
+    return out
+
+
+def ensure_clean(repo: git.Repo) -> None:
+    if is_dirty(repo):
+        raise KlbisectError(f"the working tree of {toplevel(repo)} has uncommitted changes; "
+                            "commit or stash them first (git bisect checks out other commits)",
+                            EXIT_REPO_STATE)
+    if bisect_in_progress(repo):
+        raise KlbisectError("a git bisect is already in progress here; finish it or run "
+                            "`klbisect reset` (or `git bisect reset`) first", EXIT_REPO_STATE)

@@ -1,0 +1,745 @@
+"""Orchestration: the commands a user runs, over the pure core.
+
+``run_bisect`` drives the whole search itself in worktrees under the git dir;
+``start`` + ``probe_head`` hand the search to ``git bisect run``; ``status``
+and ``reset`` look at and end a session. Every finished run is in sqlite the
+moment it finishes, so any of these can be interrupted and rerun.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import filelock
+import numpy as np
+
+from . import repo as gitrepo
+from .build import DEFAULT_BUILD_PATHS, CommandBuilder
+from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel,
+                     judge, separation, summarize)
+from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_USAGE,
+                     KlbisectError)
+from .executors import Failure, LocalExecutor, make_slots
+from .measure import Measurer, Outcome
+from .metric import scalar
+from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, CommandProbe, Slot
+from .proc import log_tail, reap_stale
+from .search import CommitRuns, plan
+from .store import Run, SessionRow, Store
+
+Progress = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class BisectConfig:
+    """Everything that defines a bisect. The fields in ``question()`` decide
+    whether an interrupted session is the same one and may be resumed."""
+
+    good: str = ""
+    bad: str = ""
+    probe_cmd: str | None = None
+    probe: str = "cmd"                    # cmd | sglang
+    build_cmd: str | None = None
+    build: str | None = None              # None | sglang
+    build_paths: tuple[str, ...] = DEFAULT_BUILD_PATHS
+    timeout: float = DEFAULT_TIMEOUT
+    metric: str | None = None
+    metric_regex: str | None = None
+    threshold: float | None = None        # classic mode
+    votes: int = 1
+    max_runs: int = 10
+    endpoint_runs: int = MIN_ENDPOINT_RUNS
+    max_endpoint_runs: int = MAX_ENDPOINT_RUNS
+    confidence: float = 0.99
+    first_parent: bool = True
+    crash_limit: int = 2
+    max_total_runs: int = 400
+    parallel: int = 1
+    gpus_per_probe: int = 0
+    executor: str = "local"               # local | ray
+    ray_address: str | None = None
+    sglang: dict = field(default_factory=dict)   # model_path, server_args, prompts, ...
+
+    def question(self) -> dict:
+        d = asdict(self)
+        for k in ("good", "bad", "parallel", "gpus_per_probe", "executor", "ray_address",
+                  "max_total_runs", "timeout"):
+            d.pop(k)
+        d["build_paths"] = list(self.build_paths)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BisectConfig":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if "build_paths" in known:
+            known["build_paths"] = tuple(known["build_paths"])
+        return cls(**known)
+
+    def validate(self) -> None:
+        if self.probe == "cmd" and not self.probe_cmd:
+            raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
+        if self.probe not in ("cmd", "sglang"):
+            raise KlbisectError(f"unknown --probe {self.probe!r}; use cmd or sglang", EXIT_USAGE)
+        if not 0.5 < self.confidence < 1:
+            raise KlbisectError("--confidence must be between 0.5 and 1 (e.g. 0.99)", EXIT_USAGE)
+        if self.max_runs < 1 or self.parallel < 1 or self.votes < 1:
+            raise KlbisectError("--max-runs, --parallel and --votes must be at least 1", EXIT_USAGE)
+        if self.endpoint_runs < 2 or self.max_endpoint_runs < self.endpoint_runs:
+            raise KlbisectError("--endpoint-runs must be at least 2 and at most --max-endpoint-runs",
+                                EXIT_USAGE)
+        if self.threshold is not None and self.votes % 2 == 0:
+            raise KlbisectError("--votes must be odd so a majority always exists", EXIT_USAGE)
+
+
+def make_probe(cfg: BisectConfig):
+    if cfg.probe == "sglang":
+        from .sglang import SGLangProbe  # noqa: PLC0415 - only for SGLang users
+        return SGLangProbe.from_options(cfg.sglang, timeout=cfg.timeout)
+    return CommandProbe(cfg.probe_cmd or "", timeout=cfg.timeout, metric_regex=cfg.metric_regex)
+
+
+def make_builder(cfg: BisectConfig):
+    if cfg.build == "sglang":
+        from .sglang import SGLangBuilder  # noqa: PLC0415
+        return SGLangBuilder.from_options(cfg.sglang)
+    if cfg.build_cmd:
+        return CommandBuilder(cfg.build_cmd, tuple(cfg.build_paths))
+    return None
+
+
+# ---- workspace: paths, lock, store -------------------------------------------
+
+class Workspace:
+    """A repository and klbisect's state for it."""
+
+    def __init__(self, path: str | Path | None):
+        self.repo = gitrepo.open_repo(path)
+        self.top = gitrepo.toplevel(self.repo)
+        self.dir = gitrepo.common_dir(self.repo) / "klbisect"
+        self.logs = self.dir / "logs"
+        self.worktrees = self.dir / "worktrees"
+        self.pids = self.dir / "pids"
+        self._store: Store | None = None
+        self._lock = filelock.FileLock(str(self.dir / "lock"))
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            self._store = Store(self.dir / "state.db")
+        return self._store
+
+    @contextmanager
+    def locked(self) -> Iterator["Workspace"]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire(timeout=0)
+        except filelock.Timeout:
+            raise KlbisectError(f"busy: another klbisect is working on {self.top} "
+                                f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
+        try:
+            reap_stale(self.pids)
+            with _sigterm_as_interrupt():
+                yield self
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, a `kill`) unwinds like Ctrl-C, so probes
+    are killed and state stays consistent."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+# ---- recording and reading runs ----------------------------------------------
+
+def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None, outcome: Outcome,
+           checkout: Path, metric: str | None) -> Run | None:
+    st = ws.store
+    if outcome.build is not None and build_key:
+        st.add_build(build_key, str(checkout), outcome.sha, outcome.build.ok, outcome.started,
+                     outcome.build.duration, outcome.build.log_path, outcome.build.note)
+    r = outcome.run
+    if r is None:
+        return None
+    value = scalar(r.values, metric)
+    rid = st.add_run(sid, probe_key, outcome.sha, outcome.started, r.duration, r.exit_code,
+                     r.status if value is not None or not r.values else "novalue", r.values, value,
+                     r.log_path, outcome.slot)
+    return Run(rid, sid, probe_key, outcome.sha, outcome.started, r.duration, r.exit_code, r.status,
+               r.values, value, r.log_path, outcome.slot)
+
+
+def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str]) -> dict[str, CommitRuns]:
+    """Everything known per commit, from every session that used this probe:
+    a rerun of the same question reuses finished runs."""
+    out = {s: CommitRuns([]) for s in shas}
+    for r in ws.store.runs(probe_key, shas):
+        c = out[r.sha]
+        if r.value is not None:
+            c.values.append(r.value)
+        else:
+            c.crashes += 1
+    if build_key:
+        for s in shas:
+            if ws.store.failed_build(build_key, s):
+                out[s].build_failed = True
+    return out
+
+
+def _model_from(d: dict):
+    return ThresholdModel.from_dict(d) if d.get("kind") == "threshold" else Model.from_dict(d)
+
+
+# ---- endpoint calibration ------------------------------------------------------
+
+def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
+                      cr: CommitRuns, crash_limit: int) -> KlbisectError | None:
+    if cr.build_failed:
+        b = ws.store.failed_build(build_key or "", sha) or {}
+        return KlbisectError(f"the {which} endpoint {sha[:12]} does not build ({b.get('note', 'failed')}); "
+                             f"fix --build-cmd or pick another {which} commit; log: {b.get('log_path')}",
+                             EXIT_NO_SIGNAL, detail=log_tail(b.get("log_path", "")))
+    if not cr.values and cr.crashes >= crash_limit:
+        runs = ws.store.runs(probe_key, [sha])
+        last = runs[-1] if runs else None
+        if last and last.status == STATUS_NOTFOUND:
+            return KlbisectError(f"the probe command was not found (exit 127) at the {which} endpoint "
+                                 f"{sha[:12]}; check --probe-cmd; log: {last.log_path}", EXIT_PROBE_MISSING,
+                                 detail=log_tail(last.log_path or ""))
+        return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs "
+                             f"(expected avg_kl_div=... lines, or set --metric-regex); log: "
+                             f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL,
+                             detail=log_tail(last.log_path if last and last.log_path else ""))
+    return None
+
+
+def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: str, execute,
+                        probe_key: str, build_key: str | None, progress: Progress):
+    """Probe both endpoints until the regression is confirmed and both sides
+    are described well enough to judge other commits. Returns the model."""
+    while True:
+        runs = commit_runs(ws, probe_key, build_key, [good, bad])
+        g, b = runs[good], runs[bad]
+        for which, sha, cr in (("good", good, g), ("bad", bad, b)):
+            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, cfg.crash_limit)
+            if err:
+                raise err
+        need = []
+        if cfg.threshold is not None:
+            if len(g.values) >= cfg.votes and len(b.values) >= cfg.votes:
+                model = ThresholdModel(cfg.threshold, cfg.votes)
+                vg = judge(g.values, 0, model, cfg.votes)
+                vb = judge(b.values, 0, model, cfg.votes)
+                if vg.decision == GOOD and vb.decision == BAD:
+                    return model
+                raise KlbisectError(
+                    f"the endpoints do not reproduce the failure at threshold {cfg.threshold:g}: "
+                    f"good {_fmt_vals(g.values)} ({vg.decision}), bad {_fmt_vals(b.values)} ({vb.decision})",
+                    EXIT_NO_SIGNAL)
+            need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
+        else:
+            n_min = cfg.endpoint_runs
+            if len(g.values) >= n_min and len(b.values) >= n_min:
+                sep = separation(g.values, b.values)
+                if sep.separated:
+                    model = Model.fit(g.values, b.values)
+                    progress(f"endpoints separate: good median {sep.good['median']:.4g} "
+                             f"[{sep.good['min']:.4g}, {sep.good['max']:.4g}] n={sep.good['n']}, "
+                             f"bad median {sep.bad['median']:.4g} [{sep.bad['min']:.4g}, {sep.bad['max']:.4g}] "
+                             f"n={sep.bad['n']} (p={sep.p_value:.2g}, {model.effect:.1f} spreads apart)")
+                    return model
+                if len(g.values) >= cfg.max_endpoint_runs and len(b.values) >= cfg.max_endpoint_runs:
+                    raise KlbisectError(
+                        f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
+                        f"(p={sep.p_value:.2g}): good {_fmt_summary(sep.good)}, bad {_fmt_summary(sep.bad)}; "
+                        "the regression does not reproduce at these endpoints, or needs more runs "
+                        "(--max-endpoint-runs)", EXIT_NO_SIGNAL)
+                need = [good, bad]
+            else:
+                need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < n_min]
+        for sha in need:
+            progress(f"calibrating {'good' if sha == good else 'bad'} endpoint {sha[:12]}")
+        execute(need)
+
+
+def _fmt_vals(vals: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.4g}" for v in vals[:12]) + (", ..." if len(vals) > 12 else "") + "]"
+
+
+def _fmt_summary(s: dict) -> str:
+    if not s.get("n"):
+        return "no values"
+    return f"median {s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] n={s['n']}"
+
+
+# ---- the result -----------------------------------------------------------------
+
+@dataclass
+class Result:
+    culprit: str | None
+    candidates: list[str]
+    pr: int | None
+    subject: str
+    confidence: float
+    probe_runs: int
+    good: str
+    bad: str
+    n_commits: int
+    complete: bool
+    reason: str
+    session: int
+    candidate_info: list[dict] = field(default_factory=list)
+    labels: dict = field(default_factory=dict)
+    top: list[dict] = field(default_factory=list)
+    probe_seconds: float = 0.0
+    build_seconds: float = 0.0
+    model: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _label_summaries(values_before: list[dict], values_after: list[dict]) -> dict:
+    labels = sorted({k for d in values_before + values_after for k in d})
+    out = {}
+    for lab in labels:
+        out[lab] = {"before": summarize([d[lab] for d in values_before if lab in d]),
+                    "after": summarize([d[lab] for d in values_after if lab in d])}
+    return out
+
+
+def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None]], pl, complete: bool,
+                 reason: str, probe_key: str, build_key: str | None) -> Result:
+    post = pl.posterior
+    top = pl.done or post.top()
+    shas = [c[0] for c in cands]
+    block = [shas[i] for i in top.indices]
+    runs = ws.store.runs(probe_key, shas)
+    idx = {s: i for i, s in enumerate(shas)}
+    before = [r.values for r in runs if r.values and post.p_bad[idx[r.sha]] < 0.01]
+    after = [r.values for r in runs if r.values and post.p_bad[idx[r.sha]] > 0.99]
+    first = cands[top.last]
+    info = []
+    for i in top.indices:
+        sha, subj, pr = cands[i]
+        why = "untestable: build failed" if (build_key and ws.store.failed_build(build_key, sha)) else (
+            "untestable: every run crashed" if pl.untestable[i] else "first bad")
+        info.append({"sha": sha, "subject": subj, "pr": pr, "why": why})
+    sess_runs = ws.store.session_runs(sid)
+    builds = [b for b in ws.store.builds(build_key)] if build_key else []
+    session_start = ws.store.session(sid).created
+    top_list = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass} for b in post.top_blocks(5)]
+    single = len(block) == 1
+    return Result(
+        culprit=block[0] if single else None,
+        candidates=block,
+        pr=first[2] if single else None,
+        subject=first[1] if single else " | ".join(cands[i][1] for i in top.indices),
+        confidence=float(top.mass),
+        probe_runs=len(sess_runs),
+        good=shas[0], bad=shas[-1], n_commits=len(shas) - 1,
+        complete=complete, reason=reason, session=sid, candidate_info=info,
+        labels=_label_summaries(before, after), top=top_list,
+        probe_seconds=float(sum(r.duration or 0 for r in sess_runs)),
+        build_seconds=float(sum(b["duration"] or 0 for b in builds if b["started"] >= session_start)),
+        model=pl.model.to_dict(),
+    )
+
+
+# ---- run: the self-driving bisect ---------------------------------------------
+
+def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stderr,
+               executor_factory=None) -> Result:
+    """Find the first bad commit between cfg.good and cfg.bad without touching
+    the user's checkout. Resumes an interrupted run of the same question."""
+    cfg.validate()
+    ws = Workspace(path)
+    try:
+        with ws.locked():
+            return _run_locked(ws, cfg, progress, executor_factory)
+    finally:
+        ws.close()
+
+
+def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_factory) -> Result:
+    good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
+    cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
+    shas = [c[0] for c in cands]
+    probe, builder = make_probe(cfg), make_builder(cfg)
+    probe_key, build_key = probe.key, (builder.key if builder else None)
+    st = ws.store
+    prev = st.find_session("run", good, bad, probe_key, cfg.question())
+    if prev and prev.state == "done" and prev.result:
+        progress(f"this bisect already finished (session {prev.id}); showing its result")
+        return Result(**prev.result)
+    if prev:
+        sid = prev.id
+        progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
+    else:
+        sid = st.create_session("run", good, bad, probe_key, cfg.question(), cands)
+    progress(f"{len(shas) - 1} candidate commits between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
+
+    log_dir = ws.logs / f"s{sid}"
+    measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True)
+    slots = make_slots(ws.worktrees, cfg.parallel, cfg.gpus_per_probe, pid_dir=ws.pids)
+    ex = executor_factory(cfg, slots, measurer, ws) if executor_factory else _default_executor(cfg, slots, measurer, ws)
+    slot_by_index = {s.index: s for s in slots}
+    failures: dict[str, int] = {}
+
+    def handle(results) -> None:
+        for r in results:
+            if isinstance(r, Failure):
+                failures[r.sha] = failures.get(r.sha, 0) + 1
+                progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
+                if failures[r.sha] >= 3:
+                    raise KlbisectError(f"probing {r.sha[:12]} failed 3 times for reasons outside the "
+                                        f"probe: {r.error}", EXIT_REPO_STATE)
+                continue
+            run = record(ws, sid, probe_key, build_key, r, slot_by_index[r.slot].checkout
+                         if r.slot in slot_by_index else Path("?"), cfg.metric)
+            i = shas.index(r.sha)
+            if r.build_failed:
+                progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} build failed: untestable ({r.build.log_path})")
+            elif run is not None:
+                shown = "no value (" + run.status + ")" if run.value is None else f"{run.value:.4g}"
+                progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
+
+    def execute(batch: list[str]) -> None:
+        """Run one measurement for each sha in batch, as slots allow."""
+        todo = list(batch)
+        while todo or ex.in_flight():
+            while todo and ex.free():
+                ex.submit(todo.pop(0))
+            handle(ex.wait())
+
+    try:
+        if prev and prev.model and prev.state == "bisecting":
+            model = _model_from(prev.model)
+        else:
+            model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe_key, build_key, progress)
+            st.update_session(sid, model=model.to_dict(), state="bisecting")
+        while True:
+            runs = commit_runs(ws, probe_key, build_key, shas)
+            commits = [runs[s] for s in shas]
+            pending = [shas.index(s) for s in ex.in_flight()]
+            pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
+                      crash_limit=cfg.crash_limit, pending=pending)
+            total = len(st.session_runs(sid))
+            if pl.done and not ex.in_flight():
+                break
+            if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
+                pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
+                return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
+            if not pl.done and not pl.next and not ex.in_flight():
+                return _finish(ws, sid, cands, pl, False, "no commit left whose runs could raise the "
+                               "confidence (all exhausted or untestable)", probe_key, build_key, progress)
+            top = pl.posterior.top()
+            if pl.next and ex.free() and not pl.done:
+                for i in pl.next[:ex.free()]:
+                    progress(f"probing {shas[i][:12]} ({i}/{len(shas) - 1}, P(bad)={pl.posterior.p_bad[i]:.3f}; "
+                             f"best guess {shas[top.last][:12]} at {top.mass:.3f})")
+                    ex.submit(shas[i])
+            handle(ex.wait())
+        reason = "confidence reached"
+        return _finish(ws, sid, cands, pl, True, reason, probe_key, build_key, progress)
+    except KeyboardInterrupt:
+        ex.close()
+        progress(f"interrupted: {len(st.session_runs(sid))} finished runs are saved; "
+                 "rerun the same command to resume")
+        raise
+    finally:
+        ex.close()
+        for s in slots:
+            if s.checkout.exists():
+                gitrepo.worktree_remove(ws.repo, s.checkout)
+
+
+def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace):
+    if cfg.executor == "ray":
+        from .ray_executor import RayExecutor  # noqa: PLC0415 - optional extra
+        return RayExecutor.from_config(cfg, ws, measurer)
+    return LocalExecutor(slots, measurer.measure)
+
+
+def _finish(ws, sid, cands, pl, complete, reason, probe_key, build_key, progress) -> Result:
+    res = build_result(ws, sid, cands, pl, complete, reason, probe_key, build_key)
+    ws.store.update_session(sid, result=res.to_json(), state="done" if complete else "bisecting",
+                            model=pl.model.to_dict())
+    return res
+
+
+# ---- git bisect: start, probe ---------------------------------------------------
+
+def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stderr) -> dict:
+    """Calibrate the endpoints (in a worktree, leaving the user's tree alone),
+    then `git bisect start --first-parent`. Returns what git printed."""
+    cfg.validate()
+    ws = Workspace(path)
+    try:
+        with ws.locked():
+            gitrepo.ensure_clean(ws.repo)
+            good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
+            active = ws.store.active_session("gitbisect")
+            if active and (active.good, active.bad, active.config) != (good, bad, cfg.question()):
+                raise KlbisectError(f"a klbisect session ({active.id}) is already active here; "
+                                    "run `klbisect reset` first", EXIT_REPO_STATE)
+            cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
+            probe, builder = make_probe(cfg), make_builder(cfg)
+            sid = active.id if active else ws.store.create_session(
+                "gitbisect", good, bad, probe.key, cfg.question(), cands)
+            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+            slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+            build_key = builder.key if builder else None
+
+            def execute(batch):
+                for sha in batch:
+                    out = measurer.measure(sha, slot)
+                    run = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
+                    if run is not None:
+                        progress(f"  {sha[:12]}: {run.value if run.value is not None else 'no value'}")
+            try:
+                model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe.key, build_key, progress)
+            finally:
+                if slot.checkout.exists():
+                    gitrepo.worktree_remove(ws.repo, slot.checkout)
+            ws.store.update_session(sid, model=model.to_dict(), state="bisecting")
+            out = gitrepo.bisect_start(ws.repo, good, bad, cfg.first_parent)
+            return {"session": sid, "git": out, "model": model.to_dict(), "n_commits": len(cands) - 1}
+    finally:
+        ws.close()
+
+
+@dataclass
+class HeadVerdict:
+    sha: str
+    decision: str
+    exit_code: int
+    reason: str
+    values: list[float]
+
+
+def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVerdict:
+    """Judge the checked-out commit for `git bisect run`: 0 good, 1 bad,
+    125 skip. Runs as many times as the evidence needs; reuses earlier runs
+    of the same commit, so a rerun after Ctrl-C continues where it was."""
+    ws = Workspace(path)
+    try:
+        with ws.locked():
+            sess = ws.store.active_session("gitbisect")
+            if sess is None or sess.model is None:
+                raise KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
+                                    "--probe-cmd ...` first", EXIT_USAGE)
+            cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
+            probe, builder = make_probe(cfg), make_builder(cfg)
+            build_key = builder.key if builder else None
+            sha = gitrepo.head_sha(ws.top)
+            model = _refined_model(ws, sess, cfg, probe.key, build_key)
+            slot = Slot(0, ws.top, {}, make_slots(ws.worktrees, 1)[0].port_base, ws.pids)
+            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False)
+            last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
+            measurer.last_built[0] = last or None
+            while True:
+                cr = commit_runs(ws, probe.key, build_key, [sha])[sha]
+                if cr.build_failed:
+                    v = HeadVerdict(sha, SKIP, 125, "build failed", [])
+                    break
+                verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, cfg.crash_limit)
+                if verdict.decision != "undecided":
+                    code = {GOOD: 0, BAD: 1, SKIP: 125}[verdict.decision]
+                    v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
+                    break
+                out = measurer.measure(sha, slot)
+                if out.build is not None and out.build.ok and build_key:
+                    ws.store.put(f"last_build:{build_key}:{ws.top}", sha)
+                elif out.build is not None and build_key:
+                    ws.store.put(f"last_build:{build_key}:{ws.top}", "")
+                run = record(ws, sess.id, probe.key, build_key, out, ws.top, cfg.metric)
+                if run is not None:
+                    progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
+                             f"{'no value (' + run.status + ')' if run.value is None else f'{run.value:.4g}'}")
+            ws.store.set_verdict(sess.id, sha, v.decision, {"reason": v.reason, "values": v.values})
+            progress(f"klbisect: {sha[:12]} is {v.decision.upper()}: {v.reason}")
+            return v
+    finally:
+        ws.close()
+
+
+def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key: str, build_key):
+    """The endpoint model, sharpened by the runs of commits already judged."""
+    model = _model_from(sess.model)
+    if isinstance(model, ThresholdModel):
+        return model
+    verdicts = ws.store.verdicts(sess.id)
+    goods = [s for s, v in verdicts.items() if v["verdict"] == GOOD] + [sess.good]
+    bads = [s for s, v in verdicts.items() if v["verdict"] == BAD] + [sess.bad]
+    runs = commit_runs(ws, probe_key, build_key, list(dict.fromkeys(goods + bads)))
+    g = [x for s in goods for x in runs[s].values]
+    b = [x for s in bads for x in runs[s].values]
+    return Model.fit(g, b) if g and b else model
+
+
+# ---- status, log, reset ----------------------------------------------------------
+
+def current_analysis(ws: Workspace, sess: SessionRow):
+    """Recompute the posterior of a session from its stored runs."""
+    cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
+    cands = ws.store.candidates(sess.id)
+    shas = [c[0] for c in cands]
+    probe, builder = make_probe(cfg), make_builder(cfg)
+    build_key = builder.key if builder else None
+    runs = commit_runs(ws, probe.key, build_key, shas)
+    model = _model_from(sess.model) if sess.model else None
+    pl = None
+    if model is not None:
+        pl = plan([runs[s] for s in shas], model, cfg.confidence, max_runs=cfg.max_runs,
+                  crash_limit=cfg.crash_limit)
+    return cfg, cands, runs, pl, probe.key, build_key
+
+
+def gitbisect_result(ws: Workspace, sess: SessionRow) -> Result | None:
+    """The answer of a `git bisect run` session: git's first bad commit, or
+    its block of skipped commits, with the confidence from all runs."""
+    cfg, cands, runs, pl, probe_key, build_key = current_analysis(ws, sess)
+    if pl is None:
+        return None
+    refs = gitrepo.bisect_refs(ws.repo)
+    shas = [c[0] for c in cands]
+    verdicts = ws.store.verdicts(sess.id)
+    bad_idx = [shas.index(s) for s, v in verdicts.items() if v["verdict"] == BAD and s in shas] + [len(shas) - 1]
+    first_bad = min(bad_idx)
+    if refs["bad"] and refs["bad"][0] in shas:
+        first_bad = shas.index(refs["bad"][0])
+    good_idx = [shas.index(s) for s, v in verdicts.items() if v["verdict"] == GOOD and s in shas and
+                shas.index(s) < first_bad] + [0]
+    last_good = max(good_idx)
+    between = list(range(last_good + 1, first_bad + 1))
+    skipped = {shas.index(s) for s, v in verdicts.items() if v["verdict"] == SKIP and s in shas}
+    complete = all(i in skipped for i in between[:-1])
+    mass = float(pl.posterior.p_first_bad[between].sum())
+    from .search import Block  # noqa: PLC0415
+    pl.done = Block(between, mass)
+    reason = "git bisect finished" if complete else "git bisect still in progress"
+    res = build_result(ws, sess.id, cands, pl, complete, reason, probe_key, build_key)
+    return res
+
+
+def status(path: str | Path | None) -> dict:
+    ws = Workspace(path)
+    try:
+        if not (ws.dir / "state.db").exists():
+            return {"session": None}
+        st = ws.store
+        sess = st.active_session() or st.latest_session(("run", "gitbisect", "calibrate", "nightly"))
+        if sess is None:
+            return {"session": None}
+        out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
+                     "bad": sess.bad, "config": sess.config}
+        if sess.kind not in ("run", "gitbisect"):
+            return out
+        cfg, cands, runs, pl, probe_key, build_key = current_analysis(ws, sess)
+        shas = [c[0] for c in cands]
+        verdicts = st.verdicts(sess.id)
+        commits = []
+        for i, (sha, subj, pr) in enumerate(cands):
+            cr = runs[sha]
+            if not cr.values and not cr.crashes and not cr.build_failed:
+                continue
+            entry = {"index": i, "sha": sha, "subject": subj, "pr": pr, "values": cr.values,
+                     "crashes": cr.crashes, "build_failed": cr.build_failed}
+            if pl is not None:
+                entry["p_bad"] = float(pl.posterior.p_bad[i])
+                entry["log_lr"] = float(np.sum(pl.model.log_lr(cr.values))) if cr.values else 0.0
+            if sha in verdicts:
+                entry["verdict"] = verdicts[sha]["verdict"]
+                entry["reason"] = verdicts[sha].get("reason", "")
+            elif i == 0:
+                entry["verdict"], entry["reason"] = GOOD, "good endpoint"
+            elif i == len(shas) - 1:
+                entry["verdict"], entry["reason"] = BAD, "bad endpoint"
+            commits.append(entry)
+        out["commits"] = commits
+        out["probe_runs"] = len(st.session_runs(sess.id))
+        out["n_commits"] = len(shas) - 1
+        if pl is not None:
+            out["model"] = pl.model.to_dict()
+            out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
+                           "subjects": [cands[i][1] for i in b.indices]} for b in pl.posterior.top_blocks(5)]
+        if sess.kind == "gitbisect":
+            res = gitbisect_result(ws, sess)
+            out["result"] = res.to_json() if res else None
+        else:
+            out["result"] = sess.result
+        return out
+    finally:
+        ws.close()
+
+
+def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
+    ws = Workspace(path)
+    try:
+        if not (ws.dir / "state.db").exists():
+            return []
+        sess = ws.store.session(session_id) if session_id else (
+            ws.store.active_session() or ws.store.latest_session(("run", "gitbisect", "calibrate", "nightly")))
+        if sess is None:
+            return []
+        subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
+        return [{"id": r.id, "started": r.started, "sha": r.sha, "subject": subjects.get(r.sha, ""),
+                 "status": r.status, "values": r.values, "value": r.value, "exit_code": r.exit_code,
+                 "duration": r.duration, "log_path": r.log_path} for r in ws.store.session_runs(sess.id)]
+    finally:
+        ws.close()
+
+
+def reset(path: str | Path | None, purge: bool = False) -> list[str]:
+    ws = Workspace(path)
+    done = []
+    try:
+        with ws.locked():
+            st = ws.store
+            while (sess := st.active_session()) is not None:
+                st.update_session(sess.id, state="ended", ended=time.time())
+                done.append(f"ended session {sess.id} ({sess.kind})")
+            if gitrepo.bisect_in_progress(ws.repo):
+                gitrepo.bisect_reset(ws.repo)
+                done.append("git bisect reset")
+            if ws.worktrees.exists():
+                for wt in ws.worktrees.iterdir():
+                    gitrepo.worktree_remove(ws.repo, wt)
+                shutil.rmtree(ws.worktrees, ignore_errors=True)
+                done.append("removed worktrees")
+            if purge:
+                st.purge()
+                shutil.rmtree(ws.logs, ignore_errors=True)
+                done.append("purged run history and logs")
+        return done
+    finally:
+        ws.close()

@@ -1,0 +1,299 @@
+"""State in sqlite under ``<git-common-dir>/klbisect/``: sessions, every run,
+builds, verdicts, PR metadata.
+
+Every finished run is committed at once, so an interrupted bisect resumes
+from the database and the search state is recomputed from the runs (it is
+derivable, so it is never stored). WAL mode lets ``status`` read while a
+bisect writes.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import EXIT_STORAGE, KlbisectError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,            -- run | gitbisect | calibrate | nightly
+    created REAL NOT NULL,
+    good TEXT, bad TEXT,           -- full shas
+    probe_key TEXT NOT NULL,
+    config TEXT NOT NULL,          -- JSON of the options
+    model TEXT,                    -- JSON of the learned good/bad model
+    state TEXT NOT NULL,           -- calibrating | bisecting | done | ended
+    result TEXT,                   -- JSON of the final answer
+    ended REAL
+);
+CREATE TABLE IF NOT EXISTS candidates (
+    session_id INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    sha TEXT NOT NULL,
+    subject TEXT, pr INTEGER,
+    PRIMARY KEY (session_id, idx)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    session_id INTEGER,
+    probe_key TEXT NOT NULL,
+    sha TEXT NOT NULL,
+    started REAL NOT NULL,
+    duration REAL,
+    exit_code INTEGER,
+    status TEXT NOT NULL,          -- ok | crash | timeout | notfound
+    vals TEXT NOT NULL,            -- JSON label -> value
+    value REAL,                    -- the run's scalar (max over labels or --metric)
+    log_path TEXT,
+    slot INTEGER
+);
+CREATE INDEX IF NOT EXISTS runs_by_sha ON runs (probe_key, sha);
+CREATE TABLE IF NOT EXISTS builds (
+    id INTEGER PRIMARY KEY,
+    build_key TEXT NOT NULL,
+    checkout TEXT NOT NULL,
+    sha TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    started REAL NOT NULL,
+    duration REAL,
+    log_path TEXT,
+    note TEXT
+);
+CREATE TABLE IF NOT EXISTS verdicts (
+    session_id INTEGER NOT NULL,
+    sha TEXT NOT NULL,
+    verdict TEXT NOT NULL,
+    evidence TEXT,                 -- JSON: values, log LR, reason
+    decided REAL NOT NULL,
+    PRIMARY KEY (session_id, sha)
+);
+CREATE TABLE IF NOT EXISTS pr_meta (
+    pr INTEGER PRIMARY KEY,
+    meta TEXT NOT NULL,
+    fetched REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+@dataclass
+class Run:
+    id: int
+    session_id: int | None
+    probe_key: str
+    sha: str
+    started: float
+    duration: float | None
+    exit_code: int | None
+    status: str
+    values: dict
+    value: float | None
+    log_path: str | None
+    slot: int | None
+
+
+@dataclass
+class SessionRow:
+    id: int
+    kind: str
+    created: float
+    good: str | None
+    bad: str | None
+    probe_key: str
+    config: dict
+    model: dict | None
+    state: str
+    result: dict | None
+    ended: float | None
+
+
+def _storage_error(e: Exception) -> KlbisectError:
+    return KlbisectError(f"cannot write klbisect state ({e}); free disk space and rerun: "
+                         "runs already recorded are kept", EXIT_STORAGE)
+
+
+class Store:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
+                                      check_same_thread=False)
+            self.db.row_factory = sqlite3.Row
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+        except (sqlite3.Error, OSError) as e:
+            raise _storage_error(e) from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+        except sqlite3.OperationalError as e:
+            raise _storage_error(e) from None
+
+    # ---- sessions ---------------------------------------------------------
+    def create_session(self, kind: str, good: str | None, bad: str | None, probe_key: str,
+                       config: dict, candidates: list[tuple[str, str, int | None]] = ()) -> int:
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO sessions (kind, created, good, bad, probe_key, config, state) "
+                "VALUES (?, ?, ?, ?, ?, ?, 'calibrating')",
+                (kind, time.time(), good, bad, probe_key, json.dumps(config, sort_keys=True)))
+            sid = int(cur.lastrowid)
+            db.executemany("INSERT INTO candidates (session_id, idx, sha, subject, pr) VALUES (?, ?, ?, ?, ?)",
+                           [(sid, i, sha, subj, pr) for i, (sha, subj, pr) in enumerate(candidates)])
+        return sid
+
+    def _session(self, row) -> SessionRow | None:
+        if row is None:
+            return None
+        return SessionRow(row["id"], row["kind"], row["created"], row["good"], row["bad"],
+                          row["probe_key"], json.loads(row["config"]),
+                          json.loads(row["model"]) if row["model"] else None, row["state"],
+                          json.loads(row["result"]) if row["result"] else None, row["ended"])
+
+    def session(self, sid: int) -> SessionRow | None:
+        return self._session(self.db.execute("SELECT * FROM sessions WHERE id=?", (sid,)).fetchone())
+
+    def active_session(self, kind: str | None = None) -> SessionRow | None:
+        q = "SELECT * FROM sessions WHERE state NOT IN ('done', 'ended')"
+        args: tuple = ()
+        if kind:
+            q += " AND kind=?"
+            args = (kind,)
+        return self._session(self.db.execute(q + " ORDER BY id DESC LIMIT 1", args).fetchone())
+
+    def latest_session(self, kinds: tuple[str, ...] = ("run", "gitbisect")) -> SessionRow | None:
+        marks = ",".join("?" * len(kinds))
+        return self._session(self.db.execute(
+            f"SELECT * FROM sessions WHERE kind IN ({marks}) ORDER BY id DESC LIMIT 1", kinds).fetchone())
+
+    def find_session(self, kind: str, good: str, bad: str, probe_key: str, config: dict) -> SessionRow | None:
+        """An unfinished session with the same question: resume it."""
+        row = self.db.execute(
+            "SELECT * FROM sessions WHERE kind=? AND good=? AND bad=? AND probe_key=? AND config=? "
+            "AND state NOT IN ('ended') ORDER BY id DESC LIMIT 1",
+            (kind, good, bad, probe_key, json.dumps(config, sort_keys=True))).fetchone()
+        return self._session(row)
+
+    def update_session(self, sid: int, **fields) -> None:
+        cols, vals = [], []
+        for k, v in fields.items():
+            cols.append(f"{k}=?")
+            vals.append(json.dumps(v, sort_keys=True) if k in ("model", "result", "config") and v is not None else v)
+        with self.tx() as db:
+            db.execute(f"UPDATE sessions SET {', '.join(cols)} WHERE id=?", (*vals, sid))
+
+    def candidates(self, sid: int) -> list[tuple[str, str, int | None]]:
+        return [(r["sha"], r["subject"], r["pr"]) for r in self.db.execute(
+            "SELECT sha, subject, pr FROM candidates WHERE session_id=? ORDER BY idx", (sid,))]
+
+    # ---- runs -------------------------------------------------------------
+    def add_run(self, session_id: int | None, probe_key: str, sha: str, started: float,
+                duration: float, exit_code: int | None, status: str, values: dict,
+                value: float | None, log_path: str | None, slot: int | None = None) -> int:
+        with self.tx() as db:
+            cur = db.execute(
+                "INSERT INTO runs (session_id, probe_key, sha, started, duration, exit_code, status, "
+                "vals, value, log_path, slot) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (session_id, probe_key, sha, started, duration, exit_code, status,
+                 json.dumps(values), value, log_path, slot))
+            return int(cur.lastrowid)
+
+    def runs(self, probe_key: str, shas: list[str] | None = None, session_id: int | None = None) -> list[Run]:
+        q, args = "SELECT * FROM runs WHERE probe_key=?", [probe_key]
+        if session_id is not None:
+            q += " AND session_id=?"
+            args.append(session_id)
+        rows = self.db.execute(q + " ORDER BY id", args).fetchall()
+        out = [self._run(r) for r in rows]
+        if shas is not None:
+            keep = set(shas)
+            out = [r for r in out if r.sha in keep]
+        return out
+
+    def session_runs(self, session_id: int) -> list[Run]:
+        return [self._run(r) for r in self.db.execute(
+            "SELECT * FROM runs WHERE session_id=? ORDER BY id", (session_id,))]
+
+    @staticmethod
+    def _run(r) -> Run:
+        return Run(r["id"], r["session_id"], r["probe_key"], r["sha"], r["started"], r["duration"],
+                   r["exit_code"], r["status"], json.loads(r["vals"]), r["value"], r["log_path"], r["slot"])
+
+    # ---- builds -----------------------------------------------------------
+    def add_build(self, build_key: str, checkout: str, sha: str, ok: bool, started: float,
+                  duration: float, log_path: str, note: str = "") -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO builds (build_key, checkout, sha, ok, started, duration, log_path, note) "
+                       "VALUES (?,?,?,?,?,?,?,?)",
+                       (build_key, checkout, sha, int(ok), started, duration, log_path, note))
+
+    def last_good_build(self, build_key: str, checkout: str) -> str | None:
+        row = self.db.execute("SELECT sha FROM builds WHERE build_key=? AND checkout=? AND ok=1 "
+                              "ORDER BY id DESC LIMIT 1", (build_key, checkout)).fetchone()
+        return row["sha"] if row else None
+
+    def failed_build(self, build_key: str, sha: str) -> dict | None:
+        row = self.db.execute("SELECT * FROM builds WHERE build_key=? AND sha=? ORDER BY id DESC LIMIT 1",
+                              (build_key, sha)).fetchone()
+        if row is None or row["ok"]:
+            return None
+        return dict(row)
+
+    def builds(self, build_key: str) -> list[dict]:
+        return [dict(r) for r in self.db.execute("SELECT * FROM builds WHERE build_key=? ORDER BY id",
+                                                 (build_key,))]
+
+    # ---- verdicts ---------------------------------------------------------
+    def set_verdict(self, session_id: int, sha: str, verdict: str, evidence: dict) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO verdicts (session_id, sha, verdict, evidence, decided) "
+                       "VALUES (?,?,?,?,?)", (session_id, sha, verdict, json.dumps(evidence), time.time()))
+
+    def verdicts(self, session_id: int) -> dict[str, dict]:
+        return {r["sha"]: {"verdict": r["verdict"], **json.loads(r["evidence"] or "{}")}
+                for r in self.db.execute("SELECT * FROM verdicts WHERE session_id=? ORDER BY decided",
+                                         (session_id,))}
+
+    # ---- PR metadata cache and small values --------------------------------
+    def get_pr(self, pr: int) -> dict | None:
+        row = self.db.execute("SELECT meta FROM pr_meta WHERE pr=?", (pr,)).fetchone()
+        return json.loads(row["meta"]) if row else None
+
+    def put_pr(self, pr: int, meta: dict) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO pr_meta (pr, meta, fetched) VALUES (?,?,?)",
+                       (pr, json.dumps(meta), time.time()))
+
+    def get(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return row["value"] if row else None
+
+    def put(self, key: str, value: str) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?,?)", (key, value))
+
+    def purge(self) -> None:
+        with self.tx() as db:
+            for t in ("runs", "builds", "verdicts", "candidates", "sessions", "pr_meta", "kv"):
+                db.execute(f"DELETE FROM {t}")
