@@ -85,10 +85,14 @@ repo_option = click.option("--repo", "repo", default=None, metavar="PATH",
                            help="Repository (default: the one of the current directory).")
 
 
+def range_options(f):
+    f = click.option("--bad", required=True, help="A known-bad commit, e.g. main.")(f)
+    return click.option("--good", required=True, help="A known-good commit (sha, branch or tag).")(f)
+
+
 def probe_options(f):
+    """How to build and measure a commit (all commands that probe share these)."""
     opts = [
-        click.option("--good", required=True, help="A known-good commit (sha, branch or tag)."),
-        click.option("--bad", required=True, help="A known-bad commit, e.g. main."),
         click.option("--probe-cmd", default=None, help="Shell command that runs the KL test from the checkout root."),
         click.option("--probe", "probe_kind", type=click.Choice(["cmd", "sglang"]), default="cmd",
                      show_default=True, help="cmd: --probe-cmd; sglang: launch a server and measure KL."),
@@ -102,6 +106,16 @@ def probe_options(f):
         click.option("--metric", default=None, help="Judge one label (default: max over labels)."),
         click.option("--metric-regex", default=None,
                      help="Regex with a group 'value' (and optionally 'label') for non-SGLang output."),
+    ]
+    f = sglang_options(f)
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def search_options(f):
+    """How to decide and when to stop (bisecting commands only)."""
+    opts = [
         click.option("--threshold", type=float, default=None,
                      help="Classic mode: a run fails at or above this value (no learning)."),
         click.option("--votes", type=int, default=1, show_default=True,
@@ -118,7 +132,7 @@ def probe_options(f):
     ]
     for o in reversed(opts):
         f = o(f)
-    return sglang_options(f)
+    return f
 
 
 def sglang_options(f):
@@ -143,17 +157,19 @@ def make_config(kw: dict):
     if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
         raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
     return BisectConfig(
-        good=kw["good"], bad=kw["bad"], probe_cmd=kw["probe_cmd"], probe=kw["probe_kind"],
+        good=kw.get("good") or "", bad=kw.get("bad") or "", probe_cmd=kw["probe_cmd"], probe=kw["probe_kind"],
         build_cmd=kw["build_cmd"], build=kw["build_kind"],
         build_paths=tuple(p.strip() for p in kw["build_paths"].split(",") if p.strip()),
         timeout=kw["timeout"], metric=kw["metric"], metric_regex=kw["metric_regex"],
-        threshold=kw["threshold"], votes=kw["votes"], max_runs=kw["max_runs"],
-        endpoint_runs=kw["endpoint_runs"], max_endpoint_runs=kw["max_endpoint_runs"],
-        confidence=kw["confidence"], first_parent=not kw["all_commits"],
-        max_total_runs=kw["max_total_runs"], sglang=sglang,
+        sglang=sglang, **{k: kw[k] for k in _SEARCH_KEYS if k in kw},
+        **({"first_parent": not kw["all_commits"]} if "all_commits" in kw else {}),
         parallel=kw.get("parallel", 1), gpus_per_probe=kw.get("gpus_per_probe", 0),
         executor=kw.get("executor", "local"), ray_address=kw.get("ray_address"),
     )
+
+
+_SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
+                "max_total_runs")
 
 
 def _emit_json(obj) -> None:
@@ -162,7 +178,9 @@ def _emit_json(obj) -> None:
 
 @cli.command()
 @repo_option
+@range_options
 @probe_options
+@search_options
 @click.option("--parallel", type=int, default=1, show_default=True, help="Probe this many commits at once.")
 @click.option("--gpus-per-probe", type=int, default=0, show_default=True,
               help="GPUs given to each parallel probe (CUDA_VISIBLE_DEVICES); 0: no assignment.")
@@ -182,7 +200,9 @@ def run(repo, as_json, **kw):
 
 @cli.command()
 @repo_option
+@range_options
 @probe_options
+@search_options
 def start(repo, **kw):
     """Calibrate the endpoints, then `git bisect start --first-parent`.
 
@@ -249,6 +269,33 @@ def reset(repo, purge):
     from .session import reset as do_reset
     for line in do_reset(repo, purge) or ["nothing to reset"]:
         click.echo(line)
+    return 0
+
+
+@cli.command()
+@repo_option
+@click.option("--rev", required=True, help="The commit to measure.")
+@click.option("--runs", type=int, default=30, show_default=True, help="Runs with a value to collect.")
+@click.option("--bad-rev", default=None, help="Also measure a bad commit and estimate a bisect's cost.")
+@click.option("--commits", type=int, default=1000, show_default=True,
+              help="Range size for the cost estimate (with --bad-rev).")
+@click.option("--thresholds", default=None, help="Comma-separated candidate thresholds to count runs above.")
+@click.option("--false-fail-rate", type=float, default=0.01, show_default=True)
+@click.option("--confidence", "conf", type=float, default=0.95, show_default=True,
+              help="Confidence of the threshold bound.")
+@probe_options
+@click.option("--json", "as_json", is_flag=True)
+def calibrate(repo, rev, runs, bad_rev, commits, thresholds, false_fail_rate, conf, as_json, **kw):
+    """Run the probe N times at one commit and report what its values support."""
+    from .calibrate import calibrate as do_calibrate, format_calibration
+    try:
+        ths = [float(t) for t in thresholds.split(",")] if thresholds else None
+    except ValueError:
+        raise KlbisectError(f"--thresholds {thresholds!r}: give numbers separated by commas", EXIT_USAGE)
+    res = do_calibrate(repo, make_config(kw), rev, runs, bad_rev, ths, false_fail_rate, conf, commits)
+    click.echo(format_calibration(res), err=as_json)
+    if as_json:
+        _emit_json(res.to_json())
     return 0
 
 

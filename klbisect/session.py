@@ -409,7 +409,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
 
     log_dir = ws.logs / f"s{sid}"
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True)
-    slots = make_slots(ws.worktrees, cfg.parallel, cfg.gpus_per_probe, pid_dir=ws.pids)
+    # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally
+    slots = make_slots(ws.worktrees, cfg.parallel, cfg.gpus_per_probe if cfg.executor == "local" else 0,
+                       pid_dir=ws.pids)
     ex = executor_factory(cfg, slots, measurer, ws) if executor_factory else _default_executor(cfg, slots, measurer, ws)
     slot_by_index = {s.index: s for s in slots}
     failures: dict[str, int] = {}
@@ -651,6 +653,32 @@ def gitbisect_result(ws: Workspace, sess: SessionRow) -> Result | None:
     return res
 
 
+def explain_commit(entry: dict, model) -> str:
+    """The evidence on one commit in plain words, for `klbisect status`."""
+    vals = entry["values"]
+    parts = []
+    if entry.get("build_failed"):
+        parts.append("its build failed, so it cannot be measured (untestable)")
+    if entry.get("crashes"):
+        parts.append(f"{entry['crashes']} run(s) crashed without a value (not counted as evidence)")
+    if vals:
+        shown = ", ".join(f"{v:.4g}" for v in vals[:6]) + (" ..." if len(vals) > 6 else "")
+        llr = entry.get("log_lr", 0.0)
+        side = "bad" if llr > 0 else "good"
+        if isinstance(model, ThresholdModel):
+            fails = sum(v >= model.threshold for v in vals)
+            parts.append(f"{len(vals)} run(s) [{shown}]: {fails} at or above the threshold {model.threshold:g}")
+        elif model is not None:
+            parts.append(f"{len(vals)} run(s) [{shown}] look {side}: together {math.exp(min(abs(llr), 700)):.3g} "
+                         f"times likelier if the commit is {side} (good runs sit near {model.centre(GOOD):.4g}, "
+                         f"bad near {model.centre(BAD):.4g})")
+    if "p_bad" in entry:
+        parts.append(f"with every other run, P(this commit is bad) = {entry['p_bad']:.4f}")
+    if entry.get("verdict") and entry.get("reason"):
+        parts.append(f"verdict {entry['verdict']}: {entry['reason']}")
+    return "; ".join(parts)
+
+
 def status(path: str | Path | None) -> dict:
     ws = Workspace(path)
     try:
@@ -684,6 +712,7 @@ def status(path: str | Path | None) -> dict:
                 entry["verdict"], entry["reason"] = GOOD, "good endpoint"
             elif i == len(shas) - 1:
                 entry["verdict"], entry["reason"] = BAD, "bad endpoint"
+            entry["explain"] = explain_commit(entry, pl.model if pl else None)
             commits.append(entry)
         out["commits"] = commits
         out["probe_runs"] = len(st.session_runs(sess.id))

@@ -1,0 +1,218 @@
+"""`klbisect calibrate`: measure one commit many times and say what its
+metric's distribution supports: percentiles, exceedance counts, a threshold
+for a chosen false-failure rate, and what a bisect would cost.
+
+Thresholds get relaxed from run statistics ("N runs, k above x"); this is
+the tool that produces those statistics, resumably, in the same run store.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import repo as gitrepo
+from .decide import (Model, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
+                     separation, summarize)
+from .errors import EXIT_NO_SIGNAL, KlbisectError
+from .executors import make_slots
+from .measure import Measurer
+from .search import CommitRuns, plan
+from .session import (BisectConfig, Workspace, _endpoint_problem, commit_runs, make_builder, make_probe,
+                      record)
+
+
+@dataclass
+class LabelStats:
+    label: str
+    summary: dict
+    exceedances: list[dict]
+    recommended: float | None
+    recommended_how: str
+
+
+@dataclass
+class CostEstimate:
+    commits: int
+    bits_per_run: float
+    lower_bound_runs: float
+    simulated_mean_runs: float
+    simulated_p95_runs: float
+    simulated_accuracy: float
+    trials: int
+
+
+@dataclass
+class Calibration:
+    rev: str
+    sha: str
+    runs: int
+    crashes: int
+    labels: list[LabelStats]
+    false_fail_rate: float
+    confidence: float
+    bad_sha: str | None = None
+    bad_labels: list[LabelStats] = field(default_factory=list)
+    cost: CostEstimate | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def default_thresholds(values: list[float]) -> list[float]:
+    """Round numbers around the observed upper tail (0.003, 0.005, ...)."""
+    if not values:
+        return []
+    hi = max(values)
+    lo = float(np.percentile(values, 25))
+    if hi <= 0:
+        return []
+    exp = math.floor(math.log10(hi))
+    cands = sorted({round(m * 10 ** e, 12) for e in (exp - 1, exp, exp + 1) for m in (1, 2, 3, 5, 7)})
+    return [c for c in cands if lo <= c <= 2 * hi][:8]
+
+
+def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate: float,
+                confidence: float) -> list[LabelStats]:
+    labels = sorted({k for d in values_by_run for k in d})
+    out = []
+    for lab in labels:
+        vals = [d[lab] for d in values_by_run if lab in d]
+        ths = thresholds or default_thresholds(vals)
+        ex = [{"threshold": t, "above": k, "runs": n,
+               "rate_upper_bound": exceedance_upper_bound(k, n, confidence)}
+              for t, k, n in exceedances(vals, ths)]
+        rec, how = recommend_threshold(vals, rate, confidence)
+        out.append(LabelStats(lab, summarize(vals), ex, rec, how))
+    return out
+
+
+def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int = 40,
+                  seed: int = 0, confidence: float = 0.99, max_runs: int = 300) -> CostEstimate | None:
+    """Runs a bisect over ``commits`` would need, by replaying the real search
+    on values resampled from the measured good and bad runs. Returns None
+    when the two commits do not separate at all."""
+    if not separation(good, bad).separated:
+        return None
+    rng = np.random.default_rng(seed)
+    g, b = np.asarray(good), np.asarray(bad)
+    model = Model.fit(g, b)
+    bits = info_per_run(model)
+    runs_used, right = [], 0
+    for _ in range(trials):
+        culprit = int(rng.integers(1, commits + 1))
+        cr = [CommitRuns([]) for _ in range(commits + 1)]
+        n = 0
+        for _ in range(3):
+            cr[0].values.append(float(rng.choice(g)))
+            cr[commits].values.append(float(rng.choice(b)))
+            n += 2
+        while not separation(cr[0].values, cr[commits].values).separated and len(cr[0].values) < 10:
+            cr[0].values.append(float(rng.choice(g)))
+            cr[commits].values.append(float(rng.choice(b)))
+            n += 2
+        m = Model.fit(cr[0].values, cr[commits].values)
+        pl = plan(cr, m, confidence)
+        while not pl.done and pl.next and n < max_runs:
+            i = pl.next[0]
+            cr[i].values.append(float(rng.choice(b if i >= culprit else g)))
+            n += 1
+            pl = plan(cr, m, confidence)
+        runs_used.append(n)
+        right += int(pl.done is not None and pl.done.indices == [culprit])
+    from .decide import runs_lower_bound
+    return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
+                        float(np.percentile(runs_used, 95)), right / trials, trials)
+
+
+def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
+              bad_rev: str | None = None, thresholds: list[float] | None = None,
+              false_fail_rate: float = 0.01, confidence: float = 0.95, commits: int = 1000,
+              progress=lambda m: print(m, file=sys.stderr, flush=True)) -> Calibration:
+    cfg.validate()
+    ws = Workspace(path)
+    try:
+        with ws.locked():
+            sha = gitrepo.resolve(ws.repo, rev, "revision")
+            bad_sha = gitrepo.resolve(ws.repo, bad_rev, "bad revision") if bad_rev else None
+            probe, builder = make_probe(cfg), make_builder(cfg)
+            build_key = builder.key if builder else None
+            sid = ws.store.create_session("calibrate", sha, bad_sha, probe.key, {**cfg.question(), "rev": rev})
+            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+            slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+            try:
+                for which, target in (("", sha), ("bad ", bad_sha)):
+                    if target is None:
+                        continue
+                    while True:
+                        cr = commit_runs(ws, probe.key, build_key, [target])[target]
+                        err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key, cr,
+                                                cfg.crash_limit)
+                        if err:
+                            raise err
+                        if len(cr.values) >= runs:
+                            break
+                        out = measurer.measure(target, slot)
+                        r = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
+                        progress(f"{which}{target[:12]} run {len(cr.values) + 1}/{runs}: "
+                                 + ("build failed" if r is None else
+                                    "no value" if r.value is None else f"{r.value:.4g}"))
+            finally:
+                if slot.checkout.exists():
+                    gitrepo.worktree_remove(ws.repo, slot.checkout)
+            all_runs = ws.store.runs(probe.key, [sha])
+            with_values = [r for r in all_runs if r.value is not None][-runs:] if runs else []
+            res = Calibration(rev, sha, len(with_values), sum(1 for r in all_runs if r.value is None),
+                              label_stats([r.values for r in with_values], thresholds, false_fail_rate,
+                                          confidence), false_fail_rate, confidence)
+            if bad_sha:
+                bad_runs = [r for r in ws.store.runs(probe.key, [bad_sha]) if r.value is not None][-runs:]
+                res.bad_sha = bad_sha
+                res.bad_labels = label_stats([r.values for r in bad_runs], thresholds, false_fail_rate,
+                                             confidence)
+                gv = [r.value for r in with_values]
+                bv = [r.value for r in bad_runs]
+                if len(gv) >= 2 and len(bv) >= 2:
+                    res.cost = simulate_cost(gv, bv, commits)
+                else:
+                    raise KlbisectError("need at least 2 runs with values at each commit to estimate "
+                                        "bisect cost", EXIT_NO_SIGNAL)
+            ws.store.update_session(sid, state="done", result=res.to_json())
+            return res
+    finally:
+        ws.close()
+
+
+def format_calibration(c: Calibration) -> str:
+    lines = [f"Calibration of {c.rev} ({c.sha[:12]}): {c.runs} runs with values, {c.crashes} without"]
+
+    def block(title: str, labs: list[LabelStats]) -> None:
+        lines.append(title)
+        for ls in labs:
+            s = ls.summary
+            lines.append(f"  [{ls.label}] n={s['n']} min {s['min']:.4g}  p5 {s['p5']:.4g}  p25 {s['p25']:.4g}  "
+                         f"median {s['median']:.4g}  p75 {s['p75']:.4g}  p95 {s['p95']:.4g}  max {s['max']:.4g}")
+            for e in ls.exceedances:
+                lines.append(f"      {e['above']}/{e['runs']} runs at or above {e['threshold']:g} "
+                             f"(true rate <= {e['rate_upper_bound']:.3g} at {c.confidence:.0%} confidence)")
+            if ls.recommended is not None:
+                lines.append(f"      recommended threshold for <= {c.false_fail_rate:g} false failures: "
+                             f"{ls.recommended:.4g} ({ls.recommended_how})")
+            else:
+                lines.append(f"      no threshold recommended: {ls.recommended_how}")
+    block("Per label:", c.labels)
+    if c.bad_sha:
+        block(f"Bad commit {c.bad_sha[:12]}:", c.bad_labels)
+    if c.bad_sha and not c.cost:
+        lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: no bisect could tell them apart "
+                     "with these runs")
+    if c.cost:
+        k = c.cost
+        lines.append(f"A bisect over {k.commits} commits with this probe: {k.bits_per_run:.2f} bits per run, "
+                     f"at least {k.lower_bound_runs:.1f} runs (information limit); klbisect's search on "
+                     f"resampled values: {k.simulated_mean_runs:.1f} runs on average, p95 "
+                     f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials")
+    return "\n".join(lines)
