@@ -20,6 +20,20 @@ class Cli(click.Group):
     """Turns every failure into one line and a documented exit code. A
     traceback would exit 1, which `git bisect run` reads as 'bad'."""
 
+    # Commands defined in their own modules, loaded when named (they import
+    # this module's option decorators, so importing them here would cycle).
+    lazy = {"report": "cli_report", "nightly": "cli_report", "history": "cli_report"}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.lazy and name not in self.commands:
+            import importlib
+            module = importlib.import_module(f"klbisect.{self.lazy[name]}")
+            self.add_command(getattr(module, name))
+        return super().get_command(ctx, name)
+
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
         try:

@@ -10,7 +10,10 @@ import math
 import re
 
 _LABEL = re.compile(r"^\s*\[([A-Za-z0-9_.:/-]+)\]")
-_AVG_KL = re.compile(r"avg_kl_div\s*[=:]\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)")
+# Only a line that starts with avg_kl_div (optionally after its [label]) is a
+# measurement: SGLang's assertion messages repeat "avg_kl_div=..." mid-line.
+_AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?avg_kl_div\s*[=:]\s*"
+                     r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)")
 JSON_PREFIX = "KLBISECT "  # JSON-lines form: KLBISECT {"label": "x", "value": 0.004}
 DEFAULT_LABEL = "value"
 
@@ -46,7 +49,8 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
         m = _LABEL.match(line)
         if m:
             label = m.group(1)
-        for hit in _AVG_KL.finditer(line):
+        hit = _AVG_KL.match(line)
+        if hit:
             _put(values, label, hit.group(1))
     return values
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from .session import Result
 
@@ -79,3 +80,488 @@ def format_status(st: dict) -> str:
         lines.append("")
         lines.append(format_result(st["result"]))
     return "\n".join(lines)
+
+
+# ---- reports a maintainer can paste: markdown, html, json, with a plot -----------
+
+GITHUB_COMMENT_LIMIT = 65536
+COLLAPSE_ROWS = 15
+
+
+def _github():
+    """The GitHub client module, or None where it is not installed."""
+    try:
+        from . import github  # noqa: PLC0415
+    except ImportError:
+        return None
+    return github
+
+
+def github_slug(remote: str | None) -> str | None:
+    """``owner/repo`` of a GitHub remote URL, or None."""
+    if not remote:
+        return None
+    gh = _github()
+    if gh is not None and hasattr(gh, "parse_slug"):
+        try:
+            return gh.parse_slug(remote) or None
+        except Exception:  # noqa: BLE001 - a remote we cannot read is just "no GitHub"
+            return None
+    import re  # noqa: PLC0415
+    m = re.match(r"^(?:https?://|ssh://)?(?:[^@/]+@)?github\.com[:/]([^/\s]+)/([^/\s]+?)(?:\.git)?/?$",
+                 remote.strip())  # noqa: E501
+    return f"{m.group(1)}/{m.group(2)}" if m else None
+
+
+def _meta_dict(meta, pr: int) -> dict | None:
+    """A PRMeta (dataclass, object or dict) as the dict cached in pr_meta."""
+    if meta is None:
+        return None
+    if isinstance(meta, dict):
+        d = dict(meta)
+    else:
+        import dataclasses  # noqa: PLC0415
+        d = dataclasses.asdict(meta) if dataclasses.is_dataclass(meta) else dict(vars(meta))
+    d.setdefault("number", pr)
+    if not d.get("url") and d.get("html_url"):
+        d["url"] = d["html_url"]
+    return d if d.get("title") else None
+
+
+def pr_meta(store, pr: int | None, slug: str | None, offline: bool = False) -> dict | None:
+    """PR metadata from the store's cache, else from GitHub (cached after);
+    None when unknown. Never raises: offline, a report keeps the subject."""
+    if not pr:
+        return None
+    try:
+        cached = store.get_pr(int(pr))
+    except Exception:  # noqa: BLE001
+        cached = None
+    if cached:
+        return _meta_dict(cached, pr)
+    gh = _github()
+    if offline or not slug or gh is None:
+        return None
+    import os  # noqa: PLC0415
+    try:
+        d = _meta_dict(gh.fetch_pr(int(pr), slug, os.environ.get("GITHUB_TOKEN") or None,
+                                   timeout=5, retries=1), pr)
+    except Exception:  # noqa: BLE001 - offline or rate limited: degrade silently
+        return None
+    if d:
+        try:
+            store.put_pr(int(pr), d)
+        except Exception:  # noqa: BLE001
+            pass
+    return d
+
+
+def _find_session(ws, session_id: int | None):
+    from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+    st = ws.store
+    if session_id is not None:
+        sess = st.session(session_id)
+        if sess is None:
+            raise KlbisectError(f"no session {session_id} in {ws.top}; see `klbisect status`", EXIT_USAGE)
+        if sess.kind == "nightly":
+            sub = (sess.result or {}).get("bisect_session")
+            if not sub:
+                raise KlbisectError(f"session {session_id} is a nightly check without a bisect "
+                                    "(no regression); see `klbisect history`", EXIT_USAGE)
+            sess = st.session(int(sub))
+        if sess is None or sess.kind not in ("run", "gitbisect"):
+            raise KlbisectError(f"session {session_id} is not a bisect session", EXIT_USAGE)
+        return sess
+    act = [s for s in (st.active_session("run"), st.active_session("gitbisect")) if s and s.model]
+    if act:
+        return max(act, key=lambda s: s.id)
+    sess = st.latest_session(("run", "gitbisect"))
+    if sess is None:
+        raise KlbisectError(f"no bisect session in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
+    return sess
+
+
+def report_data(path, session_id: int | None = None, offline: bool = False) -> dict:
+    """Everything a report shows, as plain data: ``result`` (Result.to_json()),
+    ``commits`` (probed candidates with values, verdict, P(bad)), ``runs``
+    (every run in history order), ``culprit_commits``, ``prs`` (metadata of
+    the culprit's PRs), ``slug``, ``boundary``, ``model``, ``session``."""
+    from . import repo as gitrepo  # noqa: PLC0415
+    from .decide import BAD, GOOD, judge  # noqa: PLC0415
+    from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+    from .session import Workspace, build_result, current_analysis, gitbisect_result  # noqa: PLC0415
+
+    ws = Workspace(path)
+    try:
+        if not (ws.dir / "state.db").exists():
+            raise KlbisectError(f"no klbisect state in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
+        st = ws.store
+        sess = _find_session(ws, session_id)
+        cfg, cands, runs, pl, probe_key, build_key = current_analysis(ws, sess)
+        if pl is None:
+            raise KlbisectError(f"session {sess.id} is still calibrating its endpoints: no result yet",
+                                EXIT_USAGE)
+        if sess.kind == "gitbisect":
+            res_obj = gitbisect_result(ws, sess)
+            result = res_obj.to_json() if res_obj else None
+        elif sess.result:
+            result = dict(sess.result)
+        else:
+            result = build_result(ws, sess.id, cands, pl, False, "bisect in progress", probe_key,
+                                  build_key).to_json()
+        if result is None:
+            raise KlbisectError(f"session {sess.id} has no result yet", EXIT_USAGE)
+        shas = [c[0] for c in cands]
+        idx = {s: i for i, s in enumerate(shas)}
+        n = len(shas) - 1
+        model = pl.model
+        verdicts = st.verdicts(sess.id)
+        commits = []
+        for i, (sha, subj, pr) in enumerate(cands):
+            cr = runs[sha]
+            if not cr.values and not cr.crashes and not cr.build_failed:
+                continue
+            p_bad = float(pl.posterior.p_bad[i])
+            if sha in verdicts:
+                verdict, why = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
+            elif i == 0:
+                verdict, why = GOOD, "good endpoint"
+            elif i == n:
+                verdict, why = BAD, "bad endpoint"
+            elif cr.build_failed:
+                verdict, why = "skip", "build failed"
+            else:
+                v = judge(cr.values, cr.crashes, model, cfg.max_runs, cfg.crash_limit)
+                verdict, why = v.decision, v.reason
+            commits.append({"index": i, "sha": sha, "subject": subj, "pr": pr, "values": list(cr.values),
+                            "crashes": cr.crashes, "build_failed": cr.build_failed, "p_bad": p_bad,
+                            "verdict": verdict, "reason": why})
+        all_runs = []
+        for r in st.runs(probe_key, shas):
+            i = idx[r.sha]
+            all_runs.append({"index": i, "sha": r.sha, "value": r.value, "values": r.values,
+                             "status": r.status, "session": r.session_id,
+                             "side": "bad" if pl.posterior.p_bad[i] >= 0.5 else "good"})
+        all_runs.sort(key=lambda r: (r["index"], r["session"] or 0))
+        culprit_commits = [{"index": idx[c], "sha": c, "subject": cands[idx[c]][1], "pr": cands[idx[c]][2]}
+                           for c in result.get("candidates", []) if c in idx]
+        slug = github_slug(gitrepo.remote_url(ws.repo))
+        prs = {}
+        for c in culprit_commits:
+            if c["pr"] and c["pr"] not in prs:
+                prs[c["pr"]] = pr_meta(st, c["pr"], slug, offline)
+        try:
+            boundary = float(model.boundary())
+        except Exception:  # noqa: BLE001
+            boundary = None
+        return {"result": result, "commits": commits, "runs": all_runs, "culprit_commits": culprit_commits,
+                "prs": {str(k): v for k, v in prs.items()}, "slug": slug, "boundary": boundary,
+                "model": model.to_dict(),
+                "session": {"id": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
+                            "probe": cfg.probe_cmd if cfg.probe == "cmd" else cfg.probe,
+                            "repo": str(ws.top)}}
+    finally:
+        ws.close()
+
+
+# -- rendering helpers
+
+def _pr_link(pr: int | None, slug: str | None) -> str:
+    if not pr:
+        return ""
+    return f"[#{pr}](https://github.com/{slug}/pull/{pr})" if slug else f"#{pr}"
+
+
+def _sha_link(sha: str, slug: str | None, n: int = 12) -> str:
+    return f"[`{sha[:n]}`](https://github.com/{slug}/commit/{sha})" if slug else f"`{sha[:n]}`"
+
+
+def _md_cell(text: str, limit: int = 70) -> str:
+    t = (text or "").replace("\n", " ")
+    if len(t) > limit:
+        t = t[:limit - 1] + "…"
+    return (t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("`", "'"))
+
+
+def _vals(values: list[float], k: int = 6) -> str:
+    s = ", ".join(f"{v:.4g}" for v in values[:k])
+    return s + (f" +{len(values) - k} more" if len(values) > k else "")
+
+
+def _culprit_title(c: dict, prs: dict) -> str:
+    """The PR's title when known, else the subject without its "(#N)"."""
+    meta = prs.get(str(c["pr"])) if c.get("pr") else None
+    if meta and meta.get("title"):
+        return meta["title"]
+    subj = c.get("subject") or ""
+    if c.get("pr"):
+        subj = re.sub(r"\s*\(#%d\)\s*$" % int(c["pr"]), "", subj)
+    return subj
+
+
+def _headline(data: dict) -> str:
+    r = data["result"]
+    if r["culprit"]:
+        pr = f" (#{r['pr']})" if r.get("pr") else ""
+        return f"KL regression: first bad commit {r['culprit'][:12]}{pr}"
+    return f"KL regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
+
+
+def _commit_rows_md(data: dict, rows: list[dict]) -> list[str]:
+    slug = data.get("slug")
+    out = ["| # | commit | subject | PR | KL values | verdict | P(bad) |",
+           "|---:|---|---|---|---|---|---:|"]
+    for c in rows:
+        extra = []
+        if c["crashes"]:
+            extra.append(f"{c['crashes']} crashed")
+        if c["build_failed"]:
+            extra.append("build failed")
+        vals = _vals(c["values"]) + ("; " if c["values"] and extra else "") + "; ".join(extra)
+        out.append(f"| {c['index']} | {_sha_link(c['sha'], slug, 10)} | {_md_cell(c['subject'], 60)} | "
+                   f"{_pr_link(c['pr'], slug)} | {vals} | {c['verdict']} | {c['p_bad']:.3f} |")
+    return out
+
+
+def _labels_md(r: dict) -> list[str]:
+    if not r.get("labels"):
+        return []
+    out = ["| label | before: median [min, max] (n) | after: median [min, max] (n) | change |",
+           "|---|---|---|---:|"]
+    for lab, s in r["labels"].items():
+        b, a = s.get("before") or {}, s.get("after") or {}
+        ch = f"x{a['median'] / b['median']:.2f}" if b.get("n") and a.get("n") and b["median"] else ""
+        out.append(f"| `{_md_cell(lab, 40)}` | {_range_md(b)} | {_range_md(a)} | {ch} |")
+    return out
+
+
+def _range_md(s: dict) -> str:
+    if not s or not s.get("n"):
+        return "no runs"
+    return f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] ({s['n']})"
+
+
+def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: str | None = None) -> str:
+    """GitHub-flavoured markdown that fits one comment (``limit`` chars):
+    the probed-commit table is collapsed in <details> when long, and cut
+    (keeping the commits nearest the culprit) when it would not fit."""
+    from . import __version__  # noqa: PLC0415
+    r, slug, prs = data["result"], data.get("slug"), data.get("prs", {})
+    head = [f"### {_headline(data)}", ""]
+    if r["culprit"]:
+        c = data["culprit_commits"][0] if data.get("culprit_commits") else {
+            "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
+        pr = f" ({_pr_link(c['pr'], slug)})" if c.get("pr") else ""
+        meta = prs.get(str(c["pr"])) if c.get("pr") else None
+        author = f" by @{meta['author']}" if meta and meta.get("author") else ""
+        head.append(f"**First bad commit:** {_sha_link(c['sha'], slug)} "
+                    f"{_md_cell(_culprit_title(c, prs), 200)}{pr}{author}")
+    else:
+        head.append(f"**The first bad commit is one of these {len(r['candidates'])} commits** "
+                    "(untestable commits stand in the way):")
+        head.append("")
+        info = {i["sha"]: i for i in r.get("candidate_info", [])}
+        for c in data.get("culprit_commits", []):
+            why = info.get(c["sha"], {}).get("why", "")
+            pr = f" ({_pr_link(c['pr'], slug)})" if c.get("pr") else ""
+            head.append(f"- {_sha_link(c['sha'], slug)} {_md_cell(_culprit_title(c, prs), 200)}{pr}"
+                        + (f" — {why}" if why else ""))
+    head.append("")
+    conf = f"**Confidence:** {r['confidence']:.4f}"
+    conf += "" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 200)}"
+    head.append(conf + "  ")
+    head.append(f"**Range:** good {_sha_link(r['good'], slug)} → bad {_sha_link(r['bad'], slug)}, "
+                f"{r['n_commits']} candidate commits  ")
+    spent = f"{r['probe_seconds']:.0f} s probing" + (
+        f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
+    reused = sum(1 for x in data.get("runs", []) if x.get("session") != r.get("session"))
+    spent += f"; {reused} runs reused from earlier sessions" if reused else ""
+    head.append(f"**Cost:** {r['probe_runs']} probe runs ({spent})  ")
+    m = data.get("model") or {}
+    if m.get("kind") == "threshold":
+        head.append(f"**Judged by:** threshold {m['threshold']:g}, majority of {m.get('votes', 1)} runs")
+    elif data.get("boundary") is not None:
+        head.append(f"**Judged by:** a model learned from the endpoints; a run is as likely good as "
+                    f"bad at {data['boundary']:.4g}")
+    head.append("")
+    labels = _labels_md(r)
+    if labels:
+        head += ["**KL before → after the culprit, per label:**", ""] + labels + [""]
+    for note in r.get("notes", []):
+        head.append(f"> Note: {_md_cell(note, 500)}")
+    tail = ["", f"<sub>klbisect {__version__} · session {r.get('session')}"
+            + (f" · plot: `{_md_cell(plot_note, 200)}`" if plot_note else "") + "</sub>", ""]
+
+    rows = list(data.get("commits", []))
+    title = f"Probed commits ({len(rows)}, values of every run)"
+    fixed = "\n".join(head) + "\n".join(tail)
+
+    def table(sel: list[dict], omitted: int) -> str:
+        lines = _commit_rows_md(data, sel)
+        if omitted:
+            lines.append("")
+            lines.append(f"{omitted} further probed commits omitted to fit one comment; "
+                         "`klbisect status` or `klbisect report --format json` lists all.")
+        body = "\n".join(lines)
+        if len(sel) + omitted > COLLAPSE_ROWS:
+            return f"<details><summary>{title}</summary>\n\n{body}\n\n</details>\n"
+        return f"**{title}:**\n\n{body}\n"
+
+    text = table(rows, 0)
+    if _size(fixed) + _size(text) + 2 > limit:
+        culprit_idx = [c["index"] for c in data.get("culprit_commits", [])] or [0]
+        mid = sum(culprit_idx) / len(culprit_idx)
+        n_all = max((c["index"] for c in rows), default=0)
+        # endpoints first, then by distance from the culprit
+        order = sorted(rows, key=lambda c: (c["index"] not in (0, n_all), abs(c["index"] - mid)))
+        lo, hi = 0, len(order)
+        while lo < hi:  # largest k that fits
+            k = (lo + hi + 1) // 2
+            sel = sorted(order[:k], key=lambda c: c["index"])
+            if _size(fixed) + _size(table(sel, len(rows) - k)) + 2 <= limit:
+                lo = k
+            else:
+                hi = k - 1
+        sel = sorted(order[:lo], key=lambda c: c["index"])
+        text = table(sel, len(rows) - lo)
+    out = "\n".join(head) + "\n" + text + "\n".join(tail)
+    if _size(out) > limit:  # pathological notes: cut hard rather than fail to post
+        out = out.encode("utf-8")[:limit - 40].decode("utf-8", "ignore") + "\n\n… (truncated)\n"
+    return out
+
+
+def _size(text: str) -> int:
+    """Size against GitHub's limit, counted in UTF-8 bytes (never fewer than characters)."""
+    return len(text.encode("utf-8"))
+
+
+def render_html(data: dict, png: bytes | None = None) -> str:
+    """One self-contained HTML file: inline style, the plot as a data: URI."""
+    import base64  # noqa: PLC0415
+    from html import escape as e  # noqa: PLC0415
+
+    from . import __version__  # noqa: PLC0415
+    r, slug, prs = data["result"], data.get("slug"), data.get("prs", {})
+
+    def sha_a(sha: str, n: int = 12) -> str:
+        code = f"<code>{e(sha[:n])}</code>"
+        return f'<a href="https://github.com/{e(slug)}/commit/{e(sha)}">{code}</a>' if slug else code
+
+    def pr_a(pr) -> str:
+        if not pr:
+            return ""
+        return f'<a href="https://github.com/{e(slug)}/pull/{int(pr)}">#{int(pr)}</a>' if slug else f"#{int(pr)}"
+
+    def pr_url(c) -> str:
+        meta = prs.get(str(c.get("pr"))) if c.get("pr") else None
+        return (meta or {}).get("url") or ""
+
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{e(_headline(data))}</title>",
+             "<style>body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;"
+             "margin:2em auto;padding:0 1em;color:#222}table{border-collapse:collapse;margin:1em 0;"
+             "font-size:13px}th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}"
+             "th{background:#f3f3f3}td.num{text-align:right}tr.bad td.v{color:#b00}tr.good td.v{color:#06c}"
+             "img{max-width:100%;border:1px solid #ddd}code{font-size:12px}.muted{color:#777}</style>",
+             "</head><body>", f"<h2>{e(_headline(data))}</h2>"]
+    if r["culprit"]:
+        c = data["culprit_commits"][0] if data.get("culprit_commits") else {
+            "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
+        title = e(_culprit_title(c, prs))
+        link = pr_url(c)
+        title_html = f'<a href="{e(link)}">{title}</a>' if link else title
+        parts.append(f"<p><b>First bad commit:</b> {sha_a(c['sha'])} {title_html}"
+                     + (f" ({pr_a(c['pr'])})" if c.get("pr") else "") + "</p>")
+    else:
+        info = {i["sha"]: i for i in r.get("candidate_info", [])}
+        parts.append(f"<p><b>The first bad commit is one of these {len(r['candidates'])} commits</b> "
+                     "(untestable commits stand in the way):</p><ul>")
+        for c in data.get("culprit_commits", []):
+            parts.append(f"<li>{sha_a(c['sha'])} {e(_culprit_title(c, prs))}"
+                         + (f" ({pr_a(c['pr'])})" if c.get("pr") else "")
+                         + f" <span class='muted'>{e(info.get(c['sha'], {}).get('why', ''))}</span></li>")
+        parts.append("</ul>")
+    parts.append(f"<p><b>Confidence:</b> {r['confidence']:.4f}"
+                 + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})") + "<br>"
+                 f"<b>Range:</b> good {sha_a(r['good'])} → bad {sha_a(r['bad'])}, "
+                 f"{r['n_commits']} candidate commits<br>"
+                 f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing"
+                 + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "") + "</p>")
+    if r.get("labels"):
+        parts.append("<h3>KL before → after, per label</h3><table><tr><th>label</th>"
+                     "<th>before: median [min, max] (n)</th><th>after: median [min, max] (n)</th></tr>")
+        for lab, s in r["labels"].items():
+            parts.append(f"<tr><td><code>{e(lab)}</code></td><td>{e(_range_md(s.get('before')))}</td>"
+                         f"<td>{e(_range_md(s.get('after')))}</td></tr>")
+        parts.append("</table>")
+    for note in r.get("notes", []):
+        parts.append(f"<p class='muted'>Note: {e(note)}</p>")
+    if png:
+        b64 = base64.b64encode(png).decode("ascii")
+        parts.append(f'<h3>Every run, in history order</h3><img alt="KL value of every run by candidate '
+                     f'index" src="data:image/png;base64,{b64}">')
+    parts.append(f"<h3>Probed commits ({len(data.get('commits', []))})</h3><table><tr><th>#</th>"
+                 "<th>commit</th><th>subject</th><th>PR</th><th>KL values</th><th>verdict</th>"
+                 "<th>P(bad)</th></tr>")
+    for c in data.get("commits", []):
+        extra = "; ".join(x for x in (f"{c['crashes']} crashed" if c["crashes"] else "",
+                                      "build failed" if c["build_failed"] else "") if x)
+        cls = "bad" if c["verdict"] == "bad" else "good" if c["verdict"] == "good" else ""
+        parts.append(f"<tr class='{cls}'><td class='num'>{c['index']}</td><td>{sha_a(c['sha'], 10)}</td>"
+                     f"<td>{e(c['subject'])}</td><td>{pr_a(c['pr'])}</td>"
+                     f"<td>{e(', '.join(f'{v:.4g}' for v in c['values']))}"
+                     f"{'; ' if extra and c['values'] else ''}{e(extra)}</td>"
+                     f"<td class='v'>{e(c['verdict'])}</td><td class='num'>{c['p_bad']:.3f}</td></tr>")
+    parts.append("</table>")
+    parts.append(f"<p class='muted'>klbisect {e(__version__)} · session {r.get('session')} · "
+                 f"{e(data.get('session', {}).get('repo', ''))}</p></body></html>")
+    return "\n".join(parts)
+
+
+def render_json(data: dict) -> dict:
+    """The result and the probed commits (plus PR metadata and every run)."""
+    return {"result": data["result"], "commits": data["commits"], "prs": data.get("prs", {}),
+            "runs": data.get("runs", []), "session": data.get("session", {}),
+            "boundary": data.get("boundary"), "plot": data.get("plot")}
+
+
+def default_plot_path(data: dict, out: str | None) -> str:
+    from pathlib import Path  # noqa: PLC0415
+    if out and out != "-":
+        return str(Path(out).with_suffix(".png"))
+    repo = data.get("session", {}).get("repo", ".")
+    from . import repo as gitrepo  # noqa: PLC0415
+    base = gitrepo.common_dir(gitrepo.open_repo(repo)) / "klbisect" / "reports"
+    return str(base / f"session-{data['result'].get('session')}.png")
+
+
+def write_report(path=None, fmt: str = "md", out: str | None = None, session_id: int | None = None,
+                 plot: str | None = None, offline: bool = False, data: dict | None = None) -> dict:
+    """Build the report of a session: returns ``{"text", "path", "plot",
+    "data"}``; writes it to ``out`` when given (not "-"), and the PNG plot
+    to ``plot`` (default: next to ``out``, or under the klbisect dir)."""
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+    from .plots import session_plot  # noqa: PLC0415
+    if fmt not in ("md", "html", "json"):
+        raise KlbisectError(f"unknown report format {fmt!r}; use md, html or json", EXIT_USAGE)
+    data = data if data is not None else report_data(path, session_id, offline)
+    plot_path = plot or default_plot_path(data, out)
+    png = session_plot(data, plot_path)
+    data["plot"] = plot_path
+    if fmt == "md":
+        text = render_markdown(data, plot_note=plot_path)
+    elif fmt == "html":
+        text = render_html(data, png)
+    else:
+        text = json.dumps(render_json(data), default=str, indent=1)
+    written = None
+    if out and out != "-":
+        p = Path(out)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+        written = str(p)
+    return {"text": text, "path": written, "plot": plot_path, "data": data}

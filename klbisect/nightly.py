@@ -1,0 +1,540 @@
+"""Nightly regression hunting over a branch head.
+
+Each night the caller updates the repository (klbisect fetches nothing) and
+runs ``klbisect nightly``. It records ``--runs`` probe runs of the branch head
+in the history database (one session of kind ``nightly`` per night and head),
+then compares the head's values with the pooled values of the last
+``--baseline-nights`` nightly heads judged good: a one-sided Mann-Whitney U
+test on the values (rank based, so one outlier cannot decide) plus a minimum
+relative effect on the medians. Borderline nights get more runs, up to
+``--max-runs``. The CI pass rate never enters.
+
+On a regression it bisects between the last good nightly head and the head
+(``session.run_bisect``), writes the report and, when configured, posts it to
+a GitHub issue. Rerunning the same night with the same head returns the
+stored answer: no new runs, no second comment. A night whose probe printed no
+value is "crashed", never a regression. A regression that was already found
+and is still there is "known": it is reported with its culprit again but not
+bisected or posted again.
+
+Verdicts of a night: ``baseline`` (no good nightlies yet to compare with;
+counts as good), ``good``, ``regressed`` (new regression, bisected),
+``known`` (the open regression persists), ``crashed`` (no values).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import repo as gitrepo
+from .decide import summarize
+from .errors import EXIT_USAGE, KlbisectError
+
+Progress = Callable[[str], None]
+
+GOOD_VERDICTS = ("good", "baseline")
+OPEN_VERDICTS = ("regressed", "known")
+DEFAULT_API = "https://api.github.com"
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class NightlyOptions:
+    branch: str = "main"
+    runs: int = 3                   # runs of the head per night
+    baseline_nights: int = 5        # K: good nightly heads pooled as the baseline
+    alpha: float = 0.001            # one-sided Mann-Whitney U level
+    min_effect: float = 0.1         # head median must be >= (1 + min_effect) x baseline median
+    min_baseline: int = 3           # fewer baseline values: the night is a baseline night
+    night: str | None = None        # YYYY-MM-DD (default: today, UTC)
+    report_format: str = "md"       # md | html | json
+    report_path: str | None = None  # default: <git-common-dir>/klbisect/reports/nightly-<night>-<sha>.<fmt>
+    post_to: str | None = None      # owner/repo#issue
+    post_issue: int | None = None   # issue number in the origin remote's GitHub repository
+    dry_run: bool = False           # print what would be posted instead of posting
+    offline: bool = False           # no GitHub API calls for PR metadata
+
+
+# ---- the test: pure ------------------------------------------------------------
+
+@dataclass
+class Comparison:
+    verdict: str               # regressed | good | baseline | crashed
+    p_value: float | None
+    ratio: float | None        # head median / baseline median
+    suspicious: bool           # more head runs could turn it into a regression
+    head: dict = field(default_factory=dict)
+    baseline: dict = field(default_factory=dict)
+    reason: str = ""
+
+
+def compare(head: list[float], baseline: list[float], alpha: float = 0.001, min_effect: float = 0.1,
+            min_baseline: int = 3) -> Comparison:
+    """Is the head worse (higher KL) than the baseline? One-sided
+    Mann-Whitney U on the values, and the medians at least ``min_effect``
+    apart (so a tiny drift that many runs make significant is not flagged)."""
+    sh, sb = summarize(head), summarize(baseline)
+    if not head:
+        return Comparison("crashed", None, None, False, sh, sb, "the probe printed no value tonight")
+    if len(baseline) < min_baseline:
+        return Comparison("baseline", None, None, False, sh, sb,
+                          f"only {len(baseline)} baseline values (need {min_baseline}): tonight "
+                          "becomes the baseline")
+    from scipy import stats  # noqa: PLC0415
+    h, b = np.asarray(head, float), np.asarray(baseline, float)
+    if np.ptp(np.concatenate([h, b])) == 0:
+        p = 1.0
+    else:
+        p = float(stats.mannwhitneyu(h, b, alternative="greater").pvalue)
+    mb, mh = float(np.median(b)), float(np.median(h))
+    ratio = mh / mb if mb > 0 else (math.inf if mh > mb else 1.0)
+    big = ratio >= 1.0 + min_effect if mb > 0 else mh > mb
+    if p <= alpha and big:
+        return Comparison("regressed", p, ratio, False, sh, sb,
+                          f"head median {mh:.4g} vs baseline {mb:.4g} (x{ratio:.2f}), "
+                          f"Mann-Whitney p={p:.2g} <= {alpha:g}")
+    suspicious = big and p <= 0.25
+    why = (f"head median {mh:.4g} vs baseline {mb:.4g} (x{ratio:.2f}), Mann-Whitney p={p:.2g}")
+    return Comparison("good", p, ratio, suspicious, sh, sb, why)
+
+
+# ---- the store: nightly sessions --------------------------------------------------
+
+def _nightly_sessions(store, probe_key: str) -> list:
+    rows = store.db.execute("SELECT id FROM sessions WHERE kind='nightly' AND probe_key=? ORDER BY id",
+                            (probe_key,)).fetchall()
+    return [store.session(r["id"]) for r in rows]
+
+
+def _find_night(store, probe_key: str, night: str, head: str):
+    for s in reversed(_nightly_sessions(store, probe_key)):
+        if s.bad == head and s.config.get("night") == night and s.state != "ended":
+            return s
+    return None
+
+
+def today() -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime())
+
+
+def _report_path(ws, opts: NightlyOptions, night: str, head: str) -> str:
+    if opts.report_path:
+        return opts.report_path
+    ext = {"md": "md", "html": "html", "json": "json"}[opts.report_format]
+    return str(ws.dir / "reports" / f"nightly-{night}-{head[:12]}.{ext}")
+
+
+# ---- the nightly run -------------------------------------------------------------
+
+def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progress = _stderr,
+                post_out: Callable[[str], None] | None = None) -> dict:
+    """Measure tonight's branch head, judge it against recent good nightlies,
+    bisect and report a regression. Returns the night's record (also stored
+    as the nightly session's result); ``summary(record)`` is the --json
+    object. ``post_out`` receives what --dry-run would post (default stdout)."""
+    from .session import Workspace, make_builder, make_probe  # noqa: PLC0415
+    opts = opts or NightlyOptions()
+    if opts.runs < 1:
+        raise KlbisectError("--runs must be at least 1", EXIT_USAGE)
+    if opts.report_format not in ("md", "html", "json"):
+        raise KlbisectError("--format must be md, html or json", EXIT_USAGE)
+    target = _post_target(path, opts) if (opts.post_to or opts.post_issue) else None
+    cfg = dataclasses.replace(cfg, good="", bad="")
+    if cfg.probe == "cmd" and not cfg.probe_cmd:
+        raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
+    night = opts.night or today()
+    if not re.fullmatch(r"[0-9A-Za-z_.:-]{1,40}", night):
+        raise KlbisectError(f"--night {night!r}: use a date like 2025-01-31", EXIT_USAGE)
+
+    ws = Workspace(path)
+    try:
+        head = gitrepo.resolve(ws.repo, opts.branch, "branch")
+        probe, builder = make_probe(cfg), make_builder(cfg)
+        probe_key, build_key = probe.key, (builder.key if builder else None)
+        with ws.locked():
+            rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
+                                     progress)
+    finally:
+        ws.close()
+
+    if rec["verdict"] == "regressed" and rec.get("state") != "done":
+        rec = _bisect_and_report(path, cfg, opts, rec, progress)
+    if rec["verdict"] == "regressed" and target is not None:
+        rec = _post(path, opts, rec, target, progress, post_out)
+    return rec
+
+
+def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
+    from .executors import make_slots  # noqa: PLC0415
+    from .measure import Measurer  # noqa: PLC0415
+    from .session import commit_runs, record  # noqa: PLC0415
+    st = ws.store
+    sess = _find_night(st, probe_key, night, head)
+    if sess is not None and sess.result and sess.result.get("verdict"):
+        # judged already: the same night and head give the same answer, with no new runs
+        progress(f"nightly {night} for {head[:12]} already judged (session {sess.id}): "
+                 f"{sess.result['verdict']}")
+        return dict(sess.result)
+    subj = gitrepo.subject(ws.repo, head)
+    if sess is None:
+        config = {**cfg.question(), "night": night, "branch": opts.branch, "runs": opts.runs}
+        sid = st.create_session("nightly", None, head, probe_key, config,
+                                [(head, subj, gitrepo.parse_pr(subj))])
+    else:
+        sid = sess.id
+    progress(f"nightly {night}: {opts.branch} at {head[:12]} {subj[:60]} (session {sid})")
+
+    baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
+    base_runs = commit_runs(ws, probe_key, build_key, baseline_shas) if baseline_shas else {}
+    baseline = [v for s in baseline_shas for v in base_runs[s].values]
+
+    slot = None
+    measurer = None
+    target = opts.runs
+    cap_values = max(cfg.max_runs, opts.runs)
+    try:
+        while True:
+            cr = commit_runs(ws, probe_key, build_key, [head])[head]
+            mine = st.session_runs(sid)
+            mine_crashes = sum(1 for r in mine if r.value is None)
+            cmp = compare(cr.values, baseline, opts.alpha, opts.min_effect, opts.min_baseline)
+            if len(cr.values) >= target:
+                if cmp.suspicious and len(cr.values) < cap_values:
+                    target = len(cr.values) + 1
+                    progress(f"  borderline ({cmp.reason}): one more run")
+                else:
+                    break
+            if cr.build_failed:
+                progress(f"  {head[:12]} does not build: no value tonight")
+                break
+            if not cr.values and mine_crashes >= cfg.crash_limit:
+                break  # a crashed night: no value, so no evidence of anything
+            if len(mine) >= cap_values + cfg.crash_limit:
+                break
+            if slot is None:
+                slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+                measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+            out = measurer.measure(head, slot)
+            run = record(ws, sid, probe_key, build_key, out, slot.checkout, cfg.metric)
+            if out.build_failed:
+                progress(f"  build failed: {out.build.log_path}")
+            elif run is not None:
+                progress(f"  run {len(mine) + 1}: "
+                         + (f"{run.value:.4g}" if run.value is not None else f"no value ({run.status})"))
+    finally:
+        if slot is not None and slot.checkout.exists():
+            gitrepo.worktree_remove(ws.repo, slot.checkout)
+
+    cr = commit_runs(ws, probe_key, build_key, [head])[head]
+    cmp = compare(cr.values, baseline, opts.alpha, opts.min_effect, opts.min_baseline)
+    verdict = cmp.verdict
+    rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
+           "session": sid, "verdict": verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
+           "reason": cmp.reason, "values": list(cr.values), "crashes": cr.crashes,
+           "head_summary": cmp.head, "baseline_summary": cmp.baseline,
+           "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
+           "last_good": baseline_shas[0] if baseline_shas else None,
+           "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": []}
+    if verdict == "regressed":
+        openr = _open_regression(ws, probe_key, head, sid)
+        if openr is not None:
+            prev_head = openr["head"]
+            prev_vals = commit_runs(ws, probe_key, build_key, [prev_head])[prev_head].values
+            again = compare(cr.values, prev_vals, opts.alpha, opts.min_effect, opts.min_baseline)
+            if again.verdict == "regressed":
+                rec["notes"].append(f"worse again than the open regression of {openr['night']} "
+                                    f"({again.reason}): bisecting from its head {prev_head[:12]}")
+                rec["bisect_good"] = prev_head
+            else:
+                rec.update(verdict="known", culprit=openr.get("culprit"), pr=openr.get("pr"),
+                           report=openr.get("report"), bisect_session=openr.get("bisect_session"),
+                           known_since=openr.get("known_since") or openr["night"])
+                rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
+                                    "(not bisected or posted again)")
+        if rec["verdict"] == "regressed" and not rec.get("bisect_good"):
+            rec["bisect_good"] = rec["last_good"]
+    progress(f"nightly {night}: {rec['verdict'].upper()}: {cmp.reason}")
+    rec["state"] = "bisecting" if rec["verdict"] == "regressed" else "done"
+    st.update_session(sid, result=rec, state=rec["state"],
+                      ended=time.time() if rec["state"] == "done" else None)
+    return rec
+
+
+def _baseline(ws, probe_key: str, head: str, k: int, sid: int) -> tuple[list[str], list[str]]:
+    """The last ``k`` distinct good nightly heads that are ancestors of
+    ``head`` (most recent first), and their nights."""
+    shas, nights = [], []
+    for s in reversed(_nightly_sessions(ws.store, probe_key)):
+        r = s.result or {}
+        if s.id == sid or r.get("verdict") not in GOOD_VERDICTS:
+            continue
+        h = r.get("head") or s.bad
+        if h == head or h in shas or not gitrepo.is_ancestor(ws.repo, h, head):
+            continue
+        shas.append(h)
+        nights.append(r.get("night", ""))
+        if len(shas) >= k:
+            break
+    return shas, nights
+
+
+def _open_regression(ws, probe_key: str, head: str, sid: int) -> dict | None:
+    """The most recent judged night before this one, when it was a
+    regression (new or known) whose head is an ancestor of ``head``."""
+    for s in reversed(_nightly_sessions(ws.store, probe_key)):
+        r = s.result or {}
+        if s.id == sid or not r.get("verdict") or r["verdict"] == "crashed":
+            continue
+        if r["verdict"] in OPEN_VERDICTS and (r["head"] == head or gitrepo.is_ancestor(ws.repo, r["head"], head)):
+            return r
+        return None
+    return None
+
+
+def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Progress) -> dict:
+    from .report import write_report  # noqa: PLC0415
+    from .session import Workspace, run_bisect  # noqa: PLC0415
+    good = rec.get("bisect_good") or rec.get("last_good")
+    bcfg = dataclasses.replace(cfg, good=good, bad=rec["head"])
+    progress(f"nightly {rec['night']}: bisecting {good[:12]}..{rec['head'][:12]}")
+    try:
+        res = run_bisect(path, bcfg, progress)
+        rec.update(culprit=res.culprit, pr=res.pr, bisect_session=res.session,
+                   candidates=res.candidates, confidence=res.confidence)
+        ws = Workspace(path)
+        try:
+            out = _report_path(ws, opts, rec["night"], rec["head"])
+        finally:
+            ws.close()
+        rep = write_report(path, fmt=opts.report_format, out=out, session_id=res.session,
+                           offline=opts.offline)
+        rec.update(report=rep["path"], plot=rep["plot"])
+        if res.culprit:
+            progress(f"nightly {rec['night']}: culprit {res.culprit[:12]} {res.subject[:60]}; report {rep['path']}")
+        else:
+            progress(f"nightly {rec['night']}: narrowed to {len(res.candidates)} commits; report {rep['path']}")
+    except KlbisectError as e:
+        rec["notes"].append(f"bisect failed: {e.message}")
+        progress(f"nightly {rec['night']}: bisect failed: {e.message}")
+    rec["state"] = "done"
+    _save(path, rec)
+    return rec
+
+
+def _save(path, rec: dict) -> None:
+    from .session import Workspace  # noqa: PLC0415
+    ws = Workspace(path)
+    try:
+        ws.store.update_session(rec["session"], result=rec, state=rec.get("state", "done"),
+                                ended=time.time() if rec.get("state") == "done" else None)
+    finally:
+        ws.close()
+
+
+# ---- posting -----------------------------------------------------------------------
+
+def _post_target(path, opts: NightlyOptions) -> tuple[str, int]:
+    if opts.post_to:
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)#(\d+)\s*", opts.post_to)
+        if not m:
+            raise KlbisectError(f"--post-to {opts.post_to!r}: expected owner/repo#ISSUE", EXIT_USAGE)
+        return m.group(1), int(m.group(2))
+    from .report import github_slug  # noqa: PLC0415
+    repo = gitrepo.open_repo(path)
+    slug = github_slug(gitrepo.remote_url(repo))
+    if not slug:
+        raise KlbisectError("--post-issue needs a GitHub 'origin' remote; or use --post-to owner/repo#ISSUE",
+                            EXIT_USAGE)
+    return slug, int(opts.post_issue)
+
+
+def comment_body(rec: dict, data: dict | None) -> str:
+    """What nightly posts: one line about the night, then the markdown
+    report of the bisect (``data`` from report.report_data), all within
+    one GitHub comment."""
+    from .report import GITHUB_COMMENT_LIMIT, render_markdown  # noqa: PLC0415
+    intro = (f"**klbisect nightly {rec['night']}**: `{rec['branch']}` at `{rec['head'][:12]}` regressed "
+             f"({rec['reason']}).\n\n")
+    if data is None:
+        notes = "\n".join(f"> {n}" for n in rec.get("notes", []))
+        return (intro + "No culprit could be isolated.\n\n" + notes).strip() + "\n"
+    return intro + render_markdown(data, limit=GITHUB_COMMENT_LIMIT - len(intro.encode("utf-8")))
+
+
+def _post(path, opts: NightlyOptions, rec: dict, target: tuple[str, int], progress: Progress,
+          post_out: Callable[[str], None] | None) -> dict:
+    from .session import Workspace  # noqa: PLC0415
+    slug, issue = target
+    ws = Workspace(path)
+    try:
+        key = f"nightly-posted:{rec['session']}"
+        if ws.store.get(key) and not opts.dry_run:
+            progress(f"already posted to {slug}#{issue} for this night: not posting again")
+            return rec
+        data = None
+        if rec.get("bisect_session"):
+            from .report import report_data  # noqa: PLC0415
+            try:
+                data = report_data(path, rec["bisect_session"], offline=opts.offline)
+            except KlbisectError as e:
+                rec["notes"].append(f"no report: {e.message}")
+        body = comment_body(rec, data)
+        api = os.environ.get("KLBISECT_GITHUB_API", DEFAULT_API).rstrip("/")
+        if opts.dry_run:
+            out = post_out or (lambda s: print(s, flush=True))
+            has_token = "set" if os.environ.get("GITHUB_TOKEN") else "NOT set"
+            out(f"--dry-run: would POST {api}/repos/{slug}/issues/{issue}/comments "
+                f"(token from GITHUB_TOKEN: {has_token}) with this body:\n{body}")
+            rec["post"] = {"target": f"{slug}#{issue}", "dry_run": True}
+            return rec
+        token = os.environ.get("GITHUB_TOKEN")
+        if not token:
+            progress("not posting: GITHUB_TOKEN is not set")
+            rec["post"] = {"target": f"{slug}#{issue}", "error": "GITHUB_TOKEN not set"}
+        else:
+            try:
+                from . import github  # noqa: PLC0415
+                got = github.post_comment(slug, issue, body, token)
+                url = _comment_url(got)
+                ws.store.put(key, json.dumps({"target": f"{slug}#{issue}", "url": url, "at": time.time()}))
+                rec["post"] = {"target": f"{slug}#{issue}", "url": url}
+                progress(f"posted the report to {slug}#{issue}" + (f": {url}" if url else ""))
+            except ImportError:
+                rec["post"] = {"target": f"{slug}#{issue}", "error": "klbisect.github is not available"}
+                progress("not posting: klbisect.github is not available")
+            except Exception as e:  # noqa: BLE001 - posting must not lose the night's answer
+                msg = str(e).replace(token, "***")
+                rec["post"] = {"target": f"{slug}#{issue}", "error": msg[:300]}
+                progress(f"posting to {slug}#{issue} failed: {msg[:300]}")
+        ws.store.update_session(rec["session"], result=rec)
+        return rec
+    finally:
+        ws.close()
+
+
+def _comment_url(got) -> str | None:
+    if isinstance(got, dict):
+        return got.get("html_url") or got.get("url")
+    if isinstance(got, str):
+        return got
+    return getattr(got, "html_url", None) or getattr(got, "url", None)
+
+
+def summary(rec: dict) -> dict:
+    """The --json object: {"regressed", "culprit", "pr", "report"}."""
+    return {"regressed": rec.get("verdict") in OPEN_VERDICTS, "culprit": rec.get("culprit"),
+            "pr": rec.get("pr"), "report": rec.get("report")}
+
+
+def format_night(rec: dict) -> str:
+    lines = [f"Nightly {rec['night']}: {rec['branch']} at {rec['head'][:12]} {rec['subject'][:60]}",
+             f"  verdict: {rec['verdict'].upper()} — {rec['reason']}"]
+    hs, bs = rec.get("head_summary") or {}, rec.get("baseline_summary") or {}
+    if hs.get("n"):
+        lines.append(f"  head:     median {hs['median']:.4g} [{hs['min']:.4g}, {hs['max']:.4g}] n={hs['n']}"
+                     + (f", {rec['crashes']} crashed" if rec.get("crashes") else ""))
+    if bs.get("n"):
+        lines.append(f"  baseline: median {bs['median']:.4g} [{bs['min']:.4g}, {bs['max']:.4g}] n={bs['n']} "
+                     f"from nights {', '.join(rec.get('baseline_nights') or [])}")
+    if rec.get("culprit"):
+        pr = f" (#{rec['pr']})" if rec.get("pr") else ""
+        lines.append(f"  culprit:  {rec['culprit']}{pr}")
+    if rec.get("report"):
+        lines.append(f"  report:   {rec['report']}")
+    for n in rec.get("notes", []):
+        lines.append(f"  note: {n}")
+    return "\n".join(lines)
+
+
+# ---- history -------------------------------------------------------------------
+
+def history(path=None, label: str | None = None, plot: str | None = None,
+            probe_key: str | None = None) -> dict:
+    """The metric per label over nightly heads, oldest first:
+    ``{"labels", "nights": [{night, head, subject, verdict, n, crashes,
+    value, labels: {label: summary}}], "plot", "probe_key"}``. Uses the
+    probe of the latest nightly unless ``probe_key`` is given; writes the
+    plot (default ``<git-common-dir>/klbisect/reports/history.png``)."""
+    from .plots import history_plot  # noqa: PLC0415
+    from .session import Workspace  # noqa: PLC0415
+    ws = Workspace(path)
+    try:
+        if not (ws.dir / "state.db").exists():
+            raise KlbisectError(f"no klbisect state in {ws.top}: run `klbisect nightly ...` first", EXIT_USAGE)
+        st = ws.store
+        if probe_key is None:
+            row = st.db.execute("SELECT probe_key FROM sessions WHERE kind='nightly' ORDER BY id DESC LIMIT 1"
+                                ).fetchone()
+            if row is None:
+                raise KlbisectError("no nightly results yet: run `klbisect nightly ...` first", EXIT_USAGE)
+            probe_key = row["probe_key"]
+        nights, all_labels = [], []
+        for s in _nightly_sessions(st, probe_key):
+            r = s.result or {}
+            if not r.get("verdict"):
+                continue
+            runs = st.runs(probe_key, [s.bad])
+            per: dict[str, list[float]] = {}
+            for run in runs:
+                for k, v in run.values.items():
+                    per.setdefault(k, []).append(v)
+            for k in per:
+                if k not in all_labels:
+                    all_labels.append(k)
+            nights.append({"night": r.get("night", ""), "head": s.bad, "subject": r.get("subject", ""),
+                           "verdict": r["verdict"], "session": s.id,
+                           "n": sum(1 for x in runs if x.value is not None),
+                           "crashes": sum(1 for x in runs if x.value is None),
+                           "value": summarize([x.value for x in runs if x.value is not None]),
+                           "labels": {k: summarize(v) for k, v in per.items()},
+                           "culprit": r.get("culprit"), "pr": r.get("pr")})
+        labels = sorted(all_labels)
+        if label is not None:
+            if label not in labels:
+                raise KlbisectError(f"no label {label!r} in the nightly runs; labels: {', '.join(labels) or 'none'}",
+                                    EXIT_USAGE)
+            labels = [label]
+            for n in nights:
+                n["labels"] = {label: n["labels"][label]} if label in n["labels"] else {}
+        out = plot or str(ws.dir / "reports" / "history.png")
+        trend = {"labels": labels, "nights": nights, "plot": out, "probe_key": probe_key}
+        history_plot(trend, out)
+        return trend
+    finally:
+        ws.close()
+
+
+def history_table(trend: dict):
+    """A rich Table of the trend: one row per night, one column per label."""
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+    t = Table(title=escape("KL per label over nightly heads: median [min, max] n"))
+    t.add_column("night")
+    t.add_column("head")
+    t.add_column("verdict")
+    for lab in trend["labels"]:
+        t.add_column(lab, justify="right")
+    for n in trend["nights"]:
+        cells = []
+        for lab in trend["labels"]:
+            s = n["labels"].get(lab) or {}
+            cells.append(escape(f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] {s['n']}")
+                         if s.get("n") else "-")
+        v = n["verdict"]
+        style = {"regressed": "bold red", "known": "red", "crashed": "yellow"}.get(v, "")
+        verdict = v + (f" {n['culprit'][:10]}" if n.get("culprit") and v == "regressed" else "")
+        verdict = escape(verdict)
+        t.add_row(escape(n["night"]), n["head"][:10], f"[{style}]{verdict}[/]" if style else verdict, *cells)
+    return t

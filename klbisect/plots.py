@@ -1,0 +1,128 @@
+"""PNG plots for reports and nightly history (matplotlib, Agg backend).
+
+matplotlib is imported inside the functions: it costs about a second and
+only ``report``, ``nightly`` and ``history`` need it.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+GOOD_C, BAD_C, UNK_C, CULPRIT_C = "#2b7bba", "#d62728", "#7f7f7f", "#ff7f0e"
+
+
+def _plt():
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    return plt
+
+
+def _save(fig, out: str | Path | None) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    data = buf.getvalue()
+    if out is not None:
+        p = Path(out)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    return data
+
+
+def session_plot(data: dict, out: str | Path | None = None) -> bytes:
+    """KL value of every run of the candidates, in history order (x = index
+    into the candidate list, 0 the good endpoint), coloured by what the
+    search concluded about the commit; the learned boundary (or threshold)
+    as a dashed line, the culprit (or candidate block) marked. Returns the
+    PNG bytes and writes them to ``out`` when given."""
+    plt = _plt()
+    res = data["result"]
+    n = int(res.get("n_commits", 0))
+    runs = data.get("runs", [])
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    try:
+        xs_v = [r["index"] for r in runs if r["value"] is not None]
+        ys_v = [r["value"] for r in runs if r["value"] is not None]
+        colors = [BAD_C if r.get("side") == "bad" else GOOD_C if r.get("side") == "good" else UNK_C
+                  for r in runs if r["value"] is not None]
+        positive = bool(ys_v) and min(ys_v) > 0
+        if ys_v:
+            ax.scatter(xs_v, ys_v, s=14, c=colors, alpha=0.75, linewidths=0, zorder=3)
+        crashed = [r["index"] for r in runs if r["value"] is None]
+        if crashed:
+            ax.scatter(crashed, [0.0] * len(crashed), marker="x", s=18, c="k", alpha=0.6,
+                       transform=ax.get_xaxis_transform(), clip_on=False, zorder=3,
+                       label=f"no value ({len(crashed)} runs)")
+        if positive:
+            ax.set_yscale("log")
+        b = data.get("boundary")
+        if b is not None and (not positive or b > 0):
+            what = "threshold" if data.get("model", {}).get("kind") == "threshold" else "learned boundary"
+            ax.axhline(b, ls="--", lw=1, c="k", alpha=0.6, label=f"{what} {b:.4g}")
+        cands = [c["index"] for c in data.get("culprit_commits", [])]
+        if cands:
+            lo, hi = min(cands), max(cands)
+            if lo == hi:
+                ax.axvline(lo, c=CULPRIT_C, lw=1.5, alpha=0.9,
+                           label=f"culprit {res['candidates'][0][:10]} (P={res['confidence']:.3f})")
+            else:
+                ax.axvspan(lo - 0.5, hi + 0.5, color=CULPRIT_C, alpha=0.25,
+                           label=f"candidate block ({len(cands)} commits, P={res['confidence']:.3f})")
+        ax.set_xlim(-0.5 - n * 0.01, n + 0.5 + n * 0.01)
+        from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel(f"candidate index (0 = good {res['good'][:10]}, {n} = bad {res['bad'][:10]})")
+        ax.set_ylabel("KL value per run" + (" (log scale)" if positive else ""))
+        ax.set_title(f"klbisect session {res.get('session')}: {len(ys_v)} runs with a value")
+        ax.scatter([], [], c=GOOD_C, s=14, label="good side")
+        ax.scatter([], [], c=BAD_C, s=14, label="bad side")
+        ax.legend(loc="upper left", fontsize=8, framealpha=0.8)
+        ax.grid(alpha=0.25)
+        fig.tight_layout()
+        return _save(fig, out)
+    finally:
+        plt.close(fig)
+
+
+def history_plot(trend: dict, out: str | Path | None = None) -> bytes:
+    """Per label: median over each nightly head with its [min, max] range,
+    in night order; regressed nights marked."""
+    plt = _plt()
+    rows = trend.get("nights", [])
+    labels = trend.get("labels", [])
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    try:
+        xs = list(range(len(rows)))
+        any_pos = True
+        for k, lab in enumerate(labels):
+            pts = [(x, r["labels"].get(lab)) for x, r in zip(xs, rows) if r["labels"].get(lab)]
+            if not pts:
+                continue
+            px = [x + (k - (len(labels) - 1) / 2) * 0.06 for x, _ in pts]
+            med = [s["median"] for _, s in pts]
+            lo = [s["median"] - s["min"] for _, s in pts]
+            hi = [s["max"] - s["median"] for _, s in pts]
+            any_pos = any_pos and min(s["min"] for _, s in pts) > 0
+            ax.errorbar(px, med, yerr=[lo, hi], marker="o", ms=4, capsize=2, lw=1, label=lab)
+        reg = [x for x, r in zip(xs, rows) if r.get("verdict") in ("regressed", "known")]
+        for x in reg:
+            ax.axvspan(x - 0.4, x + 0.4, color=BAD_C, alpha=0.12, lw=0)
+        crashed = [x for x, r in zip(xs, rows) if r.get("verdict") == "crashed"]
+        if crashed:
+            ax.scatter(crashed, [0.0] * len(crashed), marker="x", c="k", s=24,
+                       transform=ax.get_xaxis_transform(), clip_on=False, label="probe crashed")
+        if any_pos and labels and rows:
+            ax.set_yscale("log")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{r['night']}\n{r['head'][:7]}" for r in rows], fontsize=7,
+                           rotation=45 if len(rows) > 12 else 0)
+        ax.set_ylabel("KL value (median, [min, max])")
+        ax.set_title("klbisect nightly: KL per label over nightly heads"
+                     + (" (shaded: regressed)" if reg else ""))
+        if labels:
+            ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.25)
+        fig.tight_layout()
+        return _save(fig, out)
+    finally:
+        plt.close(fig)

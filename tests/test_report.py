@@ -1,0 +1,211 @@
+"""klbisect report: markdown that fits one GitHub comment, self-contained
+HTML with the plot embedded, JSON, the PNG plot, PR metadata from the cache
+or GitHub (loopback), on real generated repositories and real sqlite state."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from klbisect.cli_report import history, nightly, report
+from klbisect.decide import Model
+from klbisect.errors import KlbisectError
+from klbisect.histgen import make_history
+from klbisect.report import GITHUB_COMMENT_LIMIT, report_data, write_report
+from klbisect.session import BisectConfig, Workspace, make_probe, run_bisect
+
+PY = sys.executable
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def bisected(tmp_path_factory):
+    """A 80-commit history bisected for real (subprocess probes)."""
+    h = make_history(tmp_path_factory.mktemp("rep") / "repo", n_commits=80, culprit_index=51, seed=8,
+                     merges=4, build_broken_before=1, crash_before=1)
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=f"{PY} probe.py", build_cmd=f"{PY} build.py")
+    res = run_bisect(h.path, cfg, progress=lambda m: None)
+    assert res.complete and res.culprit == h.culprit
+    return h, res
+
+
+def group() -> click.Group:
+    g = click.Group()
+    for c in (report, nightly, history):
+        g.add_command(c)
+    return g
+
+
+def test_markdown_report(bisected, tmp_path):
+    h, res = bisected
+    out = tmp_path / "r.md"
+    rep = write_report(h.path, fmt="md", out=str(out), offline=True)
+    text = out.read_text()
+    assert rep["path"] == str(out) and len(text) <= GITHUB_COMMENT_LIMIT
+    title = re.sub(r"\s*\(#\d+\)$", "", h.subjects[h.culprit])
+    assert f"**First bad commit:** `{h.culprit[:12]}` {title} (#{h.prs[h.culprit]})" in text
+    assert "**Confidence:** 0.99" in text
+    assert f"{res.probe_runs} probe runs" in text
+    # KL before/after per label: median [min, max] (n)
+    assert re.search(r"\| `prefill_cache_hit` \| [0-9.e-]+ \[[0-9.e-]+, [0-9.e-]+\] \(\d+\) \|", text)
+    # the probed-commit table: endpoints and culprit with their values and verdicts
+    rows = [ln for ln in text.splitlines() if re.match(r"^\| \d+ \| `", ln)]
+    assert rows[0].startswith("| 0 | ") and "| good |" in rows[0]
+    assert rows[-1].startswith("| 79 | ") and "| bad |" in rows[-1]
+    assert any(ln.startswith(f"| 51 | `{h.culprit[:10]}`") for ln in rows)
+    plot = Path(rep["plot"])
+    assert plot == out.with_suffix(".png") and plot.read_bytes()[:8] == PNG
+    assert plot.stat().st_size > 5000
+
+
+def test_html_is_self_contained_with_the_plot(bisected, tmp_path):
+    h, res = bisected
+    out = tmp_path / "r.html"
+    write_report(h.path, fmt="html", out=str(out), offline=True)
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    m = re.search(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert m and base64.b64decode(m.group(1))[:8] == PNG
+    # nothing loaded from elsewhere
+    assert not re.search(r'<(script|link)\b', page)
+    assert not re.search(r'src="(?!data:)', page)
+    assert h.culprit[:12] in page and f"#{h.prs[h.culprit]}" in page
+
+
+def test_json_report_and_cli(bisected, tmp_path):
+    h, res = bisected
+    r = CliRunner().invoke(group(), ["report", "--repo", str(h.path), "--format", "json", "--offline",
+                                     "--plot", str(tmp_path / "p.png")])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.stdout)
+    assert obj["result"]["culprit"] == h.culprit and obj["result"]["pr"] == h.prs[h.culprit]
+    assert obj["result"]["session"] == res.session
+    idx = [c["index"] for c in obj["commits"]]
+    assert idx == sorted(idx) and idx[0] == 0 and idx[-1] == 79
+    assert all({"sha", "subject", "pr", "values", "verdict", "p_bad"} <= set(c) for c in obj["commits"])
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG
+    # markdown on stdout, the plot path on stderr
+    r = CliRunner().invoke(group(), ["report", "--repo", str(h.path), "--offline", "--session",
+                                     str(res.session), "--plot", str(tmp_path / "q.png")])
+    assert r.exit_code == 0 and r.stdout.startswith("### KL regression: first bad commit")
+
+
+def test_pr_title_and_link_from_cache_then_github(bisected, tmp_path, monkeypatch):
+    h, res = bisected
+    pr = h.prs[h.culprit]
+    git(h.path, "remote", "add", "origin", "https://github.com/acme/kvserve.git")
+    try:
+        seen = []
+
+        class Api(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                seen.append(self.path)
+                if self.path == f"/repos/acme/kvserve/pulls/{pr}":
+                    out = json.dumps({"number": pr, "title": "Use bf16 rope cache (the real PR title)",
+                                      "user": {"login": "emre"}, "merged_at": "2025-01-09T00:00:00Z",
+                                      "html_url": f"https://github.com/acme/kvserve/pull/{pr}"}).encode()
+                    self.send_response(200)
+                else:
+                    out = b"{}"
+                    self.send_response(404)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a):
+                pass
+
+        srv = HTTPServer(("127.0.0.1", 0), Api)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        monkeypatch.setenv("KLBISECT_GITHUB_API", f"http://127.0.0.1:{srv.server_address[1]}")
+        # offline: the subject, silently, with GitHub links
+        text = write_report(h.path, fmt="md", out=str(tmp_path / "a.md"), offline=True)["text"]
+        assert "real PR title" not in text and seen == []
+        assert f"[#{pr}](https://github.com/acme/kvserve/pull/{pr})" in text
+        assert f"https://github.com/acme/kvserve/commit/{h.culprit}" in text
+        # online: fetched once, then served from the pr_meta cache
+        text = write_report(h.path, fmt="md", out=str(tmp_path / "b.md"))["text"]
+        assert "Use bf16 rope cache (the real PR title)" in text and "@emre" in text
+        assert seen == [f"/repos/acme/kvserve/pulls/{pr}"]
+        srv.shutdown()
+        srv.server_close()
+        text = write_report(h.path, fmt="md", out=str(tmp_path / "c.md"))["text"]
+        assert "Use bf16 rope cache (the real PR title)" in text and len(seen) == 1
+        ws = Workspace(h.path)
+        try:
+            assert ws.store.get_pr(pr)["title"] == "Use bf16 rope cache (the real PR title)"
+            ws.store.db.execute("DELETE FROM pr_meta")
+        finally:
+            ws.close()
+        # GitHub unreachable and nothing cached: the subject again, no error
+        text = write_report(h.path, fmt="md", out=str(tmp_path / "d.md"))["text"]
+        assert "real PR title" not in text and h.culprit[:12] in text
+    finally:
+        git(h.path, "remote", "remove", "origin")
+
+
+def _long_session(root: Path, n: int = 2000, culprit: int = 1234):
+    """A real 2,000-commit history with a session whose every commit was
+    probed (runs written straight into the real sqlite store)."""
+    h = make_history(root / "big", n_commits=n, culprit_index=culprit, seed=3, merges=10)
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd="python probe.py")
+    from klbisect import repo as gitrepo
+    ws = Workspace(h.path)
+    try:
+        cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, h.good, h.bad)]
+        key = make_probe(cfg).key
+        st = ws.store
+        sid = st.create_session("run", h.good, h.bad, key, cfg.question(), cands)
+        rows = []
+        for i, (sha, _, _) in enumerate(cands):
+            for k in range(3 if i in (0, len(cands) - 1) else 1):
+                v = (0.010 if i >= culprit else 0.0045) * (1 + 0.05 * ((i * 7 + k * 3) % 5 - 2))
+                rows.append((sid, key, sha, 1.0e9 + len(rows), 0.4, 0, "ok",
+                             json.dumps({"prefill_cache_hit": v, "logprobs_match": 0.004}), v, None, 0))
+        with st.tx() as db:
+            db.executemany("INSERT INTO runs (session_id, probe_key, sha, started, duration, exit_code, status, "
+                           "vals, value, log_path, slot) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows)
+        model = Model.fit([0.0045, 0.0047, 0.0043], [0.010, 0.0105, 0.0098])
+        st.update_session(sid, model=model.to_dict(), state="bisecting")
+    finally:
+        ws.close()
+    return h, sid
+
+
+def test_long_table_collapses_and_fits_one_comment(tmp_path):
+    h, sid = _long_session(tmp_path)
+    data = report_data(h.path, offline=True)        # the current (unfinished) session
+    assert data["session"]["id"] == sid and len(data["commits"]) == 2000
+    rep = write_report(h.path, fmt="md", out=str(tmp_path / "big.md"), data=data)
+    text = rep["text"]
+    assert len(text.encode("utf-8")) <= GITHUB_COMMENT_LIMIT
+    assert len((tmp_path / "big.md").read_bytes()) <= GITHUB_COMMENT_LIMIT + 1  # + final newline
+    assert "<details><summary>Probed commits (2000" in text and "</details>" in text
+    assert "further probed commits omitted" in text
+    # the rows kept are the endpoints and the neighbourhood of the culprit
+    assert f"| 1234 | `{h.culprit[:10]}`" in text and "| 0 | `" in text and "| 1999 | `" in text
+    assert data["result"]["culprit"] == h.culprit
+    assert Path(rep["plot"]).read_bytes()[:8] == PNG
+    # html has room for every row
+    page = write_report(h.path, fmt="html", out=str(tmp_path / "big.html"), data=data)["text"]
+    assert page.count("<tr class=") == 2000
+
+
+def test_no_session_is_a_usage_error(tmp_path):
+    h = make_history(tmp_path / "empty", n_commits=5, culprit_index=3, seed=1, merges=0)
+    with pytest.raises(KlbisectError) as e:
+        write_report(h.path)
+    assert e.value.code == 150 and "klbisect run" in e.value.message
