@@ -157,6 +157,20 @@ def sglang_options(f):
         click.option("--runs-per-launch", type=int, default=0,
                      help="--probe sglang: runs sharing one server launch (0: all runs of a commit)."),
         click.option("--max-new-tokens", type=int, default=None, help="--probe sglang: tokens per sample."),
+        click.option("--labels", default=None,
+                     help="--probe sglang: comma-separated subset of logprobs_match,prefill_cache_hit,"
+                          "decode_cache_hit."),
+        click.option("--num-samples", type=int, default=None, help="--probe sglang: use the first N prompts."),
+        click.option("--launch-timeout", type=float, default=None,
+                     help="--probe sglang: seconds for /health_generate to answer 200 (default 600)."),
+        click.option("--request-timeout", type=float, default=None, help="--probe sglang: seconds per request."),
+        click.option("--sglang-python", "python", default=None,
+                     help="--probe/--build sglang: interpreter that has sglang's dependencies."),
+        click.option("--turn-separator", default=None,
+                     help="--probe sglang: comma-separated token ids between turns for decode_cache_hit."),
+        click.option("--kl-threshold", type=float, default=None,
+                     help="--probe sglang: also print pass/fail against this threshold, like the test."),
+        click.option("--pip-args", default=None, help="--build sglang: extra pip arguments."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -165,8 +179,12 @@ def sglang_options(f):
 
 def make_config(kw: dict):
     from .session import BisectConfig
-    sglang = {k: kw.pop(k) for k in ("model_path", "server_args", "prompts", "runs_per_launch", "max_new_tokens")
-              if k in kw}
+    sglang = {k: kw.pop(k) for k in _SGLANG_KEYS if k in kw}
+    if sglang.get("turn_separator"):
+        try:
+            sglang["turn_separator"] = [int(t) for t in sglang["turn_separator"].split(",")]
+        except ValueError:
+            raise KlbisectError("--turn-separator takes token ids separated by commas", EXIT_USAGE) from None
     sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0)}
     if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
         raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
@@ -182,6 +200,9 @@ def make_config(kw: dict):
     )
 
 
+_SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_new_tokens", "labels",
+                "num_samples", "launch_timeout", "request_timeout", "python", "turn_separator",
+                "kl_threshold", "pip_args")
 _SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
                 "max_total_runs")
 
@@ -310,6 +331,21 @@ def calibrate(repo, rev, runs, bad_rev, commits, thresholds, false_fail_rate, co
     click.echo(format_calibration(res), err=as_json)
     if as_json:
         _emit_json(res.to_json())
+    return 0
+
+
+@cli.command("make-prompts")
+@click.argument("text_file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tokenizer", required=True, help="Tokenizer path or name (the served model's).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSON file to write.")
+@click.option("--num-samples", type=int, default=18, show_default=True)
+@click.option("--max-tokens", type=int, default=3000, show_default=True)
+def make_prompts(text_file, tokenizer, out, num_samples, max_tokens):
+    """Write a --prompts file (JSON list of token-id lists) from text, as
+    SGLang's KL tests build theirs (needs `transformers`)."""
+    from .sglang import make_prompts as do_make
+    n = do_make(text_file, tokenizer, out, num_samples, max_tokens)
+    click.echo(f"wrote {n} prompts to {out}")
     return 0
 
 

@@ -65,17 +65,31 @@ def kill_tree(pid: int, grace: float = 5.0) -> None:
             except psutil.Error:
                 pass
         _, alive = psutil.wait_procs(procs, timeout=grace if sig == signal.SIGTERM else 2.0)
-        procs = alive
+        procs = [p for p in alive if not _is_zombie(p)]
         if not procs and not _group_alive(pid):
             return
+
+
+def _is_zombie(p: psutil.Process) -> bool:
+    # An orphaned zombie waits for init to reap it; it holds no memory or GPU.
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and not _is_zombie(p):
+                return True
+        except (OSError, psutil.Error):
+            continue
+    return False
 
 
 def reap_stale(pid_dir: Path) -> list[int]:

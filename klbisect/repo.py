@@ -122,6 +122,14 @@ def changed_files(repo: git.Repo, a: str, b: str) -> list[str]:
     return [p for p in _git(repo, "diff", "--name-only", "--no-renames", a, b).splitlines() if p]
 
 
+def show_file(repo: git.Repo, rev: str, path: str) -> str:
+    """A file's text at a revision; empty when it does not exist there."""
+    try:
+        return repo.git.execute(["git", "show", f"{rev}:{path}"], strip_newline_in_stdout=False)
+    except git.GitCommandError:
+        return ""
+
+
 def remote_url(repo: git.Repo, name: str = "origin") -> str | None:
     try:
         return repo.git.execute(["git", "remote", "get-url", name]).strip() or None

@@ -358,6 +358,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     session_start = ws.store.session(sid).created
     top_list = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass} for b in post.top_blocks(5)]
     single = len(block) == 1
+    notes = _kernel_notes(ws, [cands[i] for i in top.indices], build_key)
     return Result(
         culprit=block[0] if single else None,
         candidates=block,
@@ -370,8 +371,27 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         labels=_label_summaries(before, after), top=top_list,
         probe_seconds=float(sum(r.duration or 0 for r in sess_runs)),
         build_seconds=float(sum(b["duration"] or 0 for b in builds if b["started"] >= session_start)),
-        model=pl.model.to_dict(),
+        model=pl.model.to_dict(), notes=notes,
     )
+
+
+def _kernel_notes(ws: Workspace, block: list[tuple[str, str, int | None]], build_key: str | None) -> list[str]:
+    """SGLang: a culprit that only edits kernel sources the pinned wheel does
+    not contain cannot have changed what the probe measured."""
+    if not build_key or not build_key.startswith("sglang-build"):
+        return []
+    from .sglang import kernel_note, parse_pins  # noqa: PLC0415
+    notes = []
+    for sha, subj, _ in block:
+        try:
+            changed = gitrepo.changed_files(ws.repo, f"{sha}^", sha)
+            pins = [parse_pins(gitrepo.show_file(ws.repo, rev, "python/pyproject.toml")) for rev in (f"{sha}^", sha)]
+        except KlbisectError:
+            continue
+        note = kernel_note(changed, pins[0] != pins[1])
+        if note:
+            notes.append(f"{sha[:12]} ({subj[:50]}): {note}")
+    return notes
 
 
 # ---- run: the self-driving bisect ---------------------------------------------
@@ -479,6 +499,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         raise
     finally:
         ex.close()
+        close = getattr(probe, "close", None)
+        if close:
+            close()
         for s in slots:
             if s.checkout.exists():
                 gitrepo.worktree_remove(ws.repo, s.checkout)

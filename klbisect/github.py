@@ -1,0 +1,140 @@
+"""Pull-request metadata for reports, and comments for nightly results.
+
+Everything here is optional decoration: offline, rate-limited or on a
+missing PR, ``fetch_pr`` returns None and the report goes without a title.
+The token is sent only in the Authorization header and is removed from
+every message this module produces or raises.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import requests
+
+from .errors import EXIT_USAGE, KlbisectError
+
+DEFAULT_API = "https://api.github.com"
+API_ENV = "KLBISECT_GITHUB_API"   # tests point it at a loopback server
+log = logging.getLogger(__name__)
+
+_SSH = re.compile(r"^(?:ssh://)?git@github\.com[:/](?P<slug>[^/\s]+/[^/\s]+?)(?:\.git)?/?$")
+_HTTPS = re.compile(r"^(?:https?|git)://(?:[^@/\s]+@)?github\.com(?::\d+)?/(?P<slug>[^/\s]+/[^/\s]+?)(?:\.git)?/?$")
+
+
+@dataclass
+class PRMeta:
+    number: int
+    title: str
+    author: str
+    url: str
+    merged_at: str | None   # ISO 8601, None when not merged
+
+
+class PRCache(Protocol):
+    """Where fetched PRs are kept (the state DB); ``put`` gets ``asdict(PRMeta)``."""
+
+    def get(self, pr: int) -> dict | None: ...
+
+    def put(self, pr: int, meta: dict) -> None: ...
+
+
+class GitHubError(KlbisectError):
+    pass
+
+
+def api_base() -> str:
+    return os.environ.get(API_ENV, DEFAULT_API).rstrip("/")
+
+
+def parse_slug(remote_url: str | None) -> str | None:
+    """``owner/name`` of a GitHub remote (https, ssh or scp-like), else None."""
+    url = (remote_url or "").strip()
+    m = _SSH.match(url) or _HTTPS.match(url)
+    return m.group("slug") if m else None
+
+
+def _redact(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    h = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": "2022-11-28",
+         "User-Agent": "klbisect"}
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    return h
+
+
+def _request(method: str, url: str, token: str | None, session: requests.Session | None, timeout: float,
+             retries: int, backoff: float, json_body: dict | None = None) -> requests.Response | None:
+    """One call with retries on connection errors and 5xx; None when every
+    attempt failed to get an answer. Never lets the token reach a message."""
+    s = session or requests
+    last = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        try:
+            r = s.request(method, url, headers=_headers(token), json=json_body, timeout=timeout)
+        except requests.RequestException as e:
+            last = _redact(f"{type(e).__name__}: {e}", token)
+            log.debug("%s %s failed: %s", method, url, last)
+            continue
+        if r.status_code >= 500:
+            last = f"HTTP {r.status_code}"
+            log.debug("%s %s answered %s", method, url, r.status_code)
+            continue
+        return r
+    log.debug("%s %s gave up after %d attempts: %s", method, url, retries + 1, last)
+    return None
+
+
+def fetch_pr(pr: int, slug: str, token: str | None = None, session: requests.Session | None = None,
+             timeout: float = 10, retries: int = 2, cache: PRCache | None = None,
+             backoff: float = 0.5) -> PRMeta | None:
+    """Title, author, link and merge time of a pull request; None when it
+    cannot be had (offline, 404, rate limit, malformed answer)."""
+    if cache is not None:
+        hit = cache.get(pr)
+        if hit:
+            try:
+                return PRMeta(**hit)
+            except TypeError:
+                pass
+    r = _request("GET", f"{api_base()}/repos/{slug}/pulls/{int(pr)}", token, session, timeout, retries, backoff)
+    if r is None or r.status_code != 200:
+        return None
+    try:
+        d = r.json()
+        meta = PRMeta(int(d["number"]), str(d["title"]), str((d.get("user") or {}).get("login", "")),
+                      str(d["html_url"]), d.get("merged_at"))
+    except (ValueError, KeyError, TypeError):
+        return None
+    if cache is not None:
+        cache.put(pr, asdict(meta))
+    return meta
+
+
+def post_comment(slug: str, issue_number: int, body: str, token: str, session: requests.Session | None = None,
+                 timeout: float = 10, retries: int = 2, backoff: float = 0.5) -> str:
+    """Comment on an issue or PR; returns the comment's URL. Raises
+    GitHubError with a message that never contains the token."""
+    if not token:
+        raise GitHubError("posting to GitHub needs a token (GITHUB_TOKEN)", EXIT_USAGE)
+    url = f"{api_base()}/repos/{slug}/issues/{int(issue_number)}/comments"
+    r = _request("POST", url, token, session, timeout, retries, backoff, json_body={"body": body})
+    if r is None:
+        raise GitHubError(f"could not reach GitHub to comment on {slug}#{issue_number}", EXIT_USAGE)
+    if r.status_code != 201:
+        detail = _redact(r.text, token)[:200]   # redact first: a cut could split the token
+        raise GitHubError(f"GitHub refused the comment on {slug}#{issue_number}: HTTP {r.status_code} {detail}",
+                          EXIT_USAGE)
+    try:
+        return str(r.json().get("html_url", ""))
+    except ValueError:
+        return ""

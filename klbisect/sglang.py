@@ -1,0 +1,903 @@
+"""SGLang integration: a probe that launches the commit's server and measures
+KL like SGLang's own KL tests, and a builder that knows SGLang's packaging.
+
+The probe drives the native HTTP API (``/generate``, ``/flush_cache``) the way
+``python/sglang/test/kl_test_utils.py`` does: sample with logprobs, flush the
+cache, replay prompt + output as a cold prefill, and compare the two logprobs
+of every sampled token with the k3 estimator. It prints the KL tests' lines
+(``[label] ...``, ``kl_divs=...``, ``avg_kl_div=...``) into the run log, so
+``metric.parse_values`` reads its values like any other probe's output.
+
+A launch costs minutes on real hardware, so runs of the same commit in the
+same slot share one server (``runs_per_launch``). A server is keyed by its
+checkout path and that checkout's HEAD sha: it never serves another commit.
+Every server is also registered with ``proc``'s set of active process groups,
+so the executor's Ctrl-C handling kills it with everything else.
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import psutil
+import requests
+
+from . import proc
+from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
+from .errors import EXIT_USAGE, KlbisectError
+from .probe import DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot, config_key
+from .proc import kill_tree, log_tail, run_logged
+from .repo import head_sha
+
+LABELS = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
+DEFAULT_LAUNCH_TIMEOUT = 600.0       # popen_launch_server's default
+DEFAULT_REQUEST_TIMEOUT = 1800.0
+DEFAULT_MAX_NEW_TOKENS = 512
+HOST = "127.0.0.1"
+PORTS_PER_SLOT = 8                   # tried from slot.port_base when the first is taken
+MIN_HIT_FRACTION = 0.5               # the KL tests' "too few cache hits" bound
+
+# ---------------------------------------------------------------------------
+# Prompts
+# ---------------------------------------------------------------------------
+
+
+def load_prompts(path: str | Path) -> list[list[int]]:
+    """A JSON list of token-id lists (what ``get_input_ids`` caches); any other
+    shape is a one-line usage error, found before a server is launched."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise KlbisectError(f"cannot read prompts file {p}: {e.strerror or e}", EXIT_USAGE) from None
+    except ValueError as e:
+        raise KlbisectError(f"prompts file {p} is not JSON: {e}", EXIT_USAGE) from None
+    if not isinstance(data, list) or not data:
+        raise KlbisectError(f"prompts file {p} must hold a non-empty JSON list of token-id lists", EXIT_USAGE)
+    for i, item in enumerate(data):
+        if (not isinstance(item, list) or not item
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)):
+            raise KlbisectError(f"prompts file {p}: item {i} is not a non-empty list of token ids "
+                                "(non-negative integers)", EXIT_USAGE)
+    return data
+
+
+def make_prompts(text_file: str | Path, tokenizer_path: str, out: str | Path,
+                 num_samples: int = 18, max_tokens: int = 3000) -> int:
+    """Write a prompts file from text: one sample per line of a ``.jsonl`` file
+    (field ``text``, or ``context`` + ``question`` as in LongBench), else
+    consecutive ``max_tokens`` windows of the whole text.
+
+    Needs ``transformers`` (optional; imported only here) and the model's
+    tokenizer, so prompts match what the server tokenizes. Returns the count.
+    """
+    try:
+        from transformers import AutoTokenizer  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        raise KlbisectError("make-prompts needs the 'transformers' package: pip install transformers",
+                            EXIT_USAGE) from None
+    src = Path(text_file)
+    try:
+        text = src.read_text()
+    except OSError as e:
+        raise KlbisectError(f"cannot read {src}: {e.strerror or e}", EXIT_USAGE) from None
+    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    prompts: list[list[int]] = []
+    if src.suffix == ".jsonl":
+        for line in text.splitlines():
+            if len(prompts) >= num_samples:
+                break
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            sample = obj.get("text") or f"{obj.get('context', '')} {obj.get('question', '')}".strip()
+            ids = tok.encode(sample)[:max_tokens]
+            if ids:
+                prompts.append(ids)
+    else:
+        ids = tok.encode(text, add_special_tokens=False)
+        prompts = [ids[i:i + max_tokens] for i in range(0, len(ids), max_tokens)][:num_samples]
+        prompts = [p for p in prompts if p]
+    if not prompts:
+        raise KlbisectError(f"{src} gave no tokens", EXIT_USAGE)
+    Path(out).write_text(json.dumps(prompts))
+    return len(prompts)
+
+
+# ---------------------------------------------------------------------------
+# KL, the way SGLang's compare_kl_divergence computes it
+# ---------------------------------------------------------------------------
+
+
+def k3_kl(prefill: Sequence[float], decode: Sequence[float]) -> float:
+    """Mean over tokens of ``(exp(logr) - 1) - logr``, ``logr = prefill - decode``
+    (an unbiased, always non-negative KL estimate from sampled tokens)."""
+    if len(prefill) != len(decode) or not decode:
+        raise ValueError(f"need equal, non-empty logprob lists (got {len(prefill)} and {len(decode)})")
+    total = 0.0
+    for a, b in zip(prefill, decode):
+        r = a - b
+        total += math.expm1(r) - r
+    return total / len(decode)
+
+
+def avg_kl(kl_divs: Sequence[float]) -> float:
+    return sum(kl_divs) / len(kl_divs)
+
+
+# ---------------------------------------------------------------------------
+# Requests (field names of GenerateReqInput, python/sglang/srt/managers/io_struct.py)
+# ---------------------------------------------------------------------------
+
+
+def generate_payload(input_ids: list[list[int]], max_new_tokens: int, *, return_logprob: bool,
+                     logprob_start_len: int = -1, temperature: float = 1.0) -> dict:
+    """One batched ``/generate`` request. Temperature is always explicit:
+    otherwise the server may take it from the model's generation config."""
+    payload: dict = {
+        "input_ids": input_ids,
+        "sampling_params": {"temperature": temperature, "max_new_tokens": max_new_tokens,
+                            "ignore_eos": True},
+    }
+    if return_logprob:
+        payload.update(return_logprob=True, return_text_in_logprobs=False,
+                       logprob_start_len=logprob_start_len)
+    return payload
+
+
+class ProtocolError(Exception):
+    """The server answered, but not with what the KL measurement needs."""
+
+
+@dataclass
+class Client:
+    """The few endpoints the measurement needs, with timeouts on every call."""
+
+    base_url: str
+    timeout: float = DEFAULT_REQUEST_TIMEOUT
+    deadline: float | None = None     # time.monotonic() by which the run must end
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def __post_init__(self) -> None:
+        self.session.trust_env = False  # never send loopback traffic through a proxy
+
+    def _timeout(self) -> float:
+        if self.deadline is None:
+            return self.timeout
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise requests.Timeout("the run's time limit was reached")
+        return min(self.timeout, left)
+
+    def generate(self, payload: dict) -> list[dict]:
+        r = self.session.post(self.base_url + "/generate", json=payload, timeout=self._timeout())
+        if r.status_code != 200:
+            raise ProtocolError(f"/generate answered {r.status_code}: {r.text[:300]}")
+        out = r.json()
+        out = out if isinstance(out, list) else [out]
+        if len(out) != len(payload["input_ids"]):
+            raise ProtocolError(f"/generate returned {len(out)} results for {len(payload['input_ids'])} inputs")
+        return out
+
+    def flush_cache(self, attempts: int = 20) -> None:
+        # 400 while requests are still running: wait for them, like the tests' retries.
+        for _ in range(attempts):
+            r = self.session.post(self.base_url + "/flush_cache", timeout=self._timeout())
+            if r.status_code == 200:
+                return
+            time.sleep(0.5)
+        raise ProtocolError(f"/flush_cache kept answering {r.status_code}")
+
+    def server_info(self) -> dict:
+        r = self.session.get(self.base_url + "/get_server_info", timeout=self._timeout())
+        return r.json() if r.status_code == 200 else {}
+
+
+def _output_logprobs(result: dict) -> list[float]:
+    lps = [x[0] for x in result["meta_info"]["output_token_logprobs"]]
+    if any(v is None for v in lps):
+        raise ProtocolError("output_token_logprobs holds a null logprob")
+    return lps
+
+
+def _replay(client: Client, seqs: list[list[int]], decode_lps: list[list[float]]) -> list[float]:
+    """Cold-prefill logprobs of each sequence's last tokens; per-sequence KL."""
+    client.flush_cache()
+    results = client.generate(generate_payload(seqs, 0, return_logprob=True, logprob_start_len=0))
+    kl_divs = []
+    for res, dec in zip(results, decode_lps):
+        pre = [x[0] for x in res["meta_info"]["input_token_logprobs"]][-len(dec):]
+        if len(pre) != len(dec) or any(v is None for v in pre):
+            raise ProtocolError("input_token_logprobs does not cover the generated tokens")
+        kl_divs.append(k3_kl(pre, dec))
+    return kl_divs
+
+
+@dataclass
+class LabelResult:
+    label: str
+    kl_divs: list[float]
+    samples: int
+    turns: int
+    note: str = ""
+
+    @property
+    def value(self) -> float | None:
+        return avg_kl(self.kl_divs) if self.kl_divs else None
+
+    def lines(self, max_new_tokens: int) -> list[str]:
+        head = (f"[{self.label}] {self.samples} samples, {self.turns} turns, "
+                f"max_new_tokens={max_new_tokens}, {len(self.kl_divs)} measured")
+        if self.note:
+            head += f"; {self.note}"
+        if not self.kl_divs:
+            return [head]
+        return [head, f"kl_divs={[round(k, 8) for k in self.kl_divs]}", f"avg_kl_div={self.value}"]
+
+
+def measure_label(client: Client, label: str, prompts: list[list[int]], max_new_tokens: int,
+                  turn_separator: Sequence[int] = ()) -> LabelResult:
+    """One label of SGLang's KL tests; see kl_test_utils.py for the originals."""
+    n = len(prompts)
+    if label == "logprobs_match":
+        client.flush_cache()
+        res = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=True))
+        seqs = [p + r["output_ids"] for p, r in zip(prompts, res)]
+        return LabelResult(label, _replay(client, seqs, [_output_logprobs(r) for r in res]), n, 1)
+    if label not in ("prefill_cache_hit", "decode_cache_hit"):
+        raise ValueError(f"unknown label {label!r}; known: {', '.join(LABELS)}")
+    if client.server_info().get("disable_radix_cache"):
+        return LabelResult(label, [], n, 1, "skipped: the radix cache is disabled")
+    client.flush_cache()
+    if label == "prefill_cache_hit":
+        client.generate(generate_payload(prompts, 0, return_logprob=False))  # seed the cache
+        inputs, turns = prompts, 1
+        res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
+        hit = [r["meta_info"].get("cached_tokens", 0) > 0 for r in res]
+    else:
+        # The second turn extends the first turn's prompt + output, so its
+        # prefix is KV the decode steps wrote.
+        first = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=False))
+        inputs = [p + r["output_ids"] + list(turn_separator) for p, r in zip(prompts, first)]
+        turns = 2
+        res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
+        hit = [r["meta_info"].get("cached_tokens", 0) > len(p) + 1 for p, r in zip(prompts, res)]
+    keep = [i for i in range(n) if hit[i]]
+    note = f"cache hits {len(keep)}/{n}"
+    if len(keep) <= MIN_HIT_FRACTION * n:
+        return LabelResult(label, [], n, turns, note + ": too few, no value")
+    seqs = [inputs[i] + res[i]["output_ids"] for i in keep]
+    return LabelResult(label, _replay(client, seqs, [_output_logprobs(res[i]) for i in keep]), n, turns, note)
+
+
+# ---------------------------------------------------------------------------
+# Server process
+# ---------------------------------------------------------------------------
+
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, and
+# the executor runs every measurement in a fresh thread. Forking servers from
+# one long-lived thread makes "parent died" mean "klbisect died", so a server
+# can outlive the run that launched it and be reused.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="klbisect-sglang-spawn")
+_LIVE: "set[SGLangServer]" = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _stop_all() -> None:
+    with _LIVE_LOCK:
+        servers = list(_LIVE)
+    for s in servers:
+        s.stop()
+
+
+atexit.register(_stop_all)
+
+
+class ServerStartError(Exception):
+    def __init__(self, message: str, exit_code: int | None):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def server_argv(python: str, model_path: str, port: int, server_args: Sequence[str]) -> list[str]:
+    return [python, "-m", "sglang.launch_server", "--model-path", model_path,
+            "--host", HOST, "--port", str(port), *server_args]
+
+
+def server_env(checkout: Path, slot_env: Mapping[str, str],
+               base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The slot's environment with ``<checkout>/python`` first on PYTHONPATH,
+    so the commit under test is imported even when an editable install of
+    another worktree is on sys.path."""
+    env = dict(os.environ if base is None else base)
+    env.update(slot_env)
+    src = str(Path(checkout).resolve() / "python")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "taken"
+        try:
+            s.bind((HOST, port))
+            return True
+        except OSError:
+            return False
+
+
+def pick_port(port_base: int) -> int:
+    """The first free port of the slot's range, or any free port without one."""
+    if port_base:
+        for port in range(port_base, port_base + PORTS_PER_SLOT):
+            if _port_free(port):
+                return port
+        raise ServerStartError(f"ports {port_base}-{port_base + PORTS_PER_SLOT - 1} are all taken", None)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class SGLangServer:
+    """One launched server and its whole process tree.
+
+    As a context manager it is started on entry and killed on every exit
+    path; ``stop`` is idempotent and also runs at interpreter exit.
+    """
+
+    def __init__(self, argv: list[str], cwd: Path, env: Mapping[str, str], port: int, log_path: Path,
+                 launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT, pid_dir: Path | None = None):
+        self.argv, self.cwd, self.env, self.port = argv, Path(cwd), dict(env), port
+        self.log_path, self.launch_timeout, self.pid_dir = Path(log_path), launch_timeout, pid_dir
+        self.proc: subprocess.Popen | None = None
+        self._pid_file: Path | None = None
+        self._lock = threading.Lock()
+        self._stopped = False
+        self.launch_seconds = 0.0
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def __enter__(self) -> "SGLangServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, deadline: float | None = None) -> None:
+        """Launch and wait for ``/health_generate``; raises ServerStartError
+        (after killing the tree) when the server exits or is never ready."""
+        t0 = time.monotonic()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(self.log_path, "ab") as log:
+                log.write(("$ " + shlex.join(self.argv) + "\n").encode())
+                log.flush()
+                fut = _SPAWNER.submit(
+                    subprocess.Popen, self.argv, cwd=str(self.cwd), env=self.env, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=proc._child_setup)
+                try:
+                    self.proc = fut.result()
+                except BaseException:
+                    # interrupted while the spawner forks: kill what it forks
+                    fut.add_done_callback(lambda f: f.exception() is None and kill_tree(f.result().pid))
+                    raise
+            with _LIVE_LOCK:
+                _LIVE.add(self)
+            proc._ACTIVE.add(self.proc.pid)   # killed by the executor's Ctrl-C path too
+            if self.pid_dir is not None:
+                self.pid_dir.mkdir(parents=True, exist_ok=True)
+                self._pid_file = self.pid_dir / f"{self.proc.pid}.pid"
+                self._pid_file.write_text(f"{os.getpid()} {self.proc.pid}\n")
+            limit = t0 + self.launch_timeout
+            self._wait_ready(limit if deadline is None else min(limit, deadline))
+        except BaseException:
+            self.stop()
+            raise
+        self.launch_seconds = time.monotonic() - t0
+
+    def _wait_ready(self, deadline: float) -> None:
+        session = requests.Session()
+        session.trust_env = False
+        started, delay = time.monotonic(), 0.1
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerStartError(f"server exited with code {code} before it was ready", code)
+            try:
+                r = session.get(self.url + "/health_generate", timeout=5)
+                # Another process on our port would answer too: the listener
+                # must belong to the tree we launched.
+                if r.status_code == 200 and self._owns_port():
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() >= deadline:
+                raise ServerStartError(f"server not ready after {time.monotonic() - started:.0f} s "
+                                       f"(GET /health_generate on port {self.port})", None)
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 1.5, 1.0)
+
+    def _owns_port(self) -> bool:
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            return False
+        for p in procs:
+            try:
+                # net_connections is psutil >= 6; connections before
+                list_conns = getattr(p, "net_connections", None) or p.connections
+                conns = list_conns(kind="inet")
+            except psutil.AccessDenied:
+                return True   # cannot tell; the exit check above still applies
+            except psutil.NoSuchProcess:
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns):
+                return True
+        return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def healthy(self, timeout: float = 10.0) -> bool:
+        if not self.alive():
+            return False
+        try:
+            s = requests.Session()
+            s.trust_env = False
+            return s.get(self.url + "/health_generate", timeout=timeout).status_code == 200
+        except requests.RequestException:
+            return False
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc else None
+
+    def stop(self) -> None:
+        with self._lock:
+            if self.proc is None or self._stopped:
+                return
+            self._stopped = True
+            kill_tree(self.proc.pid, grace=5.0)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            proc._ACTIVE.discard(self.proc.pid)
+            if self._pid_file is not None:
+                self._pid_file.unlink(missing_ok=True)
+                self._pid_file = None
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
+
+
+# ---------------------------------------------------------------------------
+# Probe
+# ---------------------------------------------------------------------------
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return str(path)
+
+
+def _head(checkout: Path) -> str | None:
+    try:
+        return head_sha(checkout)
+    except Exception:  # not a git checkout: no reuse
+        return None
+
+
+@dataclass
+class _Held:
+    server: SGLangServer
+    identity: tuple
+    runs: int = 0
+
+
+@dataclass
+class SGLangProbe:
+    """Launch ``sglang.launch_server`` from the checkout and measure the KL
+    labels of SGLang's KL tests through its HTTP API."""
+
+    model_path: str
+    prompts: Path
+    server_args: str = ""
+    labels: tuple[str, ...] = LABELS
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    num_samples: int | None = None           # first N prompts; None: all
+    launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    timeout: float = DEFAULT_TIMEOUT          # one run, launch included
+    runs_per_launch: int = 0                  # 0: every run of the commit in this slot; 1: relaunch per run
+    python: str = sys.executable
+    turn_separator: tuple[int, ...] = ()     # token ids between turns (the tests add a comma)
+    kl_threshold: float | None = None        # exit code 1 at or above it, like the tests' assertion
+    _held: dict[int, _Held] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _prompts_cache: list[list[int]] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.prompts = Path(self.prompts)
+        self.labels = tuple(self.labels)
+        unknown = [lb for lb in self.labels if lb not in LABELS]
+        if unknown or not self.labels:
+            raise KlbisectError(f"unknown SGLang label(s) {', '.join(unknown) or '(none given)'}; "
+                                f"known: {', '.join(LABELS)}", EXIT_USAGE)
+        try:
+            args = shlex.split(self.server_args)
+        except ValueError as e:
+            raise KlbisectError(f"--server-args: {e}", EXIT_USAGE) from None
+        owned = sorted({a.split("=")[0] for a in args} & {"--model-path", "--host", "--port"})
+        if owned:
+            raise KlbisectError(f"--server-args may not set {', '.join(owned)}: the probe sets them "
+                                "(use --model-path; ports come from the slot)", EXIT_USAGE)
+
+    @classmethod
+    def from_options(cls, options: Mapping, timeout: float = DEFAULT_TIMEOUT) -> "SGLangProbe":
+        """From the CLI's ``sglang`` option dict (unknown keys are ignored, so
+        builder options may share it)."""
+        opts = dict(options)
+        if not opts.get("model_path"):
+            raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
+        if not opts.get("prompts"):
+            raise KlbisectError("--probe sglang needs --prompts FILE (a JSON list of token-id lists; "
+                                "`klbisect make-prompts` writes one)", EXIT_USAGE)
+        known = {k: v for k, v in opts.items() if k in cls.__dataclass_fields__ and not k.startswith("_")}
+        if isinstance(known.get("labels"), str):
+            known["labels"] = tuple(x.strip() for x in known["labels"].split(",") if x.strip())
+        if "turn_separator" in known:
+            known["turn_separator"] = tuple(known["turn_separator"])
+        known.setdefault("timeout", timeout)
+        probe = cls(**known)
+        probe.load()   # a bad prompts file is a usage error now, not a crash per run
+        return probe
+
+    @property
+    def key(self) -> str:
+        return config_key("sglang", model=self.model_path, args=shlex.split(self.server_args),
+                          prompts=_file_digest(self.prompts), n=self.num_samples,
+                          max_new_tokens=self.max_new_tokens, labels=list(self.labels),
+                          sep=list(self.turn_separator), python=self.python)
+
+    def describe(self) -> str:
+        args = f" {self.server_args}" if self.server_args else ""
+        n = f"{self.num_samples} of " if self.num_samples else ""
+        return (f"sglang.launch_server --model-path {self.model_path}{args}; {n}{self.prompts.name} "
+                f"x {self.max_new_tokens} new tokens; labels {','.join(self.labels)}")
+
+    def load(self) -> list[list[int]]:
+        if self._prompts_cache is None:
+            prompts = load_prompts(self.prompts)
+            self._prompts_cache = prompts[: self.num_samples] if self.num_samples else prompts
+        return self._prompts_cache
+
+    # -- server lifecycle ---------------------------------------------------
+
+    def _identity(self, checkout: Path, slot: Slot) -> tuple | None:
+        sha = _head(checkout)
+        if sha is None:
+            return None
+        return (str(Path(checkout).resolve()), sha, self.python, self.model_path, self.server_args,
+                tuple(sorted(slot.env.items())))
+
+    def _server_for(self, checkout: Path, log_path: Path, slot: Slot, deadline: float,
+                    say: Callable[[str], None]) -> _Held:
+        identity = self._identity(checkout, slot)
+        with self._lock:
+            held = self._held.get(slot.index)
+        if held is not None:
+            if identity is not None and held.identity == identity and held.server.healthy():
+                say(f"reusing server pid {held.server.pid} on port {held.server.port} "
+                    f"(run {held.runs + 1} of this launch; log {held.server.log_path})")
+                return held
+            self._release(slot.index)
+        port = pick_port(slot.port_base)
+        server_log = log_path.with_name(log_path.stem + ".server.log")
+        server = SGLangServer(server_argv(self.python, self.model_path, port, shlex.split(self.server_args)),
+                              checkout, server_env(checkout, slot.env), port, server_log,
+                              self.launch_timeout, slot.pid_dir)
+        say(f"launching: {shlex.join(server.argv)}")
+        say(f"server log: {server_log}")
+        server.start(deadline)
+        say(f"server ready on port {port} after {server.launch_seconds:.1f} s (pid {server.pid})")
+        held = _Held(server, identity if identity is not None else ("unkeyed", id(server)))
+        with self._lock:
+            self._held[slot.index] = held
+        return held
+
+    def _release(self, slot_index: int) -> None:
+        with self._lock:
+            held = self._held.pop(slot_index, None)
+        if held is not None:
+            held.server.stop()
+
+    def close(self) -> None:
+        """Kill every server this probe holds (end of a session)."""
+        with self._lock:
+            indexes = list(self._held)
+        for i in indexes:
+            self._release(i)
+
+    # -- one run --------------------------------------------------------------
+
+    def run(self, checkout: Path, log_path: Path, slot: Slot) -> RunResult:
+        start = time.monotonic()
+        deadline = start + self.timeout
+        prompts = self.load()
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        values: dict[str, float] = {}
+        status, exit_code = STATUS_CRASH, None
+        with open(log_path, "w") as log:
+            def say(line: str) -> None:
+                log.write(line + "\n")
+                log.flush()
+
+            say(f"klbisect sglang probe: {self.describe()}")
+            say(f"checkout: {checkout}")
+            held: _Held | None = None
+            try:
+                held = self._server_for(Path(checkout), log_path, slot, deadline, say)
+                client = Client(held.server.url, self.request_timeout, deadline)
+                for label in self.labels:
+                    t0 = time.monotonic()
+                    res = measure_label(client, label, prompts, self.max_new_tokens, self.turn_separator)
+                    for line in res.lines(self.max_new_tokens):
+                        say(line)
+                    say(f"({label} took {time.monotonic() - t0:.1f} s)")
+                    if res.value is not None:
+                        values[label] = res.value
+                exit_code = 0
+                if self.kl_threshold is not None and any(v >= self.kl_threshold for v in values.values()):
+                    say(f"AssertionError: avg_kl_div >= threshold {self.kl_threshold}")
+                    exit_code = 1
+                status = STATUS_OK if values else STATUS_CRASH
+            except ServerStartError as e:
+                say(f"server failed to start: {e}")
+                self._say_tail(say, log_path.with_name(log_path.stem + ".server.log"))
+                exit_code = e.exit_code
+            except requests.Timeout as e:
+                say(f"timed out: {e}")
+                status = STATUS_TIMEOUT
+                self._fail(slot, held, say)
+            except (requests.RequestException, ProtocolError, KeyError, TypeError, IndexError, ValueError) as e:
+                # A server that died or answered nonsense mid-run: no value for the rest.
+                say(f"request failed: {type(e).__name__}: {e}")
+                exit_code = self._fail(slot, held, say)
+            except BaseException:
+                # Ctrl-C or a bug in klbisect: nothing recorded, nothing left running.
+                say("interrupted; killing the server")
+                self._release(slot.index)
+                raise
+            finally:
+                self._count_run(slot.index, held)
+            if values and status != STATUS_OK:
+                status = STATUS_OK   # values printed before a later failure still count
+        return RunResult(values, exit_code, status, time.monotonic() - start, str(log_path))
+
+    def _count_run(self, slot_index: int, held: _Held | None) -> None:
+        """A server that has served ``runs_per_launch`` runs goes."""
+        with self._lock:
+            current = held is not None and self._held.get(slot_index) is held
+        if current:
+            held.runs += 1
+            if self.runs_per_launch and held.runs >= self.runs_per_launch:
+                self._release(slot_index)
+
+    def _fail(self, slot: Slot, held: _Held | None, say: Callable[[str], None]) -> int | None:
+        """Drop the server after a failed run; its exit code if it had died."""
+        code = held.server.returncode if held is not None else None
+        self._release(slot.index)
+        if held is not None:
+            self._say_tail(say, held.server.log_path)
+        return code
+
+    @staticmethod
+    def _say_tail(say: Callable[[str], None], server_log: Path) -> None:
+        tail = log_tail(server_log, 30)
+        if tail:
+            say(f"--- last lines of {server_log} ---")
+            for line in tail.splitlines():
+                # prefixed, so a server line can never pass for a label or a value
+                say(f"server| {line}")
+
+
+# ---------------------------------------------------------------------------
+# Builder
+# ---------------------------------------------------------------------------
+
+KERNEL_PACKAGES = ("sgl-kernel", "sglang-kernel")
+PINNED_PACKAGES = KERNEL_PACKAGES + ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+PACKAGING_PATHS = (
+    "python/pyproject.toml", "python/setup.py", "python/setup.cfg", "python/MANIFEST.in",
+    "python/*Cargo.toml", "python/*Cargo.lock", "python/*.rs",
+)
+KERNEL_SOURCE_DIR = "sgl-kernel/"
+KERNEL_NOTE = "kernel source change not exercised by this probe"
+
+_PIN = re.compile(r"""["']\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)""")
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503: sgl_kernel, SGL.Kernel and sgl-kernel are one package."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_pins(pyproject_text: str, packages: Sequence[str] = PINNED_PACKAGES) -> dict[str, str]:
+    """``name -> version`` for every ``name==version`` requirement of the given
+    packages in ``python/pyproject.toml`` (first pin wins when extras repeat it)."""
+    wanted = {normalize_name(p) for p in packages}
+    pins: dict[str, str] = {}
+    for m in _PIN.finditer(pyproject_text):
+        name = normalize_name(m.group(1))
+        if name in wanted and name not in pins:
+            pins[name] = m.group(2)
+    return pins
+
+
+def pins_to_install(installed: Mapping[str, str | None], pins: Mapping[str, str]) -> dict[str, str]:
+    """The pins whose installed version differs (or that are not installed)."""
+    return {name: ver for name, ver in pins.items() if installed.get(name) != ver}
+
+
+@dataclass
+class ChangeKinds:
+    packaging: list[str]
+    kernel_sources: list[str]
+    other: list[str]
+
+
+def classify_changes(changed: Sequence[str]) -> ChangeKinds:
+    """Split changed paths: packaging metadata (needs a reinstall), kernel
+    sources under ``sgl-kernel/`` (never exercised: the pinned wheel runs),
+    everything else (pure Python, tests, docs)."""
+    kinds = ChangeKinds([], [], [])
+    for p in changed:
+        if matches_any(p, PACKAGING_PATHS) and p.startswith("python/"):
+            kinds.packaging.append(p)
+        elif p.startswith(KERNEL_SOURCE_DIR):
+            kinds.kernel_sources.append(p)
+        else:
+            kinds.other.append(p)
+    return kinds
+
+
+def kernel_note(changed: Sequence[str], pins_changed: bool) -> str:
+    """A note for a commit whose kernel source changes the probe cannot see.
+
+    ``changed``: the commit's own diff against its parent. A kernel change
+    reaches the probe only through a new pin of the prebuilt wheel."""
+    kinds = classify_changes(changed)
+    if not kinds.kernel_sources or pins_changed:
+        return ""
+    if kinds.packaging or kinds.other:
+        return KERNEL_NOTE + " (its other changes are)"
+    return KERNEL_NOTE
+
+
+_VERSIONS_SCRIPT = (
+    "import json, sys\n"
+    "from importlib.metadata import version, PackageNotFoundError\n"
+    "out = {}\n"
+    "for n in sys.argv[1:]:\n"
+    "    try:\n"
+    "        out[n] = version(n)\n"
+    "    except PackageNotFoundError:\n"
+    "        out[n] = None\n"
+    "print(json.dumps(out))\n"
+)
+
+
+def installed_versions(python: str, names: Sequence[str], timeout: float = 60.0) -> dict[str, str | None]:
+    """Versions installed in ``python``'s environment (None: not installed).
+
+    The environment is the record of what is installed: no state file to go
+    stale when someone runs pip by hand."""
+    if not names:
+        return {}
+    try:
+        out = subprocess.run([python, "-c", _VERSIONS_SCRIPT, *names], capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL)
+        return json.loads(out.stdout) if out.returncode == 0 else {n: None for n in names}
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return {n: None for n in names}
+
+
+def build_commands(python: str, to_install: Mapping[str, str], pip_args: Sequence[str] = (),
+                   editable: bool = True) -> list[list[str]]:
+    """pip argv lists, run from the checkout's root: pinned wheels first (the
+    server checks their versions at start-up), then the editable install."""
+    pip = [python, "-m", "pip", "install", "--no-deps", *pip_args]
+    cmds = [pip + [f"{name}=={ver}"] for name, ver in sorted(to_install.items())]
+    if editable:
+        cmds.append(pip + ["-e", "python"])
+    return cmds
+
+
+@dataclass
+class SGLangBuilder:
+    """Reinstall only what a commit's diff requires.
+
+    ``pip install -e python --no-deps`` when packaging metadata changed since
+    the checkout's last build, and the pinned kernel (``sgl-kernel`` /
+    ``sglang-kernel``) and flashinfer wheels whenever ``python/pyproject.toml``
+    pins a version other than the one installed in ``python``'s environment.
+    One environment is shared by all slots, so run parallel slots only over
+    commits with the same pins (or give each slot its own ``python``).
+    """
+
+    python: str = sys.executable
+    pip_args: tuple[str, ...] = ()          # e.g. ("--extra-index-url", URL) for CUDA kernel wheels
+    install_pins: bool = True
+    editable: bool = True
+    timeout: float = DEFAULT_BUILD_TIMEOUT
+
+    @classmethod
+    def from_options(cls, options: Mapping) -> "SGLangBuilder":
+        opts = {k: v for k, v in dict(options).items() if k in cls.__dataclass_fields__}
+        if isinstance(opts.get("pip_args"), str):
+            opts["pip_args"] = tuple(shlex.split(opts["pip_args"]))
+        elif "pip_args" in opts:
+            opts["pip_args"] = tuple(opts["pip_args"])
+        return cls(**opts)
+
+    @property
+    def key(self) -> str:
+        return config_key("sglang-build", python=self.python, pip_args=list(self.pip_args),
+                          pins=self.install_pins, editable=self.editable)
+
+    def needs_build(self, changed: Sequence[str] | None) -> bool:
+        if changed is None:
+            return True
+        return bool(classify_changes(changed).packaging)
+
+    def build(self, checkout: Path, log_path: Path, slot: Slot) -> BuildResult:
+        start = time.monotonic()
+        pyproject = Path(checkout) / "python" / "pyproject.toml"
+        try:
+            pins = parse_pins(pyproject.read_text()) if self.install_pins else {}
+        except OSError:
+            pins = {}
+        todo = pins_to_install(installed_versions(self.python, list(pins)), pins) if pins else {}
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        note_parts = [f"installed {n}=={v}" for n, v in sorted(todo.items())]
+        with open(log_path, "wb") as log:
+            log.write(f"pins in python/pyproject.toml: {pins or 'none'}\n".encode())
+            for argv in build_commands(self.python, todo, self.pip_args, self.editable):
+                part = log_path.with_name(log_path.name + ".part")
+                res = run_logged(argv, cwd=Path(checkout), log_path=part, timeout=self.timeout,
+                                 env=slot.env, pid_dir=slot.pid_dir, header="$ " + shlex.join(argv))
+                log.write(part.read_bytes())
+                log.flush()
+                part.unlink(missing_ok=True)
+                if res.exit_code != 0:
+                    why = "timed out" if res.timed_out else f"exited {res.exit_code}"
+                    return BuildResult(False, time.monotonic() - start, str(log_path),
+                                       f"{shlex.join(argv[3:])} {why}")
+        return BuildResult(True, time.monotonic() - start, str(log_path), "; ".join(note_parts))

@@ -1,0 +1,537 @@
+"""SGLang probe, builder helpers and GitHub client, against a fake SGLang.
+
+The fake server (tests/fakesglang/) speaks SGLang's native HTTP API over
+loopback and runs a tiny torch model on CPU; the generated history
+(tests/sglang_repo.py) plants an FP8 prefill change that doubles the KL.
+"""
+from __future__ import annotations
+
+import _thread
+import dataclasses
+import importlib.util
+import json
+import logging
+import math
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import psutil
+import pytest
+
+from klbisect import github
+from klbisect.errors import EXIT_USAGE, KlbisectError
+from klbisect.metric import parse_values
+from klbisect.probe import Slot
+from klbisect.sglang import (
+    KERNEL_NOTE, LABELS, LabelResult, SGLangBuilder, SGLangProbe, _port_free, avg_kl, build_commands,
+    classify_changes, generate_payload, k3_kl, kernel_note, load_prompts, make_prompts, parse_pins,
+    pick_port, pins_to_install, server_argv, server_env,
+)
+
+
+def _load_helper():
+    # by path: works whether or not tests/ is a package
+    spec = importlib.util.spec_from_file_location("sglang_repo", Path(__file__).with_name("sglang_repo.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["sglang_repo"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+make_sglang_repo = _load_helper().make_sglang_repo
+
+# GenerateReqInput fields, copied from sgl-project/sglang
+# python/sglang/srt/managers/io_struct.py (only the stable ones a probe may send).
+GENERATE_REQ_FIELDS = {
+    "rid", "text", "input_ids", "input_embeds", "image_data", "sampling_params", "return_logprob",
+    "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs", "stream",
+    "log_metrics", "return_hidden_states", "modalities", "session_params", "lora_path",
+    "custom_logit_processor", "bootstrap_host", "bootstrap_port", "bootstrap_room", "priority",
+}
+# SamplingParams fields, from python/sglang/srt/sampling/sampling_params.py
+SAMPLING_PARAMS_FIELDS = {
+    "max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n",
+    "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "no_stop_trim", "custom_params", "stream_interval",
+    "logit_bias", "sampling_seed",
+}
+
+# ---------------------------------------------------------------------------
+# (a) pure helpers
+# ---------------------------------------------------------------------------
+
+PYPROJECT_OLD = '''
+[project.optional-dependencies]
+srt = [
+    "sglang[runtime_common]",
+    "sgl-kernel==0.3.7",
+    "torch==2.8.0",
+    "flashinfer_python==0.3.0rc1",
+]
+blackwell = ["sglang[runtime_common]", "sgl-kernel", "flashinfer_python==0.3.0rc1"]
+'''
+PYPROJECT_NEW = '''
+dependencies = [
+    "sglang-kernel==0.4.4 ; platform_machine == 'x86_64'",
+    "flashinfer-python[cu13]==0.6.1",
+    "torch==2.9.1",
+]
+'''
+
+
+def test_parse_pins_across_renames():
+    assert parse_pins(PYPROJECT_OLD) == {"sgl-kernel": "0.3.7", "flashinfer-python": "0.3.0rc1"}
+    assert parse_pins(PYPROJECT_NEW) == {"sglang-kernel": "0.4.4", "flashinfer-python": "0.6.1"}
+    assert parse_pins('dependencies = ["sgl-kernel>=0.3", "requests"]') == {}
+
+
+def test_pins_to_install_and_commands():
+    pins = {"sglang-kernel": "0.4.4", "flashinfer-python": "0.6.1"}
+    assert pins_to_install({"sglang-kernel": "0.4.4", "flashinfer-python": None}, pins) == {
+        "flashinfer-python": "0.6.1"}
+    assert pins_to_install(pins, pins) == {}
+    cmds = build_commands("/py", {"sglang-kernel": "0.4.4"}, ("--extra-index-url", "https://x"))
+    assert cmds == [
+        ["/py", "-m", "pip", "install", "--no-deps", "--extra-index-url", "https://x", "sglang-kernel==0.4.4"],
+        ["/py", "-m", "pip", "install", "--no-deps", "--extra-index-url", "https://x", "-e", "python"],
+    ]
+
+
+def test_changed_path_classification_and_kernel_note():
+    kinds = classify_changes(["python/pyproject.toml", "sgl-kernel/csrc/attn.cu", "python/sglang/srt/x.py",
+                              "docs/a.md", "python/sglang/srt/native/lib.rs"])
+    assert kinds.packaging == ["python/pyproject.toml", "python/sglang/srt/native/lib.rs"]
+    assert kinds.kernel_sources == ["sgl-kernel/csrc/attn.cu"]
+    assert kernel_note(["sgl-kernel/csrc/attn.cu", "sgl-kernel/CMakeLists.txt"], False) == KERNEL_NOTE
+    assert kernel_note(["sgl-kernel/csrc/attn.cu"], True) == ""
+    assert kernel_note(["sgl-kernel/csrc/attn.cu", "python/sglang/a.py"], False).startswith(KERNEL_NOTE)
+    assert kernel_note(["python/sglang/a.py"], False) == ""
+    b = SGLangBuilder()
+    assert b.needs_build(None) and b.needs_build(["python/pyproject.toml"])
+    assert not b.needs_build(["python/sglang/srt/server.py", "sgl-kernel/csrc/attn.cu", "docs/x.md"])
+
+
+def test_builder_runs_pins_then_editable(tmp_path):
+    # A stand-in interpreter that records its argv and reports nothing installed.
+    fake_py = tmp_path / "py"
+    record = tmp_path / "argv.txt"
+    fake_py.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                       f"open({str(record)!r}, 'a').write(json.dumps(sys.argv[1:]) + chr(10))\n"
+                       "print('{}')\n")
+    fake_py.chmod(0o755)
+    checkout = tmp_path / "co"
+    (checkout / "python").mkdir(parents=True)
+    (checkout / "python" / "pyproject.toml").write_text(PYPROJECT_NEW)
+    res = SGLangBuilder(python=str(fake_py)).build(checkout, tmp_path / "build.log", Slot(0, checkout))
+    assert res.ok, Path(res.log_path).read_text()
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert calls[0][0] == "-c" and calls[0][2:] == ["sglang-kernel", "flashinfer-python"]  # versions query
+    assert calls[1:] == [["-m", "pip", "install", "--no-deps", "flashinfer-python==0.6.1"],
+                         ["-m", "pip", "install", "--no-deps", "sglang-kernel==0.4.4"],
+                         ["-m", "pip", "install", "--no-deps", "-e", "python"]]
+    assert "installed sglang-kernel==0.4.4" in res.note
+
+
+def test_k3_matches_sglang_formula():
+    assert k3_kl([-1.0, -2.0], [-1.0, -2.0]) == 0.0
+    r = math.log(2.0)
+    assert k3_kl([r - 1.0], [-1.0]) == pytest.approx(1.0 - r)       # (e^r - 1) - r
+    assert k3_kl([-1.0, -1.0], [-1.0 + r, -1.0 - r]) == pytest.approx(((0.5 - 1 + r) + (2 - 1 - r)) / 2)
+    assert avg_kl([0.002, 0.004]) == pytest.approx(0.003)
+    with pytest.raises(ValueError):
+        k3_kl([-1.0], [])
+
+
+def test_label_lines_parse_like_sglang_output():
+    text = "\n".join(LabelResult("prefill_cache_hit", [0.003, 0.005], 3, 1, "cache hits 2/3").lines(64)
+                     + LabelResult("decode_cache_hit", [], 3, 2, "too few").lines(64)
+                     + LabelResult("logprobs_match", [0.001], 1, 1).lines(64))
+    assert parse_values(text) == {"prefill_cache_hit": pytest.approx(0.004), "logprobs_match": 0.001}
+
+
+@pytest.mark.parametrize("content, fragment", [
+    (None, "cannot read"),
+    ("{not json", "is not JSON"),
+    ("{}", "non-empty JSON list"),
+    ("[]", "non-empty JSON list"),
+    ('[[1, 2], ["a"]]', "item 1"),
+    ("[[1, true]]", "item 0"),
+    ("[[1, -2]]", "item 0"),
+    ("[[]]", "item 0"),
+])
+def test_load_prompts_rejects_with_one_line(tmp_path, content, fragment):
+    p = tmp_path / "prompts.json"
+    if content is not None:
+        p.write_text(content)
+    with pytest.raises(KlbisectError) as e:
+        load_prompts(p)
+    assert e.value.code == EXIT_USAGE and fragment in e.value.message and "\n" not in e.value.message
+
+
+def test_load_prompts_ok(tmp_path):
+    p = tmp_path / "prompts.json"
+    p.write_text("[[1, 2, 3], [4]]")
+    assert load_prompts(p) == [[1, 2, 3], [4]]
+
+
+def test_make_prompts_with_a_stand_in_tokenizer(tmp_path, monkeypatch):
+    class Tok:
+        def encode(self, text, add_special_tokens=True):
+            return ([1] if add_special_tokens else []) + [len(w) for w in text.split()]
+
+    fake = type(sys)("transformers")
+    fake.AutoTokenizer = type("AutoTokenizer", (), {"from_pretrained": staticmethod(lambda path: Tok())})
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    text = tmp_path / "book.txt"
+    text.write_text("a bb ccc dddd " * 5)
+    assert make_prompts(text, "tok", tmp_path / "p.json", num_samples=3, max_tokens=8) == 3
+    assert load_prompts(tmp_path / "p.json") == [[1, 2, 3, 4] * 2, [1, 2, 3, 4] * 2, [1, 2, 3, 4]]
+    jl = tmp_path / "lb.jsonl"
+    jl.write_text(json.dumps({"context": "x yy", "question": "zzz"}) + "\n\n" + json.dumps({"text": "q"}) + "\n")
+    assert make_prompts(jl, "tok", tmp_path / "q.json", num_samples=5, max_tokens=3) == 2
+    assert load_prompts(tmp_path / "q.json") == [[1, 1, 2], [1, 1]]
+
+
+@pytest.mark.parametrize("url, slug", [
+    ("https://github.com/sgl-project/sglang.git", "sgl-project/sglang"),
+    ("https://github.com/sgl-project/sglang", "sgl-project/sglang"),
+    ("git@github.com:sgl-project/sglang.git", "sgl-project/sglang"),
+    ("ssh://git@github.com/sgl-project/sglang.git", "sgl-project/sglang"),
+    ("https://x-access-token:abc@github.com/o/r.git", "o/r"),
+    ("https://gitlab.com/o/r.git", None),
+    ("https://github.com/o", None),
+    ("", None),
+])
+def test_parse_slug(url, slug):
+    assert github.parse_slug(url) == slug
+
+
+def test_server_command_and_env(tmp_path):
+    argv = server_argv("/py", "org/model", 31000, ["--tp-size", "2"])
+    assert argv == ["/py", "-m", "sglang.launch_server", "--model-path", "org/model", "--host", "127.0.0.1",
+                    "--port", "31000", "--tp-size", "2"]
+    env = server_env(tmp_path, {"CUDA_VISIBLE_DEVICES": "1"}, base={"PYTHONPATH": "/elsewhere"})
+    assert env["PYTHONPATH"] == f"{tmp_path.resolve()}/python:/elsewhere"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_probe_options_and_key(tmp_path):
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2]]")
+    opts = {"model_path": "m", "prompts": str(prompts), "runs_per_launch": 2, "labels": "logprobs_match"}
+    p = SGLangProbe.from_options(opts, timeout=99)
+    assert (p.runs_per_launch, p.labels, p.timeout) == (2, ("logprobs_match",), 99)
+    assert p.key == SGLangProbe.from_options({**opts, "runs_per_launch": 5}).key   # same measurement
+    assert p.key != SGLangProbe.from_options({**opts, "server_args": "--tp 2"}).key
+    with pytest.raises(KlbisectError, match="--prompts"):
+        SGLangProbe.from_options({"model_path": "m"})
+    with pytest.raises(KlbisectError, match="may not set --port"):
+        SGLangProbe(model_path="m", prompts=prompts, server_args="--tp 2 --port=3000")
+    with pytest.raises(KlbisectError, match="unknown SGLang label"):
+        SGLangProbe(model_path="m", prompts=prompts, labels=("kl",))
+
+
+# ---------------------------------------------------------------------------
+# (e) payloads against SGLang's request dataclasses
+# ---------------------------------------------------------------------------
+
+def _sglang_fields() -> tuple[set[str], set[str]]:
+    try:  # the real thing when SGLang is installed
+        from sglang.srt.managers.io_struct import GenerateReqInput  # type: ignore
+        from sglang.srt.sampling.sampling_params import SamplingParams  # type: ignore
+        return ({f.name for f in dataclasses.fields(GenerateReqInput)},
+                set(getattr(SamplingParams, "__struct_fields__", ())) or set(vars(SamplingParams())))
+    except Exception:
+        return GENERATE_REQ_FIELDS, SAMPLING_PARAMS_FIELDS
+
+
+def test_payloads_use_sglang_field_names():
+    req_fields, sp_fields = _sglang_fields()
+    for payload in (generate_payload([[1, 2]], 8, return_logprob=True),
+                    generate_payload([[1, 2]], 0, return_logprob=True, logprob_start_len=0),
+                    generate_payload([[1, 2]], 0, return_logprob=False)):
+        assert set(payload) <= req_fields
+        assert set(payload["sampling_params"]) <= sp_fields
+        assert payload["sampling_params"]["temperature"] == 1.0      # explicit, never the model default
+        assert payload["sampling_params"]["ignore_eos"] is True
+
+
+# ---------------------------------------------------------------------------
+# the fake server's generated history
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    return make_sglang_repo(tmp_path_factory.mktemp("sglang"))
+
+
+def _worktree(repo, path: Path, sha: str) -> Path:
+    subprocess.run(["git", "-C", str(repo.path), "worktree", "add", "-q", "--detach", str(path), sha], check=True)
+    return path
+
+
+def _checkout(path: Path, sha: str) -> None:
+    subprocess.run(["git", "-C", str(path), "checkout", "-q", "--detach", sha], check=True)
+
+
+def _pids(pidfile: Path) -> list[int]:
+    return [int(x) for x in pidfile.read_text().split()] if pidfile.exists() else []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _assert_nothing_left(pidfile: Path, port: int | None = None) -> None:
+    pids = _pids(pidfile)
+    assert pids, "the fake server never started"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), f"left running: {[p for p in pids if not _gone(p)]}"
+    kids = [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
+    assert not kids, f"children of the test process left: {kids}"
+    if port is not None:
+        assert _port_free(port), f"port {port} is still taken"
+
+
+def _probe(repo, **kw) -> SGLangProbe:
+    kw.setdefault("max_new_tokens", 24)
+    kw.setdefault("launch_timeout", 60)
+    return SGLangProbe(model_path="fake-tiny", prompts=repo.prompts, **kw)
+
+
+# ---------------------------------------------------------------------------
+# (b) good vs culprit through the real HTTP path
+# ---------------------------------------------------------------------------
+
+def test_probe_separates_good_and_culprit(repo, tmp_path):
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    pidfile = tmp_path / "pids"
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile)})
+    probe = _probe(repo)
+    try:
+        good = [probe.run(wt, tmp_path / f"good{i}.log", slot) for i in range(2)]
+        good_server = _pids(pidfile)[0]
+        _checkout(wt, repo.culprit)
+        bad = probe.run(wt, tmp_path / "bad.log", slot)
+        # a server is never reused across commits: the good one is gone
+        assert _gone(good_server)
+    finally:
+        probe.close()
+    _assert_nothing_left(pidfile)
+    for r in good + [bad]:
+        assert r.status == "ok" and r.exit_code == 0, Path(r.log_path).read_text()
+        assert set(r.values) == set(LABELS)
+        assert parse_values(Path(r.log_path).read_text()) == r.values
+    logs = [Path(r.log_path).read_text() for r in good + [bad]]
+    assert "launching:" in logs[0] and "reusing server" in logs[1] and "launching:" in logs[2]
+    assert len(_pids(pidfile)) == 4          # two launches, each a server and its helper
+    for label in LABELS:
+        g = [r.values[label] for r in good]
+        # 80 in-process runs each: good 0.0041 +- 0.0004 (max 0.0053), bad 0.0096 +- 0.0009 (min 0.0081)
+        assert max(g) < 0.006 < bad.values[label], (label, g, bad.values[label])
+
+
+# ---------------------------------------------------------------------------
+# (c) a server that dies at start
+# ---------------------------------------------------------------------------
+
+def test_server_crash_at_start_is_a_crash(repo, tmp_path):
+    wt = _worktree(repo, tmp_path / "wt", repo.broken)
+    pidfile = tmp_path / "pids"
+    port = pick_port(0)
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile)}, port_base=port)
+    probe = _probe(repo)
+    res = probe.run(wt, tmp_path / "run.log", slot)
+    text = Path(res.log_path).read_text()
+    assert res.status == "crash" and res.values == {} and res.exit_code == 1, text
+    assert "server failed to start: server exited with code 1" in text
+    assert "server| ModuleNotFoundError" in text          # the server's log tail, prefixed
+    assert parse_values(text) == {}
+    # the broken launcher dies before it writes a pid file: check the tree and port
+    assert not [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
+    assert _port_free(port)
+    probe.close()
+
+
+# ---------------------------------------------------------------------------
+# (d) Ctrl-C, launch timeout and request timeout kill the whole tree
+# ---------------------------------------------------------------------------
+
+def _interrupt_when(pidfile: Path, n: int) -> threading.Thread:
+    def watch():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(_pids(pidfile)) < n:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        _thread.interrupt_main()
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def test_ctrl_c_during_launch_kills_the_tree(repo, tmp_path):
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    pidfile = tmp_path / "pids"
+    port = pick_port(0)
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile), "FAKE_SGLANG_NEVER_READY": "1"},
+                port_base=port)
+    probe = _probe(repo)
+    _interrupt_when(pidfile, 2)
+    with pytest.raises(KeyboardInterrupt):
+        probe.run(wt, tmp_path / "run.log", slot)
+    _assert_nothing_left(pidfile, port)
+    assert not probe._held
+
+
+def test_launch_timeout_is_a_crash_and_kills_the_tree(repo, tmp_path):
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    pidfile = tmp_path / "pids"
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile), "FAKE_SGLANG_NEVER_READY": "1"})
+    res = _probe(repo, launch_timeout=1.5).run(wt, tmp_path / "run.log", slot)
+    text = Path(res.log_path).read_text()
+    assert res.status == "crash" and res.exit_code is None and "not ready after" in text
+    port = int(re.search(r"--port (\d+)", text).group(1))
+    _assert_nothing_left(pidfile, port)
+
+
+def test_request_timeout_kills_the_tree(repo, tmp_path):
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    pidfile = tmp_path / "pids"
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile), "FAKE_SGLANG_GENERATE_DELAY": "30"})
+    probe = _probe(repo, request_timeout=1.0)
+    res = probe.run(wt, tmp_path / "run.log", slot)
+    text = Path(res.log_path).read_text()
+    assert res.status == "timeout" and res.exit_code is None and res.values == {}, text
+    assert not probe._held
+    port = int(re.search(r"--port (\d+)", text).group(1))
+    _assert_nothing_left(pidfile, port)
+
+
+# ---------------------------------------------------------------------------
+# (f) GitHub, against a loopback server
+# ---------------------------------------------------------------------------
+
+TOKEN = "ghp_SECRETsecretSECRET123"
+
+
+class _GitHub(BaseHTTPRequestHandler):
+    hits: dict[str, int] = {}
+    auth: list[str] = []
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, obj) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        n = self.hits[self.path] = self.hits.get(self.path, 0) + 1
+        self.auth.append(self.headers.get("Authorization", ""))
+        if self.path == "/repos/o/r/pulls/27168":
+            return self._reply(200, {"number": 27168, "title": "Resolve the attention backend",
+                                     "user": {"login": "dev4"}, "html_url": "https://github.com/o/r/pull/27168",
+                                     "merged_at": "2025-10-10T08:53:20Z"})
+        if self.path == "/repos/o/r/pulls/500" and n < 3:
+            return self._reply(503, {"message": "unavailable"})
+        if self.path == "/repos/o/r/pulls/500":
+            return self._reply(200, {"number": 500, "title": "t", "user": {"login": "a"},
+                                     "html_url": "u", "merged_at": None})
+        if self.path.startswith("/repos/o/r/pulls/5"):
+            return self._reply(502, {"message": "bad gateway"})
+        self._reply(404, {"message": "Not Found"})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        # echo the header back, as a broken proxy might: it must not reach our messages
+        self._reply(403, {"message": f"denied for {self.headers.get('Authorization')}"})
+
+
+@pytest.fixture
+def gh(monkeypatch):
+    _GitHub.hits, _GitHub.auth = {}, []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _GitHub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv(github.API_ENV, f"http://127.0.0.1:{srv.server_port}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+class _Cache:
+    def __init__(self):
+        self.d: dict[int, dict] = {}
+
+    def get(self, pr):
+        return self.d.get(pr)
+
+    def put(self, pr, meta):
+        self.d[pr] = meta
+
+
+def test_fetch_pr_ok_cached_retry_404(gh, caplog):
+    caplog.set_level(logging.DEBUG, logger="klbisect.github")
+    cache = _Cache()
+    meta = github.fetch_pr(27168, "o/r", TOKEN, cache=cache, backoff=0.01)
+    assert meta == github.PRMeta(27168, "Resolve the attention backend", "dev4",
+                                 "https://github.com/o/r/pull/27168", "2025-10-10T08:53:20Z")
+    assert _GitHub.auth == [f"Bearer {TOKEN}"]
+    assert github.fetch_pr(27168, "o/r", TOKEN, cache=cache) == meta and _GitHub.hits["/repos/o/r/pulls/27168"] == 1
+    assert github.fetch_pr(500, "o/r", TOKEN, backoff=0.01).number == 500     # two 503s, then 200
+    assert _GitHub.hits["/repos/o/r/pulls/500"] == 3
+    assert github.fetch_pr(501, "o/r", TOKEN, retries=1, backoff=0.01) is None  # 5xx to the end
+    assert _GitHub.hits["/repos/o/r/pulls/501"] == 2
+    assert github.fetch_pr(9, "o/r", TOKEN, backoff=0.01) is None               # 404: no retry
+    assert _GitHub.hits["/repos/o/r/pulls/9"] == 1
+    assert TOKEN not in caplog.text
+
+
+def test_fetch_pr_offline_is_silent(monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="klbisect.github")
+    port = pick_port(0)   # nothing listens there
+    monkeypatch.setenv(github.API_ENV, f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert github.fetch_pr(1, "o/r", TOKEN, retries=1, backoff=0.01, timeout=2) is None
+    assert TOKEN not in caplog.text
+
+
+def test_post_comment_error_never_shows_the_token(gh, caplog):
+    caplog.set_level(logging.DEBUG, logger="klbisect.github")
+    with pytest.raises(github.GitHubError) as e:
+        github.post_comment("o/r", 12, "nightly: KL up", TOKEN, backoff=0.01)
+    assert "HTTP 403" in str(e.value) and TOKEN not in str(e.value) and TOKEN not in caplog.text
+    assert TOKEN not in repr(e.value.__cause__ or "")
+
+
+# ---------------------------------------------------------------------------
+# end to end through the core
+# ---------------------------------------------------------------------------
+
+def test_bisect_finds_planted_sglang_commit(repo, tmp_path):
+    session = pytest.importorskip("klbisect.session")
+    if not hasattr(session, "run_bisect") or not hasattr(session, "BisectConfig"):
+        pytest.skip("klbisect.session.run_bisect is not there yet")
+    cfg = session.BisectConfig(
+        good=repo.good, bad=repo.bad, probe="sglang", parallel=2, confidence=0.95,
+        sglang={"model_path": "fake-tiny", "prompts": str(repo.prompts), "max_new_tokens": 16,
+                "labels": "logprobs_match", "launch_timeout": 60},
+    )
+    result = session.run_bisect(repo.path, cfg, progress=lambda msg: None)
+    assert result.culprit == repo.culprit, result
+    assert not [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
