@@ -1,22 +1,36 @@
 """Where probes run. ``LocalExecutor``: P slots on this machine, each with its
 own worktree, GPU subset and port range, as threads that start processes.
+``ray_executor.RayExecutor`` (optional extra): one Ray task per probe.
 Results come back as they finish, not in submission order.
+
+Every submitted job yields exactly one result: an ``Outcome`` (a measurement,
+or a build failure, for the caller to record) or a ``Failure`` (something
+outside the commit went wrong: the caller may submit the commit again; a
+``Failure`` is never evidence about the commit).
 """
 from __future__ import annotations
 
 import os
 import queue
+import shutil
 import socket
+import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from .measure import Outcome
-from .probe import Slot
+from .probe import STATUS_CRASH, Slot
 from .proc import kill_all_active
 
-PORT_SPAN = 100
+PORT_SPAN = 100            # ports per slot: [port_base, port_base + PORT_SPAN)
+PORT_LOW, PORT_HIGH = 10000, 32700   # below Linux's ephemeral range (32768-60999)
+
+# Exit statuses of a probe that was killed from outside (SIGKILL, SIGTERM),
+# as Popen reports them (-N) or as a shell reports its killed child (128+N).
+# Our own timeout kill is reported as status "timeout", not through these.
+_KILLED_EXIT = {-9, -15, 137, 143}
 
 
 @dataclass
@@ -42,11 +56,35 @@ class Executor(Protocol):
     def close(self) -> None: ...
 
 
+def infrastructure_failure(outcome: Outcome) -> str | None:
+    """Why a finished measurement says nothing about its commit, or None.
+
+    A probe that printed no value because something outside it killed it
+    (SIGKILL/SIGTERM: an operator, the host's OOM killer, a preempted node) is
+    not the commit's crash: recording it would push the commit towards
+    untestable. A run that printed a value is a measurement whatever ended it.
+    """
+    r = outcome.run
+    if r is not None and r.status == STATUS_CRASH and not r.values and r.exit_code in _KILLED_EXIT:
+        return f"probe killed from outside (exit {r.exit_code}, no value; log {r.log_path})"
+    return None
+
+
 def visible_gpus(env: dict | None = None) -> list[str]:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when set (ids or
+    UUIDs, in the declared order), else every GPU nvidia-smi (or torch) sees."""
     env = os.environ if env is None else env
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
-        return [g for g in cvd.split(",") if g.strip()]
+        return [g.strip() for g in cvd.split(",") if g.strip()]
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30)
+            if out.returncode == 0:
+                return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
     try:
         import torch  # noqa: PLC0415 - optional; counting GPUs only
         return [str(i) for i in range(torch.cuda.device_count())]
@@ -66,39 +104,74 @@ def gpu_groups(parallel: int, gpus_per_probe: int, gpus: Sequence[str]) -> list[
     return [list(gpus[i * gpus_per_probe:(i + 1) * gpus_per_probe]) for i in range(parallel)]
 
 
-def free_port_base(index: int) -> int:
-    """A port range for a slot; its first port is free now (a server's launch
-    still checks its own port)."""
-    base = 30000 + (os.getpid() % 200) * 20 + index * PORT_SPAN // 20
-    for cand in range(base, base + 2000, 7):
+def _range_free(base: int, span: int) -> bool:
+    for port in range(base, base + span):
         with socket.socket() as s:
             try:
-                s.bind(("127.0.0.1", cand))
-                return cand
+                s.bind(("127.0.0.1", port))
             except OSError:
-                continue
-    return 0
+                return False
+    return True
+
+
+def port_bases(count: int, span: int = PORT_SPAN, taken: Sequence[int] = (),
+               start: int | None = None) -> list[int]:
+    """``count`` disjoint ranges of ``span`` ports, each free right now (a
+    server's launch still checks its own port). The search starts at block
+    ``start`` (default: from the pid, so two klbisects on one machine usually
+    get different ranges)."""
+    blocks = (PORT_HIGH - PORT_LOW) // span
+    start = (os.getpid() if start is None else start) % blocks
+    busy = set(taken)
+    out: list[int] = []
+    for j in range(blocks):
+        base = PORT_LOW + ((start + j) % blocks) * span
+        if any(abs(base - t) < span for t in busy):
+            continue
+        if _range_free(base, span):
+            out.append(base)
+            busy.add(base)
+            if len(out) == count:
+                return out
+    out += [0] * (count - len(out))   # 0: no port range (the probe picks its own)
+    return out
+
+
+def free_port_base(index: int) -> int:
+    """A port range for one slot on its own (``make_slots`` gives each of
+    its slots a disjoint range; this is for a lone slot)."""
+    return port_bases(index + 1)[index]
 
 
 def make_slots(root: Path, parallel: int, gpus_per_probe: int = 0, gpus: Sequence[str] | None = None,
                pid_dir: Path | None = None) -> list[Slot]:
-    groups = gpu_groups(parallel, gpus_per_probe, visible_gpus() if gpus is None else gpus)
+    if gpus_per_probe > 0:
+        groups = gpu_groups(parallel, gpus_per_probe, visible_gpus() if gpus is None else gpus)
+    else:
+        groups = [[] for _ in range(parallel)]
+    bases = port_bases(parallel)
     slots = []
     for i in range(parallel):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(groups[i])} if gpus_per_probe > 0 else {}
-        slots.append(Slot(i, root / f"slot-{i}", env, free_port_base(i), pid_dir))
+        slots.append(Slot(i, root / f"slot-{i}", env, bases[i], pid_dir))
     return slots
 
 
 class LocalExecutor:
+    """One thread per busy slot; each job puts exactly one result on a queue."""
+
     def __init__(self, slots: list[Slot], measure: Callable[[str, Slot], Outcome]):
-        self._slots = slots
+        if not slots:
+            raise ValueError("LocalExecutor needs at least one slot")
+        self._slots = {s.index: s for s in slots}
         self.slots = len(slots)
         self._measure = measure
-        self._idle: list[Slot] = list(slots)
+        self._idle: list[int] = sorted(self._slots)
         self._busy: dict[int, str] = {}
+        self._last: dict[int, str] = {}
         self._done: "queue.Queue[Outcome | Failure]" = queue.Queue()
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
     def free(self) -> int:
         return len(self._idle)
@@ -106,25 +179,56 @@ class LocalExecutor:
     def in_flight(self) -> list[str]:
         return list(self._busy.values())
 
+    def slot_of(self, index: int) -> Slot:
+        return self._slots[index]
+
     def submit(self, sha: str) -> None:
-        slot = self._idle.pop(0)
-        self._busy[slot.index] = sha
-        t = threading.Thread(target=self._work, args=(sha, slot), daemon=True)
-        self._threads.append(t)
+        if not self._idle:
+            raise RuntimeError("no free slot: call wait() first")
+        # A slot that last probed this commit has it checked out and built
+        # (and, for server probes, may still have its server up).
+        index = next((i for i in self._idle if self._last.get(i) == sha), self._idle[0])
+        self._idle.remove(index)
+        self._last[index] = sha
+        self._busy[index] = sha
+        t = threading.Thread(target=self._work, args=(sha, self._slots[index]),
+                             name=f"klbisect-slot-{index}", daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
         t.start()
 
+    def _forget_build(self, slot: Slot) -> None:
+        # After a failure mid-job the checkout may hold a half-finished
+        # build: make the slot's next commit rebuild.
+        owner = getattr(self._measure, "__self__", None)
+        last = getattr(owner, "last_built", None)
+        if isinstance(last, dict):
+            last[slot.index] = None
+
     def _work(self, sha: str, slot: Slot) -> None:
+        result: Outcome | Failure = Failure(sha, slot.index, "worker ended without a result")
         try:
-            result: Outcome | Failure = self._measure(sha, slot)
-        except Exception as e:  # an infrastructure failure, reported, never a verdict
+            out = self._measure(sha, slot)
+            why = infrastructure_failure(out) if isinstance(out, Outcome) else "measure returned no Outcome"
+            if why:
+                self._forget_build(slot)
+                result = Failure(sha, slot.index, why)
+            else:
+                result = out
+        except BaseException as e:  # noqa: BLE001 - infrastructure, reported, never a verdict
+            self._forget_build(slot)
             result = Failure(sha, slot.index, f"{type(e).__name__}: {e}")
-        self._done.put(result)
+        finally:
+            self._done.put(result)   # exactly one result per job, whatever happened
 
     def wait(self, timeout: float | None = None) -> list[Outcome | Failure]:
-        """Block until at least one result (polling, so Ctrl-C reaches us)."""
+        """Every result finished so far, blocking until there is at least one
+        (polling, so Ctrl-C reaches us). Returns [] at once when nothing is in
+        flight, or after ``timeout`` seconds."""
         out: list[Outcome | Failure] = []
         waited = 0.0
         while not out:
+            if not self._busy and self._done.empty():
+                return out
             try:
                 out.append(self._done.get(timeout=0.2))
             except queue.Empty:
@@ -137,10 +241,9 @@ class LocalExecutor:
             except queue.Empty:
                 break
         for r in out:
-            slot = next(s for s in self._slots if s.index == r.slot)
-            self._busy.pop(slot.index, None)
-            self._idle.append(slot)
-        self._idle.sort(key=lambda s: s.index)
+            if self._busy.pop(r.slot, None) is not None:
+                self._idle.append(r.slot)
+        self._idle.sort()
         return out
 
     def close(self) -> None:

@@ -241,9 +241,11 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
 
 
 def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: str, execute,
-                        probe_key: str, build_key: str | None, progress: Progress):
+                        probe_key: str, build_key: str | None, progress: Progress, width: int = 1):
     """Probe both endpoints until the regression is confirmed and both sides
-    are described well enough to judge other commits. Returns the model."""
+    are described well enough to judge other commits. Returns the model.
+    ``width``: parallel slots, so each round asks for that many runs."""
+    per_side = max(1, width // 2)
     while True:
         runs = commit_runs(ws, probe_key, build_key, [good, bad])
         g, b = runs[good], runs[bad]
@@ -281,11 +283,13 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                         f"(p={sep.p_value:.2g}): good {_fmt_summary(sep.good)}, bad {_fmt_summary(sep.bad)}; "
                         "the regression does not reproduce at these endpoints, or needs more runs "
                         "(--max-endpoint-runs)", EXIT_NO_SIGNAL)
-                need = [good, bad]
+                need = [good, bad] * per_side
             else:
-                need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < n_min]
-        for sha in need:
-            progress(f"calibrating {'good' if sha == good else 'bad'} endpoint {sha[:12]}")
+                need = [s for s, cr in ((good, g), (bad, b))
+                        for _ in range(min(per_side, n_min - len(cr.values)))]
+        for sha in dict.fromkeys(need):
+            progress(f"calibrating {'good' if sha == good else 'bad'} endpoint {sha[:12]} "
+                     f"({need.count(sha)} run{'s' if need.count(sha) > 1 else ''})")
         execute(need)
 
 
@@ -466,7 +470,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         if prev and prev.model and prev.state == "bisecting":
             model = _model_from(prev.model)
         else:
-            model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe_key, build_key, progress)
+            model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe_key, build_key, progress,
+                                        width=ex.slots)
             st.update_session(sid, model=model.to_dict(), state="bisecting")
         while True:
             runs = commit_runs(ws, probe_key, build_key, shas)
@@ -484,8 +489,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 return _finish(ws, sid, cands, pl, False, "no commit left whose runs could raise the "
                                "confidence (all exhausted or untestable)", probe_key, build_key, progress)
             top = pl.posterior.top()
-            if pl.next and ex.free() and not pl.done:
-                for i in pl.next[:ex.free()]:
+            room = max(cfg.max_total_runs - total - len(ex.in_flight()), 0)
+            if pl.next and ex.free() and not pl.done and room:
+                for i in pl.next[:min(ex.free(), room)]:
                     progress(f"probing {shas[i][:12]} ({i}/{len(shas) - 1}, P(bad)={pl.posterior.p_bad[i]:.3f}; "
                              f"best guess {shas[top.last][:12]} at {top.mass:.3f})")
                     ex.submit(shas[i])

@@ -1,0 +1,376 @@
+"""Probes as Ray tasks (``--executor ray``; ``pip install klbisect[ray]``).
+
+Each probe is one task that asks Ray for ``--gpus-per-probe`` GPUs (Ray sets
+the task's ``CUDA_VISIBLE_DEVICES``). The task runs on whichever node has
+them, in a clone that node keeps under a node-local cache directory: it
+clones the repository on first use, fetches the commit by sha when the clone
+lacks it, checks it out in a worktree of its own (reused by later tasks on
+that node, so incremental builds stay valid), then builds and probes through
+the same ``Measurer`` as the local executor. The ``Outcome`` and the text of
+its logs travel back; the driver writes the logs under its own log directory
+and records the runs, so no node touches the database.
+
+Ray retries a task whose worker or node died (``max_retries``); a task that
+still fails, or raises, comes back as a ``Failure``, which the session may
+submit again. A measurement, whatever its value, is never retried here.
+
+Where the repository comes from: ``KLBISECT_RAY_REPO`` (a path or URL every
+node can reach), by default the path of the repository being bisected (right
+for a single machine or a shared filesystem). Where nodes keep clones:
+``KLBISECT_RAY_CACHE``, by default ``~/.cache/klbisect/ray`` on each node.
+Nodes need klbisect (and the probe's own requirements) installed.
+
+``ray`` is imported only here and only when this executor is used.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .executors import Failure, infrastructure_failure, port_bases
+from .measure import Measurer, Outcome
+
+MAX_NODE_WORKTREES = 64          # worktrees one node keeps per repository
+LOG_RETURN_LIMIT = 4 << 20       # bytes of each log sent back (the tail)
+DEFAULT_MAX_RETRIES = 2          # Ray's retries of a task whose worker/node died
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("KLBISECT_RAY_CACHE") or Path.home() / ".cache" / "klbisect" / "ray")
+
+
+@dataclass
+class TaskSpec:
+    """Everything a node needs to measure one commit; plain data, pickled by Ray."""
+
+    sha: str
+    repo_url: str
+    cache_dir: str | None            # None: the node's default_cache_dir()
+    gpus: int                        # --gpus-per-probe (Ray assigns which)
+    probe: Any = None                # the driver's probe object, when it pickles
+    builder: Any = None
+    config: dict = field(default_factory=dict)   # BisectConfig fields, to rebuild probe/builder
+    probe_key: str = ""
+    build_key: str | None = None
+
+
+def _picklable(obj) -> bool:
+    if obj is None:
+        return True
+    try:
+        from ray import cloudpickle  # noqa: PLC0415
+        cloudpickle.dumps(obj)
+        return True
+    except Exception:
+        try:
+            pickle.dumps(obj)
+            return True
+        except Exception:
+            return False
+
+
+# ---- on the node ---------------------------------------------------------------
+
+def _git(cwd: Path, *args: str) -> str:
+    import subprocess  # noqa: PLC0415
+    p = subprocess.run(["git", *args], cwd=str(cwd), capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("GIT_")})
+    if p.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args[:2])} failed in {cwd}: {p.stderr.strip()[-500:]}")
+    return p.stdout
+
+
+def _has_commit(clone: Path, sha: str) -> bool:
+    try:
+        _git(clone, "cat-file", "-e", f"{sha}^{{commit}}")
+        return True
+    except RuntimeError:
+        return False
+
+
+def node_clone(repo_url: str, cache_dir: Path, sha: str) -> Path:
+    """This node's clone of ``repo_url``, holding ``sha``. Call under the
+    repository's node lock."""
+    clone = cache_dir / "repo"
+    if not (clone / ".git").exists():
+        if clone.exists():
+            import shutil  # noqa: PLC0415
+            shutil.rmtree(clone)
+        clone.parent.mkdir(parents=True, exist_ok=True)
+        _git(clone.parent, "clone", "--quiet", "--no-checkout", "--", repo_url, str(clone))
+    if not _has_commit(clone, sha):
+        try:
+            _git(clone, "fetch", "--quiet", "origin", sha)
+        except RuntimeError:
+            # servers that refuse a bare sha: fetch every branch and tag instead
+            _git(clone, "fetch", "--quiet", "--tags", "origin", "+refs/heads/*:refs/remotes/origin/*")
+        if not _has_commit(clone, sha):
+            raise RuntimeError(f"commit {sha[:12]} is not reachable from {repo_url}; push it, or point "
+                               "KLBISECT_RAY_REPO at a repository that has it")
+    return clone
+
+
+def _checkout(clone: Path, wt: Path, sha: str) -> None:
+    if (wt / ".git").exists():
+        try:
+            _git(wt, "checkout", "--quiet", "--force", "--detach", sha)
+            _git(wt, "clean", "-fdq", "-e", ".klbisect-keep")
+            return
+        except RuntimeError:
+            import shutil  # noqa: PLC0415
+            shutil.rmtree(wt, ignore_errors=True)
+    _git(clone, "worktree", "prune")
+    wt.parent.mkdir(parents=True, exist_ok=True)
+    _git(clone, "worktree", "add", "--force", "--detach", str(wt), sha)
+
+
+def _read_tail(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - LOG_RETURN_LIMIT))
+            return f.read()
+    except OSError:
+        return None
+
+
+def _make_probe_builder(spec: TaskSpec):
+    probe, builder = spec.probe, spec.builder
+    if probe is None:
+        from .session import BisectConfig, make_builder, make_probe  # noqa: PLC0415
+        cfg = BisectConfig.from_dict(spec.config)
+        probe = make_probe(cfg)
+        builder = make_builder(cfg)
+        if probe.key != spec.probe_key or (builder.key if builder else None) != spec.build_key:
+            raise RuntimeError("the probe rebuilt on this node is not the driver's probe "
+                               "(different klbisect version on the node?)")
+    return probe, builder
+
+
+def run_task(spec: TaskSpec) -> dict:
+    """Measure ``spec.sha`` on this node. Runs inside a Ray task (also
+    callable directly, which the tests use)."""
+    import filelock  # noqa: PLC0415
+    import git  # noqa: PLC0415
+
+    from .probe import Slot  # noqa: PLC0415
+    from .proc import reap_stale  # noqa: PLC0415
+
+    base = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
+    cache = base / hashlib.sha256(spec.repo_url.encode()).hexdigest()[:16]
+    cache.mkdir(parents=True, exist_ok=True)
+    reap_stale(cache / "pids")
+
+    # a worktree of our own among those this node keeps (held for the whole task;
+    # the OS drops the lock if this worker dies)
+    held = None
+    for n in range(MAX_NODE_WORKTREES):
+        lk = filelock.FileLock(str(cache / f"wt-{n}.lock"))
+        try:
+            lk.acquire(timeout=0)
+        except filelock.Timeout:
+            continue
+        held = (n, lk)
+        break
+    if held is None:
+        raise RuntimeError(f"all {MAX_NODE_WORKTREES} worktrees under {cache} are busy")
+    n, wt_lock = held
+    probe = None
+    try:
+        wt = cache / "wt" / str(n)
+        with filelock.FileLock(str(cache / "repo.lock")):
+            clone = node_clone(spec.repo_url, cache, spec.sha)
+            _checkout(clone, wt, spec.sha)
+        probe, builder = _make_probe_builder(spec)
+        env: dict[str, str] = {}
+        if spec.gpus > 0:
+            cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if cvd is None:
+                import ray  # noqa: PLC0415
+                cvd = ",".join(str(g) for g in ray.get_gpu_ids())
+            env["CUDA_VISIBLE_DEVICES"] = cvd
+        port_base = port_bases(1, start=int(cache.name[:4], 16) + n)[0]
+        slot = Slot(n, wt, env, port_base, cache / "pids")
+        last_file = cache / f"wt-{n}.last_built"
+        last = None
+        if builder is not None and last_file.exists():
+            key, _, sha = last_file.read_text().strip().partition(" ")
+            last = sha if key == builder.key and sha else None
+        measurer = Measurer(git.Repo(str(clone)), probe, builder, cache / "logs", use_worktree=False,
+                            last_built={n: last})
+        try:
+            out = measurer.measure(spec.sha, slot)
+        except BaseException:
+            last_file.unlink(missing_ok=True)   # a half-finished build: rebuild next time
+            raise
+        if builder is not None:
+            now = measurer.last_built.get(n)
+            if now:
+                last_file.write_text(f"{builder.key} {now}\n")
+            else:
+                last_file.unlink(missing_ok=True)
+        logs = {}
+        for p in (out.build.log_path if out.build else None, out.run.log_path if out.run else None):
+            data = _read_tail(p)
+            if data is not None:
+                logs[p] = data
+        return {"outcome": out, "logs": logs, "node": socket.gethostname(), "worktree": n,
+                "env": env}
+    finally:
+        close = getattr(probe, "close", None)
+        if callable(close):
+            try:
+                close()   # a server held for reuse must not outlive the task's GPUs
+            except Exception:
+                pass
+        wt_lock.release()
+
+
+# ---- on the driver -----------------------------------------------------------------
+
+class RayExecutor:
+    """The executor interface (``slots``, ``free``, ``submit``, ``wait``,
+    ``in_flight``, ``close``) over Ray tasks."""
+
+    def __init__(self, parallel: int, gpus_per_probe: int, repo_url: str, log_dir: Path,
+                 probe=None, builder=None, config: dict | None = None, probe_key: str = "",
+                 build_key: str | None = None, cache_dir: str | None = None,
+                 num_cpus: float = 1, max_retries: int = DEFAULT_MAX_RETRIES, owns_ray: bool = False):
+        import ray  # noqa: PLC0415
+
+        self._ray = ray
+        self.slots = parallel
+        self.gpus = gpus_per_probe
+        self.log_dir = Path(log_dir)
+        self._owns_ray = owns_ray
+        send = _picklable(probe) and _picklable(builder)
+        self._template = TaskSpec("", repo_url, cache_dir, gpus_per_probe,
+                                  probe if send else None, builder if send else None,
+                                  dict(config or {}), probe_key, build_key)
+        self._remote = ray.remote(run_task).options(
+            num_gpus=gpus_per_probe if gpus_per_probe > 0 else 0, num_cpus=num_cpus,
+            max_retries=max_retries, retry_exceptions=False, name="klbisect-probe")
+        self._refs: dict[Any, tuple[str, int]] = {}   # ref -> (sha, logical slot)
+        self.task_info: list[dict] = []               # node, worktree, env of each finished task
+
+    @classmethod
+    def from_config(cls, cfg, ws, measurer: Measurer) -> "RayExecutor":
+        try:
+            import ray  # noqa: PLC0415
+        except ImportError:
+            from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+            raise KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE) from None
+        owns = False
+        if not ray.is_initialized():
+            ray.init(address=cfg.ray_address or None, ignore_reinit_error=True,
+                     log_to_driver=False, configure_logging=False)
+            owns = True
+        gpus = float(ray.cluster_resources().get("GPU", 0))
+        if cfg.gpus_per_probe > gpus:
+            # not an error: an autoscaling cluster may add GPU nodes on demand
+            import sys  # noqa: PLC0415
+            print(f"klbisect: warning: --gpus-per-probe {cfg.gpus_per_probe} but the Ray cluster has "
+                  f"{gpus:g} GPUs now; probes wait until Ray can place them", file=sys.stderr, flush=True)
+        repo_url = os.environ.get("KLBISECT_RAY_REPO") or str(ws.top)
+        builder = measurer.builder
+        return cls(cfg.parallel, cfg.gpus_per_probe, repo_url, measurer.log_dir,
+                   probe=measurer.probe, builder=builder, config=_config_dict(cfg),
+                   probe_key=measurer.probe.key, build_key=builder.key if builder else None,
+                   cache_dir=os.environ.get("KLBISECT_RAY_CACHE") or None, owns_ray=owns)
+
+    def free(self) -> int:
+        return self.slots - len(self._refs)
+
+    def in_flight(self) -> list[str]:
+        return [sha for sha, _ in self._refs.values()]
+
+    def submit(self, sha: str) -> None:
+        if self.free() <= 0:
+            raise RuntimeError("no free slot: call wait() first")
+        used = {s for _, s in self._refs.values()}
+        slot = min(i for i in range(self.slots) if i not in used)
+        spec = TaskSpec(sha, **{k: getattr(self._template, k) for k in
+                                ("repo_url", "cache_dir", "gpus", "probe", "builder", "config",
+                                 "probe_key", "build_key")})
+        self._refs[self._remote.remote(spec)] = (sha, slot)
+
+    def _collect(self, ref, sha: str, slot: int) -> Outcome | Failure:
+        ray = self._ray
+        try:
+            res = ray.get(ref)
+        except ray.exceptions.TaskCancelledError as e:
+            return Failure(sha, slot, f"ray task cancelled: {e}")
+        except ray.exceptions.RayError as e:   # task raised, worker/node died, object lost
+            first = str(e).strip().splitlines()
+            return Failure(sha, slot, f"{type(e).__name__}: {first[-1] if first else e}")
+        except Exception as e:  # noqa: BLE001 - e.g. unpickling the result
+            return Failure(sha, slot, f"{type(e).__name__}: {e}")
+        out: Outcome = res["outcome"]
+        out.slot = slot
+        self._localize_logs(out, res.get("logs") or {}, res.get("node", "?"))
+        self.task_info.append({"sha": sha, "slot": slot, "node": res.get("node"),
+                               "worktree": res.get("worktree"), "env": res.get("env", {})})
+        why = infrastructure_failure(out)
+        return Failure(sha, slot, f"on {res.get('node')}: {why}") if why else out
+
+    def _localize_logs(self, out: Outcome, logs: dict[str, bytes], node: str) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+        def local(path: str) -> str:
+            if path not in logs:
+                return f"{node}:{path}"
+            dest = self.log_dir / Path(path).name
+            dest.write_bytes(logs[path])
+            return str(dest)
+        if out.build is not None and out.build.log_path:
+            out.build.log_path = local(out.build.log_path)
+        if out.run is not None and out.run.log_path:
+            out.run.log_path = local(out.run.log_path)
+
+    def wait(self, timeout: float | None = None) -> list[Outcome | Failure]:
+        """Every finished task, blocking until there is one (in short slices,
+        so Ctrl-C reaches us). [] at once when nothing is in flight."""
+        ray = self._ray
+        if not self._refs:
+            return []
+        start = time.monotonic()
+        while True:
+            ready, _ = ray.wait(list(self._refs), num_returns=1, timeout=0.5)
+            if ready:
+                break
+            if timeout is not None and time.monotonic() - start >= timeout:
+                return []
+        ready, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+        out = []
+        for ref in ready:
+            sha, slot = self._refs.pop(ref)
+            out.append(self._collect(ref, sha, slot))
+        return out
+
+    def close(self) -> None:
+        ray = self._ray
+        for ref in list(self._refs):
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:
+                pass
+        self._refs.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+            self._owns_ray = False
+
+
+def _config_dict(cfg) -> dict:
+    from dataclasses import asdict  # noqa: PLC0415
+    d = asdict(cfg)
+    d["build_paths"] = list(cfg.build_paths)
+    return d

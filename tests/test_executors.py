@@ -1,0 +1,274 @@
+"""Executors: local slots (worktrees, GPU subsets, ports), failures of a worker
+mid-probe, and Ray tasks on a local CPU cluster with declared GPUs."""
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from klbisect.errors import KlbisectError
+from klbisect.executors import (PORT_SPAN, Failure, LocalExecutor, gpu_groups, infrastructure_failure,
+                                make_slots, visible_gpus)
+from klbisect.histgen import make_history
+from klbisect.measure import Outcome
+from klbisect.probe import CommandProbe, RunResult, Slot
+from klbisect.session import BisectConfig, Workspace, run_bisect
+
+N_COMMITS = 50
+CULPRIT = 31
+METRIC = "prefill_cache_hit"
+
+# The probe wrapper: records what each run saw (GPUs, port range, cwd, times)
+# and appends a ledger line only after the real probe printed its values.
+# With KLB_KILL_AT=n its n-th invocation (0-based) writes its pid and waits to
+# be killed from outside; with KLB_KILL_WORKER its first invocation kills the
+# Ray worker process running it.
+WRAPPER = r'''
+import fcntl, json, os, subprocess, sys, time
+state = sys.argv[1]
+with open(os.path.join(state, "count"), "a+") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.seek(0)
+    n = len(f.read().splitlines())
+    f.write("x\n")
+start = time.time()
+if os.environ.get("KLB_KILL_AT") and n == int(os.environ["KLB_KILL_AT"]):
+    with open(os.path.join(state, "victim.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(state, "victim.tmp"), os.path.join(state, "victim.pid"))
+    time.sleep(120)
+if os.environ.get("KLB_KILL_WORKER") and n == 0:
+    import psutil
+    for p in psutil.Process().parents():
+        cmd = " ".join(p.cmdline())
+        if "ray::" in cmd or "default_worker" in cmd:
+            p.kill()
+            break
+    time.sleep(120)
+p = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True)
+sys.stdout.write(p.stdout)
+sys.stderr.write(p.stderr)
+sys.stdout.flush()
+rec = {"n": n, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "port": os.environ.get("KLBISECT_PORT_BASE"),
+       "cwd": os.getcwd(), "start": start, "end": time.time()}
+with open(os.path.join(state, "ledger"), "a") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    f.write(json.dumps(rec) + "\n")
+sys.exit(p.returncode)
+'''
+
+
+def _ledger(state: Path) -> list[dict]:
+    import json
+    f = state / "ledger"
+    return [json.loads(line) for line in f.read_text().splitlines()] if f.exists() else []
+
+
+@pytest.fixture
+def history(tmp_path):
+    return make_history(tmp_path / "repo", n_commits=N_COMMITS, culprit_index=CULPRIT, seed=3, merges=2)
+
+
+@pytest.fixture
+def state(tmp_path):
+    d = tmp_path / "state"
+    d.mkdir()
+    (d / "wrapper.py").write_text(WRAPPER)
+    return d
+
+
+def _cfg(h, state: Path, **kw) -> BisectConfig:
+    return BisectConfig(good=h.good, bad=h.bad, metric=METRIC,
+                        probe_cmd=f"{sys.executable} {state / 'wrapper.py'} {state}", **kw)
+
+
+def _session_runs(h):
+    ws = Workspace(h.path)
+    try:
+        sess = ws.store.latest_session(("run",))
+        return ws.store.session_runs(sess.id)
+    finally:
+        ws.close()
+
+
+def _overlapping(recs: list[dict]):
+    for a, b in itertools.combinations(recs, 2):
+        if a["start"] < b["end"] and b["start"] < a["end"]:
+            yield a, b
+
+
+# ---- slots: GPUs and ports --------------------------------------------------------
+
+def test_declared_gpu_list_is_split_into_disjoint_groups(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert visible_gpus() == ["0", "1", "2", "3"]
+    slots = make_slots(tmp_path, 2, gpus_per_probe=2)
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in slots] == ["0,1", "2,3"]
+    assert len({s.checkout for s in slots}) == 2
+    a, b = sorted(s.port_base for s in slots)
+    assert a > 0 and b - a >= PORT_SPAN               # port ranges do not overlap
+    # the declared order and names are honoured (a scheduler's GPU list)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,GPU-abc")
+    assert gpu_groups(3, 1, visible_gpus()) == [["5"], ["7"], ["GPU-abc"]]
+    with pytest.raises(KlbisectError, match="needs 4 GPUs, 3 visible"):
+        make_slots(tmp_path, 2, gpus_per_probe=2)
+    # 0 GPUs per probe: no assignment, the probe inherits the environment
+    assert all(s.env == {} for s in make_slots(tmp_path, 4, gpus_per_probe=0))
+
+
+def test_results_are_taken_as_they_arrive(tmp_path):
+    release = threading.Event()
+
+    def measure(sha, slot):
+        if sha == "slow":
+            release.wait(30)
+        return Outcome(sha, slot.index, time.time(), run=RunResult({"x": 1.0}, 0, "ok", 0.0, ""))
+
+    ex = LocalExecutor([Slot(0, tmp_path / "a"), Slot(1, tmp_path / "b")], measure)
+    try:
+        ex.submit("slow")
+        ex.submit("fast")
+        got = ex.wait(timeout=10)
+        assert [r.sha for r in got] == ["fast"] and ex.in_flight() == ["slow"] and ex.free() == 1
+        ex.submit("fast2")                       # the freed slot is reused at once
+        assert [r.sha for r in ex.wait(timeout=10)] == ["fast2"]
+        release.set()
+        assert [r.sha for r in ex.wait(timeout=10)] == ["slow"]
+        assert ex.wait() == [] and ex.free() == 2   # nothing in flight: no blocking
+    finally:
+        release.set()
+        ex.close()
+
+
+def test_killed_probe_is_an_infrastructure_failure():
+    def out(code, values, status):
+        return Outcome("s", 0, 0.0, run=RunResult(values, code, status, 1.0, "log"))
+    assert infrastructure_failure(out(-9, {}, "crash"))
+    assert infrastructure_failure(out(137, {}, "crash"))
+    assert infrastructure_failure(out(1, {}, "crash")) is None        # the commit's own crash
+    assert infrastructure_failure(out(-9, {"a": 1.0}, "ok")) is None  # it measured before dying
+    assert infrastructure_failure(out(None, {}, "timeout")) is None
+
+
+# ---- the local executor end to end -----------------------------------------------
+
+def test_local_parallel_with_declared_gpus_finds_culprit(history, state, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    res = run_bisect(history.path, _cfg(history, state, parallel=2, gpus_per_probe=2),
+                     progress=lambda m: None)
+    assert res.complete and res.culprit == history.culprit
+    recs = _ledger(state)
+    assert len(recs) == len(_session_runs(history)) == res.probe_runs
+    by_slot = {}
+    for r in recs:
+        slot = Path(r["cwd"]).name
+        by_slot.setdefault(slot, set()).add((r["cvd"], r["port"]))
+    # each slot: one worktree, one GPU pair, one port range, for all its runs
+    assert sorted(by_slot) == ["slot-0", "slot-1"]
+    assert by_slot["slot-0"] == {("0,1", by_slot["slot-0"].copy().pop()[1])}
+    assert by_slot["slot-1"] == {("2,3", by_slot["slot-1"].copy().pop()[1])}
+    ports = [int(next(iter(v))[1]) for v in by_slot.values()]
+    assert abs(ports[0] - ports[1]) >= PORT_SPAN
+    overlaps = list(_overlapping(recs))
+    assert overlaps, "the two slots never probed at the same time"
+    assert all(set(a["cvd"].split(",")).isdisjoint(b["cvd"].split(",")) for a, b in overlaps)
+
+
+def test_worker_dying_mid_probe_loses_and_doubles_nothing(history, state, monkeypatch):
+    """One probe SIGKILLed from outside, one measure call raising: both are
+    retried, every finished run is recorded exactly once, and the bisect
+    still finds the culprit."""
+    monkeypatch.setenv("KLB_KILL_AT", "3")   # during endpoint calibration
+
+    def killer():
+        victim = state / "victim.pid"
+        for _ in range(1200):
+            if victim.exists():
+                os.kill(int(victim.read_text()), signal.SIGKILL)
+                return
+            time.sleep(0.05)
+    threading.Thread(target=killer, daemon=True).start()
+
+    calls = itertools.count()
+
+    def factory(cfg, slots, measurer, ws):
+        def measure(sha, slot):
+            if next(calls) == 8:                 # during the search
+                raise OSError("simulated worker failure (disk full)")
+            return measurer.measure(sha, slot)
+        return LocalExecutor(slots, measure)
+
+    msgs: list[str] = []
+    res = run_bisect(history.path, _cfg(history, state, parallel=2), progress=msgs.append,
+                     executor_factory=factory)
+    assert res.complete and res.culprit == history.culprit
+    fails = [m for m in msgs if m.startswith("infrastructure failure")]
+    assert len(fails) == 2, msgs
+    assert any("killed from outside" in m for m in fails) and any("disk full" in m for m in fails)
+    runs = _session_runs(history)
+    recs = _ledger(state)
+    # every probe that finished is stored once; the killed one is not stored at all
+    assert len(runs) == len(recs) == res.probe_runs
+    assert len({r.log_path for r in runs}) == len(runs)
+    assert all(r.value is not None for r in runs)
+    assert 3 not in {r["n"] for r in recs}
+
+
+# ---- Ray ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_bisect_each_task_gets_its_own_gpus(ray_cluster, history, state, tmp_path, monkeypatch):
+    monkeypatch.setenv("KLBISECT_RAY_CACHE", str(tmp_path / "node-cache"))
+    res = run_bisect(history.path, _cfg(history, state, parallel=2, gpus_per_probe=2, executor="ray"),
+                     progress=lambda m: None)
+    assert res.complete and res.culprit == history.culprit
+    recs = _ledger(state)
+    runs = _session_runs(history)
+    assert len(recs) == len(runs) == res.probe_runs
+    for r in recs:
+        ids = r["cvd"].split(",")
+        assert len(ids) == 2 and len(set(ids)) == 2 and set(ids) <= {"0", "1", "2", "3"}, r
+        # probes ran in the node's own clone, not in the bisected repository
+        assert Path(r["cwd"]).is_relative_to(tmp_path / "node-cache"), r
+    overlaps = list(_overlapping(recs))
+    assert overlaps, "the two tasks never ran at the same time"
+    assert all(set(a["cvd"].split(",")).isdisjoint(b["cvd"].split(",")) for a, b in overlaps)
+    # logs came back to the driver
+    assert all(Path(r.log_path).is_file() and "avg_kl_div" in Path(r.log_path).read_text() for r in runs)
+
+
+def test_ray_worker_death_is_retried_and_counted_once(ray_cluster, history, state, tmp_path, monkeypatch):
+    from klbisect.ray_executor import RayExecutor
+    probe = CommandProbe(f"KLB_KILL_WORKER=1 {sys.executable} {state / 'wrapper.py'} {state}")
+    ex = RayExecutor(1, 1, str(history.path), tmp_path / "logs", probe=probe, probe_key=probe.key,
+                     cache_dir=str(tmp_path / "node-cache"))
+    try:
+        ex.submit(history.shas[40])
+        got = ex.wait(timeout=120)
+        assert len(got) == 1 and isinstance(got[0], Outcome), got
+        assert got[0].run.values and got[0].slot == 0
+        assert len(_ledger(state)) == 1            # the killed attempt printed nothing; Ray retried it
+        assert (state / "count").read_text().count("x") == 2
+        # a commit no node can fetch: an infrastructure failure, not a verdict
+        ex.submit("0" * 40)
+        bad = ex.wait(timeout=120)
+        assert len(bad) == 1 and isinstance(bad[0], Failure) and "not reachable" in bad[0].error
+        assert ex.wait() == [] and ex.free() == 1
+    finally:
+        ex.close()
