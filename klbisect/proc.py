@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -20,6 +21,9 @@ from typing import Mapping, Sequence
 import psutil
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_MARK = "KLBISECT_PROBE_ID"
+_subreaper = False
 _ACTIVE: set[int] = set()  # process groups started by this process and not yet reaped
 
 
@@ -45,6 +49,34 @@ def _child_setup() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def _become_subreaper() -> None:
+    """Orphans of our children (a server that double-forked or called
+    setsid) are re-parented to us instead of init, so we can still find
+    them once the probe itself has exited."""
+    global _subreaper
+    if _subreaper:
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except OSError:
+        pass
+    _subreaper = True
+
+
+def _kill_marked(mark: str) -> None:
+    """Kill every descendant of ours that inherited this run's marker."""
+    try:
+        kids = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for p in kids:
+        try:
+            if p.environ().get(_MARK) == mark:
+                kill_tree(p.pid, grace=2.0)
+        except psutil.Error:
+            continue
 
 
 def kill_tree(pid: int, grace: float = 5.0) -> None:
@@ -127,9 +159,11 @@ def run_logged(
     nothing for an interrupted run.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    _become_subreaper()
     full_env = dict(os.environ)
     if env:
         full_env.update(env)
+    mark = full_env[_MARK] = uuid.uuid4().hex
     start = time.monotonic()
     with open(log_path, "wb") as log:
         if header:
@@ -166,6 +200,7 @@ def run_logged(
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+            _kill_marked(mark)
             _ACTIVE.discard(proc.pid)
             if pid_file is not None:
                 pid_file.unlink(missing_ok=True)

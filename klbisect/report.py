@@ -17,17 +17,24 @@ def pr_text(pr: int | None) -> str:
     return f"#{pr}" if pr else "no PR number"
 
 
+def _with_pr(subject: str, pr: int | None) -> str:
+    """The subject, with its PR named once (squash subjects already end in it)."""
+    if pr and subject.rstrip().endswith(f"(#{pr})"):
+        return subject
+    return f"{subject}  ({pr_text(pr)})"
+
+
 def format_result(res: Result | dict) -> str:
     r = res if isinstance(res, dict) else res.to_json()
     lines = []
     if r["culprit"]:
         lines.append(f"First bad commit: {r['culprit']}")
-        lines.append(f"  {r['subject']}  ({pr_text(r['pr'])})")
+        lines.append(f"  {_with_pr(r['subject'], r['pr'])}")
     else:
         lines.append(f"First bad commit is one of {len(r['candidates'])} commits "
                      "that cannot be told apart (untestable ones are in the way):")
         for c in r.get("candidate_info", []):
-            lines.append(f"  {c['sha'][:12]}  {c['subject']}  ({pr_text(c['pr'])}; {c['why']})")
+            lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
     conf = r["confidence"]
     lines.append(f"Confidence: {conf:.4f}{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
     lines.append(f"Probe runs: {r['probe_runs']} ({r['probe_seconds']:.0f}s probing"
