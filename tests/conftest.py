@@ -1,0 +1,175 @@
+"""Shared fixtures: generated repositories and the real CLI in a subprocess.
+
+Every end-to-end test runs ``python -m klbisect`` (or the console script for
+``git bisect run``) as a separate process on a repository that
+``klbisect.histgen.make_history`` generated in ``tmp_path``, so what is tested
+is what a user gets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from klbisect.histgen import NoiseModel, _git_env, make_history
+
+PY = sys.executable
+BIN = str(Path(sys.executable).parent)
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+
+# Good and bad never overlap: every run is conclusive. Used where a test is
+# about plumbing, not statistics, so the answer is certain.
+SEPARATED = NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014))
+
+
+def child_env(extra: dict | None = None) -> dict:
+    """The environment of every child: no git redirection, this interpreter
+    first on PATH (so ``python`` in a probe command and the ``klbisect``
+    console script belong to the tested installation)."""
+    env = _git_env()
+    env.pop("KLBISECT_DEBUG", None)
+    env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
+    env.setdefault("GIT_AUTHOR_NAME", "Test")
+    env.setdefault("GIT_AUTHOR_EMAIL", "test@example.com")
+    env.setdefault("GIT_COMMITTER_NAME", "Test")
+    env.setdefault("GIT_COMMITTER_EMAIL", "test@example.com")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if extra:
+        env.update(extra)
+    return env
+
+
+def klb(*args, cwd, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m klbisect ARGS`` and capture its output."""
+    return subprocess.run([PY, "-m", "klbisect", *map(str, args)], cwd=str(cwd), env=child_env(env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def klb_popen(*args, cwd, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "klbisect", *map(str, args)], cwd=str(cwd), env=child_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def git(cwd, *args, check: bool = True) -> str:
+    p = subprocess.run(["git", *args], cwd=str(cwd), env=child_env(), capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed ({p.returncode}): {p.stderr}")
+    return p.stdout
+
+
+def klbisect_script() -> list[str]:
+    """How `git bisect run` calls klbisect: the console script when installed."""
+    exe = shutil.which("klbisect", path=child_env()["PATH"])
+    return [exe] if exe else [PY, "-m", "klbisect"]
+
+
+def json_tail(stdout: str) -> dict:
+    """The one JSON object stdout must end with."""
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
+    assert lines, "stdout is empty"
+    obj = json.loads(lines[-1])
+    assert isinstance(obj, dict)
+    return obj
+
+
+def error_line(proc: subprocess.CompletedProcess, code: int) -> str:
+    """Assert a clean failure: the documented code, exactly one
+    'klbisect: error:' line on stderr, no traceback anywhere."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code, f"exit {proc.returncode}, expected {code}\n{out}"
+    assert "Traceback" not in out, out
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("klbisect: error:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def state_dir(repo) -> Path:
+    common = git(repo, "rev-parse", "--git-common-dir").strip()
+    return (Path(repo) / common).resolve() / "klbisect"
+
+
+def db_query(repo, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+    db = state_dir(repo) / "state.db"
+    if not db.exists():
+        return []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)
+    con.row_factory = sqlite3.Row
+    try:
+        return con.execute(sql, args).fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def processes_with(token: str) -> list[psutil.Process]:
+    """Live processes whose command line mentions ``token``."""
+    found = []
+    me = os.getpid()
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.pid == me or p.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(token in part for part in (p.info["cmdline"] or [])):
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_gone(token: str, deadline: float = 15.0) -> list[psutil.Process]:
+    """Processes still alive after a grace period (kill_tree waits a few
+    seconds before SIGKILL; this is not a timing assertion)."""
+    end = time.monotonic() + deadline
+    while True:
+        left = processes_with(token)
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.2)
+
+
+def user_state(repo) -> dict:
+    """Everything `run` must not touch in the user's checkout."""
+    return {
+        "head": git(repo, "rev-parse", "HEAD"),
+        "symbolic": git(repo, "symbolic-ref", "-q", "HEAD", check=False),
+        "porcelain": git(repo, "status", "--porcelain", "--untracked-files=all"),
+        "staged": git(repo, "diff", "--cached"),
+        "unstaged": git(repo, "diff"),
+        "index": git(repo, "ls-files", "-s"),
+        "stash": git(repo, "stash", "list"),
+    }
+
+
+@pytest.fixture
+def history(tmp_path):
+    """Factory: ``history(n_commits=..., seed=..., ...)`` -> histgen.History
+    in a fresh directory under tmp_path."""
+    count = [0]
+
+    def make(**kw):
+        count[0] += 1
+        kw.setdefault("n_commits", 100)
+        kw.setdefault("merges", 5)
+        return make_history(tmp_path / f"repo{count[0]}", **kw)
+
+    return make
+
+
+def probe_cmd(extra: str = "") -> str:
+    """The generated repository's probe, run by this interpreter."""
+    return f"{PY} probe.py {extra}".strip()
+
+
+def build_cmd(marker: Path) -> str:
+    """The generated repository's build, logging each invocation to ``marker``."""
+    return f"echo built >> {marker} && {PY} build.py"

@@ -1,0 +1,596 @@
+"""The CLI end to end on real generated repositories (issue 2, items 1-6 and
+8-12): every klbisect call is a separate ``python -m klbisect`` process."""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import filelock
+import pytest
+
+from conftest import (HEX40, PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb,
+                      klb_popen, probe_cmd, processes_with, state_dir, user_state, wait_gone)
+from klbisect import repo as gitrepo
+from klbisect.probe import CommandProbe, Slot
+
+DEFAULT_BUILD_GLOBS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements*.txt",
+                       "CMakeLists.txt", "*.rs", "Cargo.toml")
+LABELS = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
+# classic mode on the generated probe: good runs print at most 0.006 on every
+# label, bad runs at least 0.007 on the moving one, so this threshold is exact
+EXACT_THRESHOLD = "0.0065"
+
+
+def session_runs(repo) -> list:
+    return db_query(repo, "SELECT * FROM runs ORDER BY id")
+
+
+def worktrees(repo) -> list[str]:
+    return [ln.split(" ", 1)[1] for ln in git(repo, "worktree", "list", "--porcelain").splitlines()
+            if ln.startswith("worktree ")]
+
+
+# ---- item 1: packaging ---------------------------------------------------------------
+
+def test_help_module_console_script_and_version(tmp_path):
+    p = klb("--help", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    for word in ("run", "start", "probe", "status", "log", "reset", "Exit codes", "150", "125"):
+        assert word in p.stdout
+    exe = subprocess.run(["klbisect", "--help"], cwd=tmp_path, env=child_env(), capture_output=True, text=True)
+    assert exe.returncode == 0 and exe.stdout == p.stdout
+    r = klb("run", "--help", cwd=tmp_path)
+    assert r.returncode == 0
+    for opt in ("--good", "--bad", "--probe-cmd", "--build-cmd", "--build-paths", "--timeout", "--metric",
+                "--metric-regex", "--threshold", "--votes", "--max-runs", "--confidence", "--all-commits",
+                "--json", "--repo"):
+        assert opt in r.stdout, opt
+    for cmd in ("start", "probe", "status", "log", "reset"):
+        h = klb(cmd, "--help", cwd=tmp_path)
+        assert h.returncode == 0 and "--repo" in h.stdout, cmd
+    v = klb("--version", cwd=tmp_path)
+    assert v.returncode == 0 and "klbisect" in v.stdout
+
+
+# ---- item 2: revisions, candidates, PRs -------------------------------------------------------
+
+def test_parse_pr():
+    assert gitrepo.parse_pr("Fix radix cache (#12345)") == 12345
+    assert gitrepo.parse_pr("Fix radix cache (#12345)  ") == 12345
+    assert gitrepo.parse_pr('Revert "Fix radix cache (#12345)" (#12399)') == 12399
+    assert gitrepo.parse_pr('Revert "Fix radix cache (#12345)"') is None
+    assert gitrepo.parse_pr("Fix #12 in the middle of a subject") is None
+    assert gitrepo.parse_pr("") is None
+    assert gitrepo.parse_pr("Support (#1) and (#2)") == 2
+
+
+def test_revisions_and_candidates_on_a_real_history(history):
+    h = history(n_commits=150, seed=21, merges=8)
+    r = gitrepo.open_repo(h.path)
+    git(h.path, "tag", "light-good", h.good)
+    git(h.path, "tag", "-a", "v-good", "-m", "good release", h.good)
+    git(h.path, "branch", "feature", h.shas[100])
+    assert gitrepo.resolve(r, h.good[:7]) == h.good
+    assert gitrepo.resolve(r, "light-good") == h.good
+    assert gitrepo.resolve(r, "v-good") == h.good          # annotated tag peeled to its commit
+    assert gitrepo.resolve(r, "feature") == h.shas[100]
+    assert gitrepo.resolve(r, "main") == h.bad
+    assert gitrepo.resolve(r, "main~1") == h.shas[-2]
+    assert gitrepo.check_range(r, "v-good", "feature") == (h.good, h.shas[100])
+
+    # first-parent chain, oldest first, good at index 0
+    cands = gitrepo.candidates(r, h.good, h.bad)
+    assert [c.sha for c in cands] == h.shas
+    for c in cands:
+        assert c.subject == h.subjects[c.sha]
+        if c.subject.rstrip().endswith(")") and "(#" in c.subject:
+            assert c.pr == h.prs[c.sha], c.subject
+    reverts = [c for c in cands if c.subject.startswith('Revert "')]
+    assert reverts, "the seed has reverts"
+    for c in reverts:
+        assert c.pr == h.prs[c.sha] and f"(#{c.pr})" in c.subject.rsplit('"', 1)[-1]
+
+    # merged side commits only with first_parent=False
+    assert h.merges and h.side_commits
+    every = [c.sha for c in gitrepo.candidates(r, h.good, h.bad, first_parent=False)]
+    assert every[0] == h.good and every[-1] == h.bad
+    assert set(every) == set(h.shas) | set(h.side_commits)
+    assert not set(h.side_commits) & set(h.shas)
+
+
+def test_run_end_to_end(history, tmp_path):
+    """Tags/branches as endpoints, builds only when packaging changed, the
+    planted commit named, the user's checkout untouched, JSON output."""
+    h = history(n_commits=150, seed=11, merges=8, noise=SEPARATED, build_broken_before=2,
+                crash_before=1, probe_requires_build=True)
+    repo = h.path
+    git(repo, "tag", "-a", "v-good", "-m", "last good release", h.good)
+    # the user is in the middle of something: a stash, staged, unstaged and untracked changes
+    (repo / "README.md").write_text("stashed edit\n")
+    git(repo, "stash")
+    (repo / "README.md").write_text("local edit\n")
+    with open(repo / "docs" / "index.md", "a") as f:
+        f.write("\nstaged line\n")
+    git(repo, "add", "docs/index.md")
+    (repo / "notes.txt").write_text("untracked\n")
+    before = user_state(repo)
+    marker = tmp_path / "builds.log"
+
+    p = klb("run", "--good", "v-good", "--bad", "main", "--probe-cmd", f"pwd; {probe_cmd()}",
+            "--build-cmd", build_cmd(marker), "--json", cwd=repo)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+
+    # item 11: stdout is exactly one JSON object; the summary is on stderr
+    res = json.loads(p.stdout)
+    assert res == json_tail(p.stdout)
+    for key in ("culprit", "candidates", "pr", "subject", "confidence", "probe_runs"):
+        assert key in res
+    assert HEX40.match(res["culprit"])
+    assert res["culprit"] == h.culprit
+    assert res["candidates"] == [h.culprit]
+    assert res["subject"] == h.subjects[h.culprit]
+    assert res["pr"] == h.prs[h.culprit]
+    assert res["confidence"] >= 0.99
+    assert f"First bad commit: {h.culprit}" in p.stderr
+    assert f"#{h.prs[h.culprit]}" in p.stderr
+    assert "Confidence:" in p.stderr and "Probe runs:" in p.stderr
+    assert "endpoints separate" in p.stderr
+    for label in LABELS:
+        assert label in p.stderr
+    assert res["labels"]["prefill_cache_hit"]["after"]["median"] > res["labels"]["prefill_cache_hit"]["before"]["median"]
+
+    # item 9: every run is in sqlite under the git common dir
+    db = state_dir(repo) / "state.db"
+    assert db.exists() and db.parent.parent == (repo / ".git").resolve()
+    runs = session_runs(repo)
+    assert res["probe_runs"] == len(runs)
+    assert all(Path(r["log_path"]).exists() for r in runs)
+    # item 8: one detached worktree under the git dir, reused for every commit
+    cwds = {Path(r["log_path"]).read_text().splitlines()[0] for r in runs}
+    assert len(cwds) == 1
+    assert Path(cwds.pop()).parent == state_dir(repo) / "worktrees"
+    # a crash is only ever a commit that really crashes (a stale build would be one too)
+    for r in runs:
+        if r["status"] != "ok":
+            assert r["sha"] in h.crashing, (r["sha"], r["status"], Path(r["log_path"]).read_text()[-500:])
+        else:
+            assert set(json.loads(r["vals"])) == set(LABELS)
+
+    # item 4: builds before a commit's first run, only when packaging files changed
+    builds = db_query(repo, "SELECT * FROM builds ORDER BY id")
+    assert builds, "the first measurement builds"
+    assert len(marker.read_text().splitlines()) == len(builds)
+    for b in builds:
+        if not b["ok"]:
+            assert b["sha"] in h.build_broken
+            assert "error" in Path(b["log_path"]).read_text()
+    built_at = {b["started"]: b for b in builds}
+    measurements = sorted({(r["started"], r["sha"]) for r in runs}
+                          | {(b["started"], b["sha"]) for b in builds})
+    last, skipped = None, 0
+    for started, sha in measurements:
+        if last is None:
+            expected = True
+        else:
+            changed = git(repo, "diff", "--name-only", "--no-renames", last, sha).split()
+            expected = any(fnmatch.fnmatch(p_.rsplit("/", 1)[-1], g) for p_ in changed for g in DEFAULT_BUILD_GLOBS)
+        assert (started in built_at) == expected, (sha, last)
+        skipped += not expected
+        if started in built_at:
+            last = sha if built_at[started]["ok"] else None
+
+    print(f"{len(measurements)} measurements, {len(builds)} builds, {skipped} skipped")
+
+    # item 8: the user's tree, index, HEAD and stash are as they were; worktrees removed
+    assert user_state(repo) == before
+    assert (repo / "notes.txt").read_text() == "untracked\n"
+    assert worktrees(repo) == [str(repo)]
+    assert not any((state_dir(repo) / "worktrees").glob("*"))
+
+    # rerunning the same question shows the stored answer without probing again
+    again = klb("run", "--good", h.good[:10], "--bad", "main", "--probe-cmd", f"pwd; {probe_cmd()}",
+                "--build-cmd", build_cmd(marker), "--json", cwd=repo)
+    assert again.returncode == 0
+    assert json_tail(again.stdout)["culprit"] == h.culprit
+    assert len(session_runs(repo)) == len(runs)
+
+
+# ---- item 6: the honest pair -------------------------------------------------------------------
+
+def test_run_reports_pair_next_to_always_crashing_commit(history):
+    h = history(n_commits=100, seed=4, merges=5, crash_right_before=True)
+    crasher = h.shas[h.culprit_index - 1]
+    assert h.expected_block == [crasher, h.culprit]
+    p = klb("run", "--good", h.good[:8], "--bad", "main", "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    assert res["culprit"] is None
+    assert res["candidates"] == [crasher, h.culprit]
+    assert res["confidence"] >= 0.99
+    assert res["pr"] is None
+    assert "one of 2 commits" in p.stderr
+    assert crasher[:12] in p.stderr and h.culprit[:12] in p.stderr
+    whys = {c["sha"]: c["why"] for c in res["candidate_info"]}
+    assert "crash" in whys[crasher]
+
+
+def test_build_failure_makes_a_commit_untestable_and_keeps_its_log(history, tmp_path):
+    h = history(n_commits=80, seed=8, merges=4, culprit_index=40)
+    before_culprit = h.shas[39]
+    marker = tmp_path / "b.log"
+    build = (f'echo building $(git rev-parse HEAD) >> {marker}; echo building $(git rev-parse HEAD); '
+             f'test "$(git rev-parse HEAD)" != {before_culprit}')
+    # every changed file counts as a build path: every new commit gets built
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", build,
+            "--build-paths", "*", "--threshold", EXACT_THRESHOLD, "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    assert res["culprit"] is None
+    assert res["candidates"] == [before_culprit, h.culprit]
+    assert "build failed" in {c["sha"]: c["why"] for c in res["candidate_info"]}[before_culprit]
+    failed = db_query(h.path, "SELECT * FROM builds WHERE ok=0")
+    assert [b["sha"] for b in failed] == [before_culprit]
+    log = Path(failed[0]["log_path"])
+    assert log.exists() and f"building {before_culprit}" in log.read_text()
+    assert not db_query(h.path, "SELECT * FROM runs WHERE sha=?", (before_culprit,)), "no probe after a failed build"
+    assert "build failed" in p.stderr
+
+
+# ---- items 2, 3, 4, 5: classic mode, --all-commits, --metric-regex, --build-paths -----------
+
+def test_classic_all_commits_metric_regex_build_paths(history, tmp_path):
+    h = history(n_commits=80, seed=21, merges=6, culprit_index=30)
+    marker = tmp_path / "builds.log"
+    # labels without brackets, stderr dropped: only the regex can read this
+    cmd = f"{PY} probe.py 2>/dev/null | tr -d '[]'"
+    regex = r"(?P<label>\w+) \d+ samples[^\n]*\n[^\n]*\navg_kl_div=(?P<value>[0-9.eE+-]+)"
+    p = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", cmd, "--metric-regex", regex,
+            "--threshold", EXACT_THRESHOLD, "--votes", "3", "--all-commits",
+            "--build-cmd", build_cmd(marker), "--build-paths", "nothing-matches.txt", "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    assert res["culprit"] == h.culprit
+    every = gitrepo.candidates(gitrepo.open_repo(h.path), h.good, h.bad, first_parent=False)
+    assert res["n_commits"] == len(every) - 1 > len(h.shas) - 1
+    assert res["model"]["kind"] == "threshold" and res["model"]["votes"] == 3
+    runs = session_runs(h.path)
+    for r in runs:
+        vals = json.loads(r["vals"])
+        assert set(vals) == set(LABELS), vals
+        assert r["value"] == max(vals.values())
+    # classic mode: each endpoint got its votes
+    assert sum(r["sha"] == h.good for r in runs) >= 3
+    assert sum(r["sha"] == h.bad for r in runs) >= 3
+    # --build-paths matched nothing: built once, for the checkout's first commit
+    assert len(marker.read_text().splitlines()) == 1
+
+
+# ---- item 3: the probe command itself ----------------------------------------------------------------
+
+def _slot(tmp_path) -> Slot:
+    co = tmp_path / "checkout"
+    co.mkdir(exist_ok=True)
+    return Slot(0, co, {"KLB_TEST_ENV": "slot-env"}, 0, tmp_path / "pids")
+
+
+def test_probe_runs_in_a_shell_in_the_checkout(tmp_path):
+    slot = _slot(tmp_path)
+    r = CommandProbe('pwd; echo "$KLB_TEST_ENV"; echo avg_kl_div=0.25 | cat').run(slot.checkout, tmp_path / "l1.log", slot)
+    text = Path(r.log_path).read_text()
+    assert str(slot.checkout) in text.splitlines()[0]
+    assert "slot-env" in text
+    assert r.values == {"value": 0.25} and r.status == "ok" and r.exit_code == 0
+
+
+def test_probe_values_read_whatever_the_exit_code(tmp_path):
+    slot = _slot(tmp_path)
+    r = CommandProbe("echo '[a]'; echo avg_kl_div=0.02; echo failing >&2; exit 3").run(slot.checkout, tmp_path / "l.log", slot)
+    assert r.values == {"a": 0.02} and r.exit_code == 3 and r.status == "ok"
+    assert "failing" in Path(r.log_path).read_text()          # stderr is logged too
+
+
+def test_probe_without_value_is_a_crash_even_on_success(tmp_path):
+    slot = _slot(tmp_path)
+    ok = CommandProbe("echo all fine").run(slot.checkout, tmp_path / "a.log", slot)
+    assert ok.values == {} and ok.status == "crash" and ok.exit_code == 0
+    bad = CommandProbe("exit 1").run(slot.checkout, tmp_path / "b.log", slot)
+    assert bad.status == "crash" and bad.exit_code == 1
+    nf = CommandProbe("no-such-command-klb-xyz").run(slot.checkout, tmp_path / "c.log", slot)
+    assert nf.status == "notfound" and nf.exit_code == 127
+
+
+def test_probe_timeout_kills_the_whole_process_group(tmp_path):
+    slot = _slot(tmp_path)
+    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    r = CommandProbe(f"sleep {tok} & echo started; sleep {tok}", timeout=1.0).run(
+        slot.checkout, tmp_path / "t.log", slot)
+    assert r.status == "timeout" and r.exit_code is None and r.values == {}
+    assert "started" in Path(r.log_path).read_text()
+    assert wait_gone(tok) == []
+
+
+def test_probe_background_child_killed_after_normal_exit(tmp_path):
+    slot = _slot(tmp_path)
+    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    r = CommandProbe(f"(sleep {tok} &); sleep {tok} & echo avg_kl_div=0.1").run(slot.checkout, tmp_path / "n.log", slot)
+    assert r.status == "ok" and r.values == {"value": 0.1}
+    assert wait_gone(tok) == []
+
+
+def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
+    """--metric LABEL, --repo from another directory, background children of
+    the probe killed, status/log/reset, state shared by linked worktrees."""
+    h = history(n_commits=120, seed=33, merges=6, noise=SEPARATED)
+    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    cmd = f"sleep {tok} & {PY} probe.py"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    repo = str(h.path)
+    p = klb("run", "--repo", repo, "--good", h.good[:9], "--bad", h.bad[:9], "--probe-cmd", cmd,
+            "--metric", "prefill_cache_hit", "--json", cwd=elsewhere)
+    assert p.returncode == 0, p.stderr
+    assert json_tail(p.stdout)["culprit"] == h.culprit
+    assert wait_gone(tok) == [], "the probe's background child outlived it"
+
+    lg = klb("log", "--repo", repo, "--json", cwd=elsewhere)
+    assert lg.returncode == 0
+    rows = json.loads(lg.stdout)
+    assert rows and all(Path(r["log_path"]).exists() for r in rows)
+    for r in rows:
+        assert r["value"] == r["values"]["prefill_cache_hit"]
+    text_log = klb("log", "--repo", repo, cwd=elsewhere)
+    assert text_log.returncode == 0 and h.culprit[:12] in text_log.stdout and "log:" in text_log.stdout
+
+    st = klb("status", "--repo", repo, "--json", cwd=elsewhere)
+    assert st.returncode == 0
+    s = json.loads(st.stdout)
+    assert s["result"]["culprit"] == h.culprit and s["probe_runs"] == len(rows)
+    assert s["top"][0]["candidates"] == [h.culprit]
+    assert any(c["sha"] == h.culprit for c in s["commits"])
+    st_text = klb("status", "--repo", repo, cwd=elsewhere)
+    assert st_text.returncode == 0 and h.culprit[:12] in st_text.stdout and "Most likely" in st_text.stdout
+
+    # a linked worktree shares the state of the repository
+    git(repo, "worktree", "add", "--detach", str(tmp_path / "linked"), h.shas[5])
+    lg2 = klb("log", "--json", cwd=tmp_path / "linked")
+    assert [r["id"] for r in json.loads(lg2.stdout)] == [r["id"] for r in rows]
+    git(repo, "worktree", "remove", str(tmp_path / "linked"))
+
+    rs = klb("reset", "--repo", repo, cwd=elsewhere)
+    assert rs.returncode == 0
+    assert len(json.loads(klb("log", "--repo", repo, "--json", cwd=elsewhere).stdout)) == len(rows)
+    purge = klb("reset", "--repo", repo, "--purge", cwd=elsewhere)
+    assert purge.returncode == 0 and "purged" in purge.stdout
+    assert json.loads(klb("log", "--repo", repo, "--json", cwd=elsewhere).stdout) == []
+    assert not (state_dir(repo) / "logs").exists()
+    empty = klb("status", "--repo", repo, cwd=elsewhere)
+    assert empty.returncode == 0 and "No klbisect session" in empty.stdout
+
+
+# ---- item 5: endpoints --------------------------------------------------------------------------------
+
+def test_endpoints_that_do_not_separate_stop_with_numbers(history):
+    h = history(n_commits=30, seed=2)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", "echo avg_kl_div=0.005",
+            "--max-endpoint-runs", "4", cwd=h.path)
+    line = error_line(p, 154)
+    assert "do not separate" in line
+    assert "good median 0.005" in line and "bad median 0.005" in line and "n=4" in line
+    assert worktrees(h.path) == [str(h.path)]
+
+
+def test_classic_threshold_that_does_not_reproduce(history):
+    h = history(n_commits=30, seed=2)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--threshold", "0.5",
+            cwd=h.path)
+    line = error_line(p, 154)
+    assert "do not reproduce" in line and "0.5" in line
+
+
+def test_run_that_stops_short_of_confidence_exits_157_with_json(history):
+    h = history(n_commits=100, seed=2, noise=SEPARATED)
+    p = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--max-total-runs", "8",
+            "--json", cwd=h.path)
+    assert p.returncode == 157, p.stderr
+    res = json_tail(p.stdout)
+    assert res["complete"] is False and "max-total-runs" in res["reason"]
+    assert res["confidence"] < 0.99 and res["probe_runs"] <= 9
+    assert "NOT reached" in p.stderr
+    assert worktrees(h.path) == [str(h.path)]
+
+
+# ---- item 12: bad input ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def small(history):
+    return history(n_commits=30, seed=2, merges=2)
+
+
+def test_not_a_git_repository(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    p = klb("run", "--good", "a", "--bad", "b", "--probe-cmd", "true", cwd=plain,
+            env={"GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    assert "not a git repository" in error_line(p, 151)
+    p2 = klb("status", "--repo", str(tmp_path / "missing"), cwd=plain)
+    assert "does not exist" in error_line(p2, 151)
+
+
+@pytest.mark.parametrize("good,bad,words", [
+    ("deadbeefdeadbeef", "main", "unknown good revision"),
+    ("GOOD", "no-such-branch", "unknown bad revision"),
+    ("main", "main", "same commit"),
+    ("BAD", "GOOD", "not an ancestor"),
+    ("-x", "main", "not a revision"),
+])
+def test_bad_revisions(small, good, bad, words):
+    sub = {"GOOD": small.good, "BAD": small.bad}
+    p = klb("run", "--good", sub.get(good, good), "--bad", sub.get(bad, bad), "--probe-cmd", "true",
+            cwd=small.path)
+    assert words in error_line(p, 151)
+
+
+def test_no_probe_given(small):
+    p = klb("run", "--good", small.good, "--bad", "main", cwd=small.path)
+    assert "no probe given" in error_line(p, 150)
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "--bad", "main", "--probe-cmd", "true"],                        # missing --good
+    ["run", "--good", "main~3", "--bad", "main", "--probe-cmd", "true", "--confidence", "2"],
+    ["run", "--good", "main~3", "--bad", "main", "--probe-cmd", "true", "--max-runs", "x"],
+    ["run", "--good", "main~3", "--bad", "main", "--probe-cmd", "true", "--threshold", "0.1", "--votes", "2"],
+    ["no-such-command"],
+    ["probe", "--bogus"],
+])
+def test_usage_errors_exit_150(small, args):
+    p = klb(*args, cwd=small.path)
+    error_line(p, 150)
+
+
+def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
+    p = klb("run", "--good", small.good, "--bad", "main",
+            "--probe-cmd", "echo hello-from-the-probe; echo second-line >&2; exit 3", cwd=small.path)
+    line = error_line(p, 154)
+    assert "printed no metric value" in line and "log:" in line
+    tail = p.stderr.split(line, 1)[1]
+    assert "hello-from-the-probe" in tail and "second-line" in tail
+    assert worktrees(small.path) == [str(small.path)]
+
+
+def test_probe_command_not_found(small):
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "no-such-probe-klb --flag",
+            cwd=small.path)
+    assert "not found" in error_line(p, 155)
+
+
+def test_endpoint_build_failure(small):
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(),
+            "--build-cmd", "echo compiler-exploded; exit 2", cwd=small.path)
+    line = error_line(p, 154)
+    assert "does not build" in line
+    assert "compiler-exploded" in p.stderr
+
+
+# ---- item 9: busy, interrupt and resume ------------------------------------------------------------
+
+def test_second_klbisect_gets_busy(small):
+    sd = state_dir(small.path)
+    sd.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(sd / "lock")):
+        for args in (["run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd()],
+                     ["reset"], ["probe"]):
+            p = klb(*args, cwd=small.path)
+            assert "busy" in error_line(p, 153), args
+    assert db_query(small.path, "SELECT * FROM runs") == []
+
+
+def test_interrupted_run_resumes_without_repeating_runs(history):
+    h = history(n_commits=200, seed=17, merges=8, noise=SEPARATED)
+    tok = f"klbtok{uuid.uuid4().hex[:10]}"
+    args = ["run", "--good", h.good, "--bad", "main", "--probe-cmd", f"sleep 0.3; {PY} probe.py {tok}", "--json"]
+    first = klb_popen(*args, cwd=h.path)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert first.poll() is None, f"finished before it could be interrupted: {first.communicate()}"
+            sess = db_query(h.path, "SELECT state FROM sessions")
+            n = len(db_query(h.path, "SELECT id FROM runs"))
+            if sess and sess[0]["state"] == "bisecting" and n >= 8:
+                break
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.1)
+        # status reads while the run writes
+        st = klb("status", "--json", cwd=h.path)
+        assert st.returncode == 0 and json.loads(st.stdout)["probe_runs"] >= 8
+        # a second klbisect on the same repository while the first works
+        busy = klb(*args, cwd=h.path)
+        assert "busy" in error_line(busy, 153)
+        assert first.poll() is None
+        os.kill(first.pid, signal.SIGINT)
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 130, err
+    assert "Traceback" not in out + err and "interrupted" in err
+    assert wait_gone(tok) == [], "a probe process survived the interrupt"
+    assert worktrees(h.path) == [str(h.path)]
+    before = db_query(h.path, "SELECT id, sha FROM runs ORDER BY id")
+    assert len(before) >= 8
+
+    again = klb(*args, cwd=h.path)
+    assert again.returncode == 0, again.stderr
+    assert "resuming session" in again.stderr
+    res = json_tail(again.stdout)
+    assert res["culprit"] == h.culprit
+    after = db_query(h.path, "SELECT id, sha FROM runs ORDER BY id")
+    assert [tuple(r) for r in after[:len(before)]] == [tuple(r) for r in before]
+    assert len(db_query(h.path, "SELECT id FROM sessions")) == 1
+    assert res["probe_runs"] == len(after)
+    new = after[len(before):]
+    assert new, "the search went on"
+    assert not [r for r in new if r["sha"] in (h.good, h.bad)], "endpoints were calibrated again"
+    counts: dict[str, int] = {}
+    for r in after:
+        counts[r["sha"]] = counts.get(r["sha"], 0) + 1
+    assert max(c for s, c in counts.items() if s not in (h.good, h.bad)) <= 10
+    # an uninterrupted run of this question takes about 20 runs; resuming did not start over
+    assert len(after) <= 45
+
+
+def _wait_for(token: str, proc) -> None:
+    deadline = time.monotonic() + 120
+    while not [p for p in processes_with(token) if p.name() == "sleep"]:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the probe never started"
+        time.sleep(0.1)
+
+
+def test_sigterm_stops_a_run_like_ctrl_c(history):
+    h = history(n_commits=40, seed=6, merges=2, noise=SEPARATED)
+    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    first = klb_popen("run", "--good", h.good, "--bad", "main", "--probe-cmd", f"sleep {tok} & {PY} probe.py; wait",
+                      cwd=h.path)
+    try:
+        _wait_for(tok, first)
+        first.terminate()
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 130, err
+    assert "Traceback" not in err
+    assert wait_gone(tok) == []
+    assert worktrees(h.path) == [str(h.path)]
+
+
+def test_sigkilled_klbisect_leaves_nothing_after_the_next_command(history):
+    """klbisect killed hard cannot clean up: the probe's shell dies with it
+    (PDEATHSIG) and the next klbisect reaps the rest of its process group."""
+    h = history(n_commits=40, seed=6, merges=2, noise=SEPARATED)
+    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    first = klb_popen("run", "--good", h.good, "--bad", "main", "--probe-cmd", f"sleep {tok} & {PY} probe.py; wait",
+                      cwd=h.path)
+    try:
+        _wait_for(tok, first)
+        first.kill()
+        first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    r = klb("reset", cwd=h.path)
+    assert r.returncode == 0, r.stderr
+    assert wait_gone(tok) == []
+    assert worktrees(h.path) == [str(h.path)]
+    assert not list((state_dir(h.path) / "pids").glob("*.pid"))

@@ -1,0 +1,291 @@
+"""decide.py with plain numbers: the learned good/bad model, clipped
+likelihood ratios, SPRT verdicts, classic threshold/votes, separation."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from klbisect.decide import (BAD, GOOD, RUN_LR_CAP, SKIP, UNDECIDED, VERDICT_LR, Model, ThresholdModel,
+                             exceedance_upper_bound, exceedances, info_per_run, judge, recommend_threshold,
+                             runs_lower_bound, separation, summarize)
+
+CAP = math.log(RUN_LR_CAP)
+GOODV = [0.004, 0.0045, 0.005, 0.0042, 0.0048]
+BADV = [0.009, 0.011, 0.012, 0.010, 0.0095]
+
+
+@pytest.fixture
+def model() -> Model:
+    return Model.fit(GOODV, BADV)
+
+
+def issue_values(rng, n, bad):
+    """What the acceptance probe yields: the max of three labels, one of
+    which moves from U(0.003, 0.006) to U(0.007, 0.013)."""
+    out = []
+    for _ in range(n):
+        labels = list(rng.uniform(0.003, 0.006, 2))
+        labels.append(rng.uniform(0.007, 0.013) if bad else rng.uniform(0.003, 0.006))
+        out.append(max(labels))
+    return out
+
+
+# ---- the model ---------------------------------------------------------------
+
+def test_fit_in_log_space_around_medians(model):
+    assert model.log_space
+    assert model.mu_good == pytest.approx(math.log(np.median(GOODV)))
+    assert model.mu_bad == pytest.approx(math.log(np.median(BADV)))
+    assert model.scale > 0
+    assert model.n_good == 5 and model.n_bad == 5
+    assert model.centre(GOOD) == pytest.approx(np.median(GOODV))
+    assert model.centre(BAD) == pytest.approx(np.median(BADV))
+
+
+def test_log_space_is_scale_invariant(model):
+    m10 = Model.fit(np.array(GOODV) * 10, np.array(BADV) * 10)
+    assert m10.scale == pytest.approx(model.scale)
+    assert m10.mu_good - model.mu_good == pytest.approx(math.log(10))
+    for v in (0.003, 0.0045, 0.0067, 0.009, 0.02):
+        assert m10.log_lr([10 * v])[0] == pytest.approx(model.log_lr([v])[0], abs=1e-9)
+
+
+def test_boundary_is_geometric_midpoint_and_neutral(model):
+    b = model.boundary()
+    assert b == pytest.approx(math.sqrt(np.median(GOODV) * np.median(BADV)))
+    assert model.log_lr([b])[0] == pytest.approx(0.0, abs=1e-9)
+    # monotone around it: below says good, above says bad
+    assert model.log_lr([b * 0.8])[0] < 0 < model.log_lr([b * 1.25])[0]
+
+
+def test_linear_space_when_a_value_is_not_positive():
+    m = Model.fit([-1.0, 0.0, 1.0], [5.0, 6.0, 7.0])
+    assert not m.log_space
+    assert m.mu_good == pytest.approx(0.0) and m.mu_bad == pytest.approx(6.0)
+    assert m.boundary() == pytest.approx(3.0)
+    assert m.log_lr([0.0])[0] < 0 < m.log_lr([6.0])[0]
+
+
+def test_fit_needs_both_sides():
+    with pytest.raises(ValueError):
+        Model.fit([], [1.0])
+    with pytest.raises(ValueError):
+        Model.fit([1.0], [])
+
+
+def test_few_runs_mean_wide_tails():
+    rng = np.random.default_rng(1)
+    few = Model.fit(GOODV[:3], BADV[:3])
+    many = Model.fit(list(rng.uniform(0.004, 0.005, 20)), list(rng.uniform(0.009, 0.012, 20)))
+    assert few.df < many.df
+    assert few.df == pytest.approx(4.0)
+    assert many.df == pytest.approx(38.0)
+
+
+def test_one_outlier_among_endpoint_runs_does_not_spoil_the_model(model):
+    spoiled = Model.fit(GOODV + [0.5], BADV)
+    # the median ignores it and the trimmed spread barely moves
+    assert spoiled.mu_good == pytest.approx(np.median(np.log(GOODV + [0.5])))
+    assert spoiled.scale < 2 * model.scale
+    assert judge([0.0045, 0.0046], 0, spoiled, 10).decision == GOOD
+    assert judge([0.011, 0.012], 0, spoiled, 10).decision == BAD
+
+
+def test_to_dict_round_trip(model):
+    again = Model.from_dict(model.to_dict())
+    assert again == model
+    t = ThresholdModel(0.01, 3)
+    back = Model.from_dict(t.to_dict())
+    assert isinstance(back, ThresholdModel) and back.threshold == 0.01 and back.votes == 3
+
+
+# ---- clipped likelihood ratios --------------------------------------------------
+
+def test_every_run_is_clipped(model):
+    values = np.geomspace(1e-9, 1e6, 400)
+    llr = model.log_lr(values)
+    assert np.all(np.abs(llr) <= CAP + 1e-12)
+    # clearly good and clearly bad values are worth the cap, no more
+    assert model.log_lr([0.0045])[0] == pytest.approx(-CAP)
+    assert model.log_lr([0.011])[0] == pytest.approx(CAP)
+
+
+def test_wild_outliers_are_evidence_of_nothing(model):
+    # far outside both groups the broad outlier component dominates both sides
+    for v in (1.0, 1000.0, 1e-7):
+        assert abs(model.log_lr([v])[0]) < 0.1
+
+
+def test_empty_log_lr(model):
+    assert model.log_lr([]).size == 0
+
+
+# ---- SPRT verdicts ---------------------------------------------------------------
+
+def test_one_run_cannot_decide(model):
+    for v in (0.0045, 0.011, 0.013, 1.0, 100.0, 1e-6):
+        v1 = judge([v], 0, model, max_runs=10)
+        assert v1.decision == UNDECIDED, (v, v1)
+    assert CAP < math.log(VERDICT_LR)
+
+
+def test_two_agreeing_runs_decide(model):
+    vb = judge([0.011, 0.012], 0, model, 10)
+    assert vb.decision == BAD and vb.log_lr >= math.log(VERDICT_LR)
+    assert "for bad" in vb.lr_text
+    vg = judge([0.0045, 0.0044], 0, model, 10)
+    assert vg.decision == GOOD and vg.log_lr <= -math.log(VERDICT_LR)
+    assert "for good" in vg.lr_text
+
+
+def test_one_outlier_never_flips_a_verdict(model):
+    # a good commit with one huge value: still not bad, and good once confirmed
+    assert judge([0.0045, 0.0044, 100.0], 0, model, 10).decision != BAD
+    assert judge([0.0045, 0.0044, 0.0046, 100.0], 0, model, 10).decision == GOOD
+    # one value that looks exactly like bad among good ones cannot flip either
+    assert judge([0.0045, 0.0044, 0.0046, 0.011], 0, model, 10).decision == GOOD
+    # symmetric: a bad commit with one tiny value stays bad
+    assert judge([0.011, 0.012, 0.0115, 1e-6], 0, model, 10).decision == BAD
+    assert judge([0.011, 0.012, 0.0115, 0.0045], 0, model, 10).decision == BAD
+
+
+def test_conflicting_runs_stay_undecided_until_max_runs(model):
+    v = judge([0.0045, 0.011, 0.0044, 0.012], 0, model, max_runs=10)
+    assert v.decision == UNDECIDED
+    capped = judge([0.0045, 0.011, 0.0044, 0.012], 0, model, max_runs=4)
+    assert capped.decision == SKIP and "max-runs" in capped.reason
+
+
+def test_crashes_are_never_bad(model):
+    assert judge([], 1, model, 10).decision == UNDECIDED
+    v = judge([], 2, model, 10, crash_limit=2)
+    assert v.decision == SKIP and "crashed" in v.reason
+    for crashes in range(0, 30):
+        assert judge([], crashes, model, 10).decision != BAD
+    # crashes around real values change nothing
+    assert judge([0.011, 0.012], 7, model, 10).decision == BAD
+
+
+def test_verdict_lr_is_a_parameter(model):
+    lr = 1.5 * RUN_LR_CAP ** 2                 # more than two capped runs can give
+    assert judge([0.011, 0.012], 0, model, 10, verdict_lr=lr).decision == UNDECIDED
+    assert judge([0.011, 0.012, 0.0115], 0, model, 10, verdict_lr=lr).decision == BAD
+
+
+def test_sprt_on_issue_noise_is_right():
+    """The acceptance noise, seeded: every verdict reached is right."""
+    rng = np.random.default_rng(7)
+    m = Model.fit(issue_values(rng, 5, False), issue_values(rng, 5, True))
+    wrong = 0
+    for trial in range(300):
+        bad = trial % 2 == 1
+        vals: list[float] = []
+        while True:
+            vals += issue_values(rng, 1, bad)
+            v = judge(vals, 0, m, max_runs=10)
+            if v.decision != UNDECIDED:
+                break
+        wrong += v.decision == (GOOD if bad else BAD)
+    assert wrong == 0
+
+
+# ---- classic mode: threshold and votes ------------------------------------------
+
+def test_threshold_single_vote():
+    t = ThresholdModel(0.01, votes=1)
+    assert judge([0.02], 0, t, 10).decision == BAD
+    assert judge([0.01], 0, t, 10).decision == BAD        # "at or above"
+    assert judge([0.0099], 0, t, 10).decision == GOOD
+    assert t.boundary() == 0.01
+
+
+def test_threshold_majority_of_votes():
+    t = ThresholdModel(0.01, votes=3)
+    assert judge([0.02], 0, t, 10).decision == UNDECIDED
+    assert judge([0.02, 0.001], 0, t, 10).decision == UNDECIDED
+    assert judge([0.02, 0.001, 0.03], 0, t, 10).decision == BAD
+    assert judge([0.001, 0.002], 0, t, 10).decision == GOOD
+    assert judge([0.02, 0.001, 0.002], 0, t, 10).decision == GOOD
+    assert judge([], 2, t, 10).decision == SKIP
+
+
+def test_threshold_log_lr_signs():
+    t = ThresholdModel(0.01)
+    llr = t.log_lr([0.001, 0.02])
+    assert llr[0] < 0 < llr[1]
+    assert math.isnan(t.effect)
+
+
+# ---- separation of the endpoints -------------------------------------------------
+
+def test_separated_endpoints():
+    rng = np.random.default_rng(3)
+    g, b = list(rng.uniform(0.003, 0.006, 5)), list(rng.uniform(0.007, 0.013, 5))
+    s = separation(g, b)
+    assert s.separated and s.p_value <= 0.05 and s.direction == "up" and s.effect > 1
+    assert s.good["n"] == 5 and s.bad["n"] == 5
+    assert s.good["median"] == pytest.approx(np.median(g))
+
+
+def test_regression_downwards_is_detected():
+    s = separation(BADV, GOODV)
+    assert s.separated and s.direction == "down"
+
+
+def test_identical_endpoints_do_not_separate():
+    s = separation(GOODV, GOODV)
+    assert not s.separated and s.p_value > 0.05
+    assert not separation([0.005] * 6, [0.005] * 6).separated
+
+
+def test_interleaved_endpoints_do_not_separate():
+    g = [0.0040, 0.0050, 0.0060, 0.0045, 0.0055]
+    b = [0.0042, 0.0052, 0.0058, 0.0047, 0.0053]
+    assert not separation(g, b).separated
+
+
+def test_too_few_runs_do_not_separate():
+    assert not separation([0.004], [0.011, 0.012]).separated
+    assert not separation([], []).separated
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_constant_but_different_endpoints_separate():
+    s = separation([0.004] * 3, [0.011] * 3)
+    assert s.separated and s.direction == "up"
+
+
+# ---- calibration helpers -----------------------------------------------------------
+
+def test_summarize():
+    s = summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert s["n"] == 5 and s["median"] == 3.0 and s["min"] == 1.0 and s["max"] == 5.0
+    assert summarize([]) == {"n": 0}
+
+
+def test_exceedances_and_bounds():
+    assert exceedances([0.001, 0.02, 0.03], [0.01, 0.025]) == [(0.01, 2, 3), (0.025, 1, 3)]
+    assert exceedance_upper_bound(0, 0) == 1.0
+    ub = exceedance_upper_bound(0, 100)
+    assert 0 < ub < 0.05
+    assert exceedance_upper_bound(1, 100) > ub
+
+
+def test_recommend_threshold():
+    rng = np.random.default_rng(0)
+    vals = list(rng.uniform(0.003, 0.006, 500))
+    t, how = recommend_threshold(vals, false_fail_rate=0.01)
+    assert t is not None and t >= np.percentile(vals, 99) and "order statistic" in how
+    t2, how2 = recommend_threshold(vals[:20], false_fail_rate=0.01)
+    assert t2 is not None and t2 > max(vals[:20]) and "log-normal" in how2
+    assert recommend_threshold([])[0] is None
+
+
+def test_information_and_lower_bound(model):
+    bits = info_per_run(model)
+    assert 0 < bits <= 1
+    assert runs_lower_bound(1000, bits) > runs_lower_bound(1000, 1.0) > 0
+    assert runs_lower_bound(1000, 0) == float("inf")
+    assert math.isnan(info_per_run(ThresholdModel(0.01)))

@@ -1,0 +1,114 @@
+"""metric.py: KL values out of a probe's output, whatever its exit code."""
+from __future__ import annotations
+
+import math
+
+
+from klbisect.metric import DEFAULT_LABEL, JSON_PREFIX, parse_values, scalar
+
+SGLANG = """\
+[server] launching on 127.0.0.1:30000
+[logprobs_match] 18 samples, 2 turns
+kl_divs=[0.00723732, 0.00315103, 0.00278546]
+avg_kl_div=0.00357962
+[prefill_cache_hit] 18 samples, 2 turns
+kl_divs=[0.0108935, 0.017515]
+avg_kl_div=0.0118668
+[decode_cache_hit] 18 samples, 2 turns
+kl_divs=[0.00252088, 0.00494584]
+avg_kl_div=0.00397411
+"""
+
+
+def test_sglang_format_with_labels():
+    v = parse_values(SGLANG)
+    assert v == {"logprobs_match": 0.00357962, "prefill_cache_hit": 0.0118668,
+                 "decode_cache_hit": 0.00397411}
+    # kl_divs=[...] lists are not values
+    assert len(v) == 3
+
+
+def test_value_without_label_and_number_forms():
+    assert parse_values("avg_kl_div=0.004\n") == {DEFAULT_LABEL: 0.004}
+    assert parse_values("avg_kl_div: 1.5e-3") == {DEFAULT_LABEL: 0.0015}
+    assert parse_values("avg_kl_div = .25") == {DEFAULT_LABEL: 0.25}
+    assert parse_values("[a.b:c/d-e_f] x\navg_kl_div=2E-2") == {"a.b:c/d-e_f": 0.02}
+
+
+def test_label_printed_twice_keeps_last_value():
+    text = "[x]\navg_kl_div=0.1\n[x]\navg_kl_div=0.2\n"
+    assert parse_values(text) == {"x": 0.2}
+
+
+def test_nan_and_inf_are_dropped():
+    text = "[a]\navg_kl_div=nan\n[b]\navg_kl_div=inf\n[c]\navg_kl_div=0.003\n"
+    assert parse_values(text) == {"c": 0.003}
+    assert parse_values("avg_kl_div=nan") == {}
+
+
+def test_no_value_is_empty():
+    assert parse_values("") == {}
+    assert parse_values("Traceback (most recent call last):\nRuntimeError: CUDA error\n") == {}
+    assert parse_values("kl_divs=[0.1, 0.2]\n") == {}
+
+
+def test_regex_named_groups():
+    text = "metric logprobs 0.004\nmetric prefill 0.012\nother 5\n"
+    rx = r"metric (?P<label>\w+) (?P<value>[0-9.eE+-]+)"
+    assert parse_values(text, rx) == {"logprobs": 0.004, "prefill": 0.012}
+
+
+def test_regex_first_group_or_whole_match():
+    assert parse_values("KL is 0.5 today", r"KL is ([0-9.]+)") == {DEFAULT_LABEL: 0.5}
+    assert parse_values("0.25", r"[0-9.]+") == {DEFAULT_LABEL: 0.25}
+    # a value group that does not parse is skipped
+    assert parse_values("KL is abc", r"KL is (\w+)") == {}
+
+
+def test_regex_disables_the_default_format():
+    assert parse_values("avg_kl_div=0.1\nscore=0.7", r"score=(?P<value>[0-9.]+)") == {DEFAULT_LABEL: 0.7}
+
+
+def test_json_lines():
+    text = (f'{JSON_PREFIX}{{"label": "a", "value": 0.004}}\n'
+            f'{JSON_PREFIX}{{"label": "b", "value": "0.012"}}\n'
+            f'{JSON_PREFIX}{{"value": 0.5}}\n'
+            f'{JSON_PREFIX}not json\n'
+            f'{JSON_PREFIX}{{"label": "c"}}\n'
+            f'{JSON_PREFIX}[1, 2]\n'
+            f'{JSON_PREFIX}{{"label": "d", "value": NaN}}\n')
+    assert parse_values(text) == {"a": 0.004, "b": 0.012, DEFAULT_LABEL: 0.5}
+
+
+def test_json_lines_mix_with_sglang():
+    text = SGLANG + f'{JSON_PREFIX}{{"label": "extra", "value": 0.001}}\n'
+    v = parse_values(text)
+    assert v["extra"] == 0.001 and v["prefill_cache_hit"] == 0.0118668
+
+
+def test_scalar_max_or_chosen_label():
+    v = parse_values(SGLANG)
+    assert scalar(v) == 0.0118668
+    assert scalar(v, "decode_cache_hit") == 0.00397411
+    assert scalar(v, "missing") is None
+    assert scalar({}) is None
+    assert scalar({}, "x") is None
+
+
+def test_values_are_finite_floats():
+    v = parse_values(SGLANG)
+    assert all(isinstance(x, float) and math.isfinite(x) for x in v.values())
+
+
+def test_assertion_message_does_not_overwrite_the_last_label():
+    """SGLang's assertion messages quote avg_kl_div=... again, and unittest
+    prints them after every label: they are not measurements."""
+    text = SGLANG + ("Traceback (most recent call last):\n"
+                     "AssertionError: 0.0118668 not less than 0.01 : "
+                     "avg_kl_div=0.0118668 >= threshold=0.01 for model prefill_cache_hit\n")
+    assert parse_values(text) == parse_values(SGLANG)
+
+
+def test_label_and_value_on_one_line():
+    assert parse_values("[prefill] avg_kl_div=0.012\n[decode] n=3 avg_kl_div=0.004") == {
+        "prefill": 0.012, "decode": 0.004}

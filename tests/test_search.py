@@ -1,0 +1,343 @@
+"""search.py with plain numbers: the posterior over the first bad commit,
+blocks of untestable commits, where to probe next, when to stop; and a
+seeded simulation of whole bisects through ``plan`` on the issue's noise."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from klbisect.decide import Model, ThresholdModel, separation
+from klbisect.search import Block, CommitRuns, Posterior, decided, plan
+
+CAP = math.log(40)
+BIG = math.log(1e6)
+
+
+def uniform(n: int) -> Posterior:
+    return Posterior(np.zeros(n + 1))
+
+
+# ---- the posterior -------------------------------------------------------------
+
+def test_no_evidence_is_uniform():
+    p = uniform(100)
+    assert p.n == 100
+    assert p.p_first_bad[0] == 0.0
+    assert np.allclose(p.p_first_bad[1:], 0.01)
+    assert p.p_bad[100] == pytest.approx(1.0)
+    assert p.p_bad[50] == pytest.approx(0.5)
+    assert np.all(np.diff(p.p_bad) >= 0)
+
+
+def test_need_two_endpoints():
+    with pytest.raises(ValueError):
+        Posterior([0.0])
+
+
+def test_good_and_bad_neighbours_pin_the_culprit():
+    s = np.zeros(101)
+    s[30], s[31] = -BIG, +BIG
+    p = Posterior(s)
+    top = p.top()
+    assert top.indices == [31] and top.mass > 0.999
+    assert decided(p, 0.99) is top or decided(p, 0.99).indices == [31]
+    assert p.p_bad[30] < 1e-3 and p.p_bad[31] > 0.999
+
+
+def test_bad_evidence_moves_mass_before_it():
+    s = np.zeros(101)
+    s[50] = CAP                 # one run at 50 looked bad
+    p = Posterior(s)
+    assert p.p_bad[50] == pytest.approx(40 * 50 / (40 * 50 + 50))
+
+
+def test_later_runs_overturn_an_early_impression():
+    s = np.zeros(101)
+    s[50] = CAP
+    early = Posterior(s)
+    assert early.p_bad[50] > 0.9
+    s[50] = CAP - 3 * CAP       # three more runs there said good
+    late = Posterior(s)
+    assert late.p_bad[50] < 0.01
+    assert late.top().first > 50
+
+
+def test_log_prior():
+    prior = np.zeros(11)
+    prior[3] = math.log(9)
+    p = Posterior(np.zeros(11), log_prior=prior[1:])
+    assert p.p_first_bad[3] == pytest.approx(9 / 18)
+
+
+# ---- blocks of untestable commits -----------------------------------------------
+
+def test_untestable_commits_merge_with_the_next_testable_one():
+    unt = np.zeros(21, bool)
+    unt[[4, 5, 9]] = True
+    p = Posterior(np.zeros(21), unt)
+    blocks = p.blocks()
+    assert [b.indices for b in blocks if len(b.indices) > 1] == [[4, 5, 6], [9, 10]]
+    flat = [i for b in blocks for i in b.indices]
+    assert flat == list(range(1, 21))
+    assert sum(b.mass for b in blocks) == pytest.approx(1.0)
+    assert all(isinstance(b, Block) for b in blocks)
+    big = next(b for b in blocks if b.indices == [4, 5, 6])
+    assert big.mass == pytest.approx(3 / 20) and big.first == 4 and big.last == 6
+
+
+def test_culprit_behind_untestable_commits_is_a_block():
+    s = np.zeros(21)
+    s[3], s[6] = -BIG, BIG
+    unt = np.zeros(21, bool)
+    unt[[4, 5]] = True
+    p = Posterior(s, unt)
+    top = p.top()
+    assert top.indices == [4, 5, 6] and top.mass > 0.999
+    assert p.top_blocks(2)[0].indices == [4, 5, 6]
+
+
+def test_untestable_last_commit_closes_a_block():
+    unt = np.zeros(11, bool)
+    unt[[9, 10]] = True
+    p = Posterior(np.zeros(11), unt)
+    assert p.blocks()[-1].indices == [9, 10]
+
+
+# ---- where to probe next ----------------------------------------------------------
+
+def test_choose_median():
+    assert uniform(100).choose(1) == [50]
+
+
+def test_choose_k_ary_quantiles():
+    assert uniform(100).choose(3) == [25, 50, 75]
+    picks = uniform(100).choose(4)
+    assert picks == [20, 40, 60, 80]
+
+
+def test_choose_follows_the_posterior():
+    s = np.zeros(101)
+    s[80] = -BIG                # 80 is good: the culprit is after it
+    pick = Posterior(s).choose(1)[0]
+    assert 80 < pick < 100
+    assert pick == 90
+
+
+def test_choose_skips_untestable_excluded_and_endpoints():
+    unt = np.zeros(101, bool)
+    unt[50] = True
+    p = Posterior(np.zeros(101), unt)
+    assert p.choose(1)[0] in (49, 51)
+    excl = np.zeros(101, bool)
+    excl[49:52] = True
+    assert p.choose(1, excluded=excl)[0] in (48, 52)
+    tiny = Posterior(np.zeros(2))
+    assert tiny.choose(1) == []          # only the endpoints: nothing to ask
+
+
+def test_choose_counts_pending_as_asked():
+    picks = uniform(100).choose(1, pending=[50])
+    assert len(picks) == 1 and picks[0] != 50
+    assert picks[0] in (33, 34, 66, 67)
+
+
+def test_choose_nothing_when_everything_is_certain():
+    s = np.zeros(11)
+    s[5], s[6] = -BIG * 5, BIG * 5
+    assert Posterior(s).choose(1) == []
+
+
+# ---- plan: one step of the search -----------------------------------------------------
+
+GOODV = [0.004, 0.0045, 0.005]
+BADV = [0.010, 0.011, 0.012]
+
+
+def commits_for(n: int) -> list[CommitRuns]:
+    cs = [CommitRuns([]) for _ in range(n + 1)]
+    cs[0].values, cs[n].values = list(GOODV), list(BADV)
+    return cs
+
+
+def test_plan_first_step_is_the_median():
+    cs = commits_for(40)
+    pl = plan(cs, Model.fit(GOODV, BADV), 0.99)
+    assert pl.done is None and pl.next == [20]
+
+
+def test_plan_crashes_make_a_commit_untestable_never_bad():
+    cs = commits_for(40)
+    cs[20].crashes = 1
+    pl = plan(cs, Model.fit(GOODV, BADV), 0.99, crash_limit=2)
+    assert not pl.untestable[20]
+    cs[20].crashes = 2
+    pl = plan(cs, Model.fit(GOODV, BADV), 0.99, crash_limit=2)
+    assert pl.untestable[20]
+    assert 20 not in pl.next
+    # the posterior did not move: crashes are evidence of nothing
+    assert pl.posterior.p_bad[19] == pytest.approx(19 / 40)
+
+
+def test_plan_build_failure_is_untestable():
+    cs = commits_for(40)
+    cs[20].build_failed = True
+    pl = plan(cs, Model.fit(GOODV, BADV), 0.99)
+    assert pl.untestable[20] and 20 not in pl.next
+
+
+def test_plan_reports_the_pair_next_to_an_always_crashing_commit():
+    cs = commits_for(40)
+    model = Model.fit(GOODV, BADV)
+    cs[9].values = [0.0045, 0.0044, 0.0046]
+    cs[10].crashes = 3
+    cs[11].values = [0.011, 0.012, 0.0115]
+    pl = plan(cs, model, 0.99)
+    assert pl.done is not None
+    assert pl.done.indices == [10, 11]
+    assert pl.next == []
+
+
+def test_plan_stops_at_confidence():
+    cs = commits_for(40)
+    model = Model.fit(GOODV, BADV)
+    cs[9].values = [0.0045, 0.0044]
+    cs[10].values = [0.011, 0.012]
+    pl = plan(cs, model, 0.9)
+    assert pl.done is not None and pl.done.indices == [10]
+    strict = plan(cs, model, 1 - 1e-9)
+    assert strict.done is None and strict.next and set(strict.next) <= {9, 10}
+
+
+def test_plan_excludes_exhausted_commits():
+    cs = commits_for(40)
+    cs[20].values = [0.0067] * 10          # exactly ambiguous, max runs used
+    pl = plan(cs, Model.fit(GOODV, BADV), 0.99, max_runs=10)
+    assert pl.exhausted[20] and 20 not in pl.next
+
+
+def test_plan_one_outlier_does_not_decide_but_is_overturned():
+    cs = commits_for(100)
+    model = Model.fit(GOODV, BADV)
+    cs[50].values = [0.011]                 # an early bad-looking run at a good commit
+    early = plan(cs, model, 0.99)
+    assert early.done is None and early.posterior.p_bad[50] > 0.9
+    cs[50].values += [0.0045, 0.0044, 0.0046]
+    late = plan(cs, model, 0.99)
+    assert late.posterior.p_bad[50] < 0.05
+    assert late.done is None and all(i > 50 for i in late.next)
+
+
+def test_plan_refines_the_model_with_interior_runs():
+    cs = commits_for(10)
+    model = Model.fit(GOODV, BADV)
+    cs[3].values = [0.0041, 0.0046, 0.0043, 0.0047]
+    cs[4].values = [0.0112, 0.0105, 0.0118, 0.0101]
+    pl = plan(cs, model, 0.99)
+    assert pl.model.n_good > model.n_good and pl.model.n_bad > model.n_bad
+    no = plan(cs, model, 0.99, refine=False)
+    assert no.model is model
+
+
+def test_plan_classic_threshold():
+    cs = [CommitRuns([]) for _ in range(41)]
+    cs[0].values, cs[40].values = [0.004], [0.02]
+    t = ThresholdModel(0.01)
+    cs[20].values = [0.02]
+    pl = plan(cs, t, 0.99)
+    assert pl.posterior.p_bad[20] > 0.999
+    assert pl.model is t
+    assert all(i < 20 for i in pl.next)
+
+
+# ---- whole bisects, simulated with the issue's noise ---------------------------------
+
+def issue_value(rng, bad: bool) -> float:
+    labels = list(rng.uniform(0.003, 0.006, 2))
+    labels.append(rng.uniform(0.007, 0.013) if bad else rng.uniform(0.003, 0.006))
+    return float(max(labels))
+
+
+def simulate(n, culprit, seed, crash=(), broken=(), confidence=0.99, k=1):
+    """Drive plan() the way `klbisect run` does; returns (block, runs, done)."""
+    rng = np.random.default_rng(seed)
+    commits = [CommitRuns([]) for _ in range(n + 1)]
+    runs = 0
+
+    def measure(i):
+        nonlocal runs
+        if i in broken:
+            commits[i].build_failed = True
+            return
+        runs += 1
+        if i in crash:
+            commits[i].crashes += 1
+        else:
+            commits[i].values.append(issue_value(rng, i >= culprit))
+
+    for _ in range(3):
+        measure(0)
+        measure(n)
+    while not separation(commits[0].values, commits[n].values).separated:
+        measure(0)
+        measure(n)
+    model = Model.fit(commits[0].values, commits[n].values)
+    pl = None
+    for _ in range(400):
+        pl = plan(commits, model, confidence, k=k, max_runs=10, crash_limit=2)
+        if pl.done or not pl.next:
+            break
+        for i in pl.next:
+            measure(i)
+    block = pl.done or pl.posterior.top()
+    return block.indices, runs, pl.done is not None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_simulated_bisect_1000_commits_with_untestable_neighbours(seed):
+    rng = np.random.default_rng(1000 + seed)
+    n = 999
+    c = int(rng.integers(12, n))
+    pool = list(range(max(1, c - 10), c - 1))
+    picks = [int(x) for x in rng.choice(pool, 4, replace=False)]
+    broken, crash = set(picks[:2]), set(picks[2:])
+    block, runs, done = simulate(n, c, seed, crash=crash, broken=broken)
+    assert done and block == [c], (c, block, runs)
+    assert runs < 45, runs
+
+
+def test_simulated_bisects_average_under_30_runs():
+    total = 0
+    trials = 10
+    for seed in range(trials):
+        rng = np.random.default_rng(2000 + seed)
+        c = int(rng.integers(1, 1000))
+        block, runs, done = simulate(999, c, 100 + seed)
+        assert done and block == [c]
+        total += runs
+    assert total / trials < 30
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_simulated_pair_next_to_always_crashing_commit(seed):
+    rng = np.random.default_rng(5000 + seed)
+    c = int(rng.integers(3, 200))
+    block, runs, done = simulate(200, c, seed, crash={c - 1})
+    assert done and block == [c - 1, c], (c, block)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_simulated_block_behind_two_broken_builds(seed):
+    rng = np.random.default_rng(7000 + seed)
+    c = int(rng.integers(4, 200))
+    block, runs, done = simulate(200, c, seed, broken={c - 2, c - 1})
+    assert done and block == [c - 2, c - 1, c], (c, block)
+
+
+def test_simulated_parallel_k_ary():
+    for seed in range(3):
+        rng = np.random.default_rng(9000 + seed)
+        c = int(rng.integers(1, 300))
+        block, runs, done = simulate(300, c, seed, k=3)
+        assert done and block == [c]
