@@ -16,13 +16,17 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-RUN_LR_CAP = 40.0        # no single run counts for more than 40:1
+RUN_LR_CAP = 40.0        # no single run counts for more than 40:1 (a verdict needs two)
 VERDICT_LR = 500.0       # a verdict needs 500:1 (so at least two agreeing runs)
 OUTLIER_WEIGHT = 0.02
 OUTLIER_SCALE = 3.0      # in log space: covers values 20x off either way
-MIN_ENDPOINT_RUNS = 3
-MAX_ENDPOINT_RUNS = 10
+MIN_ENDPOINT_RUNS = 4    # then one more each while the endpoints do not separate
+DECISIVE_EFFECT = 3.0    # endpoints this far apart, with no overlap, are judged by the plug-in model
+OVERLAP_ENDPOINT_RUNS = 10  # overlapping endpoints anchor every later judgement: measure them well
+MAX_ENDPOINT_RUNS = 30   # overlapping values need 20+ per side to separate at p <= 0.05
 SEPARATION_P = 0.05
+SHRINK_Z = 0.0           # judge with the centres' gap less this many standard errors (off)
+MIN_SHRINK = 0.3
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 
@@ -62,9 +66,17 @@ class Model:
     n_bad: int = 0
     cap: float = RUN_LR_CAP
     kind: str = "learned"
+    # Fraction of the centres' gap the likelihood ratio uses: the gap less
+    # SHRINK_Z standard errors of the two medians. Runs at one commit share
+    # the same estimated centres, so an overestimated gap would be counted
+    # once per run; judging with a conservative gap keeps the posterior
+    # calibrated when good and bad overlap (and costs little information).
+    shrink: float = 1.0
+    disjoint: bool = False   # no good endpoint run on the bad side of any bad one
 
     @classmethod
-    def fit(cls, good: Sequence[float], bad: Sequence[float], cap: float = RUN_LR_CAP) -> "Model":
+    def fit(cls, good: Sequence[float], bad: Sequence[float], cap: float | None = None) -> "Model":
+        cap = RUN_LR_CAP if cap is None else cap
         g, b = _arr(good), _arr(bad)
         if len(g) < 1 or len(b) < 1:
             raise ValueError("need at least one good and one bad value")
@@ -76,9 +88,15 @@ class Model:
         floor = max(0.02 * abs(mu_b - mu_g), 1e-3 if log_space else 1e-12)
         n = len(g) + len(b)
         df = float(max(n - 2, 1))
+        scale = max(scale, floor)
+        gap = abs(mu_b - mu_g)
+        se = 1.2533 * scale * math.sqrt(1.0 / len(g) + 1.0 / len(b))
+        shrink = 1.0 if gap == 0 else max(MIN_SHRINK, (gap - SHRINK_Z * se) / gap)
         # Predictive spread for a new value: sigma * sqrt(1 + 1/n_group).
-        scale = max(scale, floor) * math.sqrt(1.0 + 2.0 / n)
-        return cls(log_space, mu_g, mu_b, float(scale), df, len(g), len(b), cap)
+        scale = scale * math.sqrt(1.0 + 2.0 / n)
+        disjoint = bool(g.max() < b.min() or b.max() < g.min())
+        return cls(log_space, mu_g, mu_b, float(scale), df, len(g), len(b), cap, "learned",
+                   float(min(1.0, shrink)), disjoint)
 
     def transform(self, values: Iterable[float]) -> np.ndarray:
         return _transform(_arr(values), self.log_space)
@@ -94,7 +112,8 @@ class Model:
         y = self.transform(values)
         if y.size == 0:
             return y
-        llr = self._logpdf(y, self.mu_bad) - self._logpdf(y, self.mu_good)
+        mid, half = 0.5 * (self.mu_good + self.mu_bad), 0.5 * self.shrink * (self.mu_bad - self.mu_good)
+        llr = self._logpdf(y, mid + half) - self._logpdf(y, mid - half)
         c = math.log(self.cap)
         return np.clip(llr, -c, c)
 
@@ -102,6 +121,15 @@ class Model:
     def effect(self) -> float:
         """Separation of good and bad in units of the run-to-run spread."""
         return abs(self.mu_bad - self.mu_good) / self.scale
+
+    @property
+    def decisive(self) -> bool:
+        """Good and bad barely overlap, and enough runs show it that the
+        estimate is not a lucky draw: then one run nearly decides a commit and
+        the learned distributions can be plugged in. Otherwise the search
+        integrates them out (search.integrated_loglik)."""
+        return (self.disjoint and min(self.n_good, self.n_bad) >= MIN_ENDPOINT_RUNS
+                and self.effect >= DECISIVE_EFFECT)
 
     def boundary(self) -> float:
         """The value where a run is equally likely good or bad (for plots)."""
@@ -120,7 +148,7 @@ class Model:
         if d.get("kind") == "threshold":
             return ThresholdModel.from_dict(d)  # type: ignore[return-value]
         return cls(**{k: d[k] for k in ("log_space", "mu_good", "mu_bad", "scale", "df",
-                                         "n_good", "n_bad", "cap", "kind") if k in d})
+                                         "n_good", "n_bad", "cap", "kind", "shrink", "disjoint") if k in d})
 
 
 def _transform(x: np.ndarray, log_space: bool) -> np.ndarray:
@@ -251,6 +279,38 @@ def separation(good: Sequence[float], bad: Sequence[float]) -> Separation:
         p = 0.0 if np.median(tg) != np.median(tb) else 1.0
     direction = "up" if m.mu_bad >= m.mu_good else "down"
     return Separation(p <= SEPARATION_P, p, m.effect, direction, sg, sb)
+
+
+@dataclass
+class EndpointStep:
+    """What endpoint calibration should do next."""
+
+    action: str                         # "more" | "ready" | "fail"
+    more_good: int = 0
+    more_bad: int = 0
+    separation: Separation | None = None
+
+
+def endpoint_step(good: Sequence[float], bad: Sequence[float], n_min: int = MIN_ENDPOINT_RUNS,
+                  n_max: int = MAX_ENDPOINT_RUNS) -> EndpointStep:
+    """The endpoint policy, shared by the session, `calibrate` and the
+    benchmarks: n_min runs each; one more each while they do not separate;
+    when they separate but overlap, runs up to OVERLAP_ENDPOINT_RUNS each,
+    because a lucky low good sample would anchor every later judgement."""
+    ng, nb = len(good), len(bad)
+    if ng < n_min or nb < n_min:
+        return EndpointStep("more", max(n_min - ng, 0), max(n_min - nb, 0))
+    sep = separation(good, bad)
+    if sep.separated:
+        if Model.fit(good, bad).decisive:
+            return EndpointStep("ready", separation=sep)
+        want = min(OVERLAP_ENDPOINT_RUNS, n_max)
+        if ng >= want and nb >= want:
+            return EndpointStep("ready", separation=sep)
+        return EndpointStep("more", max(want - ng, 0), max(want - nb, 0), sep)
+    if ng >= n_max and nb >= n_max:
+        return EndpointStep("fail", separation=sep)
+    return EndpointStep("more", int(ng < n_max), int(nb < n_max), sep)
 
 
 # ---- calibration statistics (klbisect calibrate, status) -------------------

@@ -11,6 +11,7 @@ overturned (probabilistic bisection, Horstein; Waeber et al. 2013).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
@@ -107,6 +108,58 @@ def decided(post: Posterior, confidence: float) -> Block | None:
     return top if top.mass >= confidence else None
 
 
+
+
+def normal_scores(values: np.ndarray) -> np.ndarray:
+    """Rank-based normal scores (Blom): the values' order, nothing of their
+    shape. A 10x outlier scores like the largest ordinary value, and skewed
+    or heavy-tailed metrics need no parametric model."""
+    x = np.asarray(values, float)
+    n = x.size
+    if n == 0:
+        return x
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(n)
+    ranks[order] = np.arange(1, n + 1)
+    # ties share their average rank
+    uniq, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    if uniq.size < n:
+        sums = np.bincount(inv, weights=ranks)
+        ranks = (sums / counts)[inv]
+    inv_cdf = NormalDist().inv_cdf
+    return np.array([inv_cdf(p) for p in (ranks - 0.375) / (n + 0.25)])
+
+
+def integrated_loglik(values: Sequence[Sequence[float]]) -> np.ndarray | None:
+    """log P(all runs | B=b) for b = 1..N with good and bad each a normal
+    distribution of the runs' normal scores whose means and common spread
+    are unknown and integrated out (flat priors on the means, 1/sigma on
+    the spread), as git-bayesect integrates out its failure rates.
+
+    Nothing is plugged in, so nothing is over-trusted: with few runs the
+    unknown centres keep the evidence modest, and as runs accumulate at
+    interior commits they sharpen both sides (the endpoint calibration is
+    refined by every run). Closed form:
+    ``-1/2 log(n_G n_B) - (n-2)/2 log(SS_within(b))``.
+    Returns None until both endpoints have a value and n >= 4.
+    """
+    counts = np.array([len(v) for v in values])
+    n = int(counts.sum())
+    if counts[0] == 0 or counts[-1] == 0 or n < 4:
+        return None
+    flat = np.concatenate([np.asarray(v, float) for v in values if len(v)])
+    z = normal_scores(flat)
+    owner = np.repeat(np.arange(len(values)), counts)
+    s1 = np.bincount(owner, weights=z, minlength=len(values))
+    s2 = np.bincount(owner, weights=z * z, minlength=len(values))
+    # good group of hypothesis b: commits 0..b-1; bad: b..N
+    cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
+    bn, b1, b2 = n - cn, s1.sum() - c1, s2.sum() - c2
+    ss = (c2 - c1 ** 2 / cn) + (b2 - b1 ** 2 / bn)
+    ss = np.maximum(ss, 1e-12 * max(float(np.sum(z * z)), 1e-12))
+    return -0.5 * np.log(cn * bn) - 0.5 * (n - 2) * np.log(ss)
+
+
 @dataclass
 class CommitRuns:
     """What is known about one candidate commit."""
@@ -128,7 +181,7 @@ class Plan:
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
          max_runs: int = 10, crash_limit: int = 2, pending: Sequence[int] = (),
-         refine: bool = True) -> Plan:
+         refine: bool = True, boundary_runs: int = 2) -> Plan:
     """One step of the search, from everything seen so far.
 
     ``commits[0]`` and ``commits[-1]`` are the endpoints: their runs define
@@ -151,7 +204,16 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                 s[i] = float(np.sum(m.log_lr(commits[i].values)))
         return s
 
-    post = Posterior(evidence(model), untestable)
+    integrated = None
+    # When good and bad overlap, plugging in the endpoint estimates over-trusts
+    # every run (they are shared by all runs, and a lucky early separation
+    # inflates them): integrate the unknown distributions out instead.
+    if isinstance(model, Model) and not model.decisive:
+        integrated = integrated_loglik([c.values for c in commits])
+    if integrated is not None:
+        post = Posterior(np.zeros(n + 1), untestable, log_prior=integrated)
+    else:
+        post = Posterior(evidence(model), untestable)
     if refine and isinstance(model, Model):
         good = list(commits[0].values)
         bad = list(commits[n].values)
@@ -163,9 +225,20 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                     bad += commits[i].values
         if len(good) + len(bad) > len(commits[0].values) + len(commits[n].values):
             model = Model.fit(good, bad, cap=model.cap)
-            post = Posterior(evidence(model), untestable)
+            if integrated is None:
+                post = Posterior(evidence(model), untestable)
     exhausted = np.array([len(c.values) >= max_runs or c.crashes >= max_runs + crash_limit
                           for c in commits], bool)
     done = decided(post, confidence)
-    nxt = [] if done else post.choose(k, excluded=exhausted, pending=pending)
+    nxt: list[int] = []
+    if done and boundary_runs > 1 and integrated is not None:
+        # The answer rests on the commits either side of the boundary: each
+        # must have been seen more than once, so one outlier cannot decide it.
+        before = max((i for i in range(done.first) if not untestable[i]), default=0)
+        thin = [i for i in (before, done.last) if 0 < i < n and len(commits[i].values) < boundary_runs
+                and not exhausted[i]]
+        if thin:
+            done, nxt = None, [i for i in thin if i not in pending][:k]
+    if done is None and not nxt:
+        nxt = post.choose(k, excluded=exhausted, pending=pending)
     return Plan(post, model, done, nxt, untestable, exhausted)

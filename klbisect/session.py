@@ -23,7 +23,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
-from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel,
+from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel, endpoint_step,
                      judge, separation, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_USAGE,
                      KlbisectError)
@@ -267,26 +267,26 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     EXIT_NO_SIGNAL)
             need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
         else:
-            n_min = cfg.endpoint_runs
-            if len(g.values) >= n_min and len(b.values) >= n_min:
-                sep = separation(g.values, b.values)
-                if sep.separated:
-                    model = Model.fit(g.values, b.values)
-                    progress(f"endpoints separate: good median {sep.good['median']:.4g} "
-                             f"[{sep.good['min']:.4g}, {sep.good['max']:.4g}] n={sep.good['n']}, "
-                             f"bad median {sep.bad['median']:.4g} [{sep.bad['min']:.4g}, {sep.bad['max']:.4g}] "
-                             f"n={sep.bad['n']} (p={sep.p_value:.2g}, {model.effect:.1f} spreads apart)")
-                    return model
-                if len(g.values) >= cfg.max_endpoint_runs and len(b.values) >= cfg.max_endpoint_runs:
-                    raise KlbisectError(
-                        f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
-                        f"(p={sep.p_value:.2g}): good {_fmt_summary(sep.good)}, bad {_fmt_summary(sep.bad)}; "
-                        "the regression does not reproduce at these endpoints, or needs more runs "
-                        "(--max-endpoint-runs)", EXIT_NO_SIGNAL)
-                need = [good, bad] * per_side
-            else:
-                need = [s for s, cr in ((good, g), (bad, b))
-                        for _ in range(min(per_side, n_min - len(cr.values)))]
+            step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs)
+            sep = step.separation
+            if step.action == "ready":
+                model = Model.fit(g.values, b.values)
+                progress(f"endpoints separate: good median {sep.good['median']:.4g} "
+                         f"[{sep.good['min']:.4g}, {sep.good['max']:.4g}] n={sep.good['n']}, "
+                         f"bad median {sep.bad['median']:.4g} [{sep.bad['min']:.4g}, {sep.bad['max']:.4g}] "
+                         f"n={sep.bad['n']} (p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
+                         f"{'' if model.decisive else '; they overlap, so the search integrates over them'})")
+                return model
+            if step.action == "fail":
+                raise KlbisectError(
+                    f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
+                    f"(p={sep.p_value:.2g}): good {_fmt_summary(sep.good)}, bad {_fmt_summary(sep.bad)}; "
+                    "the regression does not reproduce at these endpoints, or needs more runs "
+                    "(--max-endpoint-runs)", EXIT_NO_SIGNAL)
+            # Spare slots measure the endpoints in parallel; alternate them so an
+            # interrupted calibration leaves both sides measured alike.
+            ng, nb = (max(m, per_side) if m else 0 for m in (step.more_good, step.more_bad))
+            need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
         for sha in dict.fromkeys(need):
             progress(f"calibrating {'good' if sha == good else 'bad'} endpoint {sha[:12]} "
                      f"({need.count(sha)} run{'s' if need.count(sha) > 1 else ''})")
@@ -562,6 +562,9 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 if slot.checkout.exists():
                     gitrepo.worktree_remove(ws.repo, slot.checkout)
             ws.store.update_session(sid, model=model.to_dict(), state="bisecting")
+            if isinstance(model, Model) and not model.decisive:
+                progress("warning: good and bad overlap, and `git bisect` needs a final verdict per commit; "
+                         "`klbisect run` weighs all runs together and is the safer choice here")
             out = gitrepo.bisect_start(ws.repo, good, bad, cfg.first_parent)
             return {"session": sid, "git": out, "model": model.to_dict(), "n_commits": len(cands) - 1}
     finally:

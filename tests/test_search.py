@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import Model, ThresholdModel, separation
+from klbisect.decide import Model, ThresholdModel, separation, endpoint_step
 from klbisect.search import Block, CommitRuns, Posterior, decided, plan
 
 CAP = math.log(40)
@@ -151,8 +151,8 @@ def test_choose_nothing_when_everything_is_certain():
 
 # ---- plan: one step of the search -----------------------------------------------------
 
-GOODV = [0.004, 0.0045, 0.005]
-BADV = [0.010, 0.011, 0.012]
+GOODV = [0.004, 0.0045, 0.005, 0.0042]  # decide.MIN_ENDPOINT_RUNS each: a decisive model
+BADV = [0.010, 0.011, 0.012, 0.0105]
 
 
 def commits_for(n: int) -> list[CommitRuns]:
@@ -276,12 +276,11 @@ def simulate(n, culprit, seed, crash=(), broken=(), confidence=0.99, k=1):
         else:
             commits[i].values.append(issue_value(rng, i >= culprit))
 
-    for _ in range(3):
-        measure(0)
-        measure(n)
-    while not separation(commits[0].values, commits[n].values).separated:
-        measure(0)
-        measure(n)
+    while (step := endpoint_step(commits[0].values, commits[n].values)).action == "more":
+        for _ in range(step.more_good):
+            measure(0)
+        for _ in range(step.more_bad):
+            measure(n)
     model = Model.fit(commits[0].values, commits[n].values)
     pl = None
     for _ in range(400):

@@ -1,0 +1,469 @@
+#!/usr/bin/env python
+"""Benchmark: runs spent and accuracy of bisect strategies on noisy KL metrics.
+
+Simulated histories of N commits (index 0 = known good, N = known bad, first
+bad commit ``c`` in 1..N) under several noise models, and four strategies:
+
+``plain``      git bisect at the CI threshold: one run per commit, trusted
+               (a crash exits non-zero and counts as bad; a build failure is
+               ``git bisect skip``).
+``maj5``       the same with a majority of 5 runs per commit (stops at 3
+               agreeing runs).
+``bayesect``   the real ``git-bayesect`` package (PyPI, 1.2): its ``Bisector``
+               chooses every commit (expected-entropy minimisation) and its
+               stopping rule (posterior max >= --bayesect-confidence, 0.95 by
+               default, as ``git bayesect run``). Observations are pass/fail at
+               the CI threshold; crashes and build failures are failures (it has
+               no skip in ``run``). For N = 1,000 (``--bayesect-repos``) a real
+               repository is generated with ``klbisect.histgen`` and the
+               package's own ``State``/``get_commit_indices``/``get_bisector``
+               map it onto commits; the probe outcome is drawn in-process from
+               the same noise model (spawning the probe would only add time).
+``klbisect``   exactly what ``session.run_bisect`` does with one slot:
+               endpoint calibration (``decide.separation`` after
+               ``decide.MIN_ENDPOINT_RUNS`` runs each, one more each while not
+               separated, up to ``MAX_ENDPOINT_RUNS``), then ``search.plan``
+               with k=1 until it names a block at --confidence 0.99. Every run
+               counts: endpoint runs and crashed runs (build failures are not
+               probe runs).
+
+The lower bound is Fano's ((1 - delta) log2 N - 1) / C with delta = 0.01 and
+C the mutual information (bits) between one run's outcome (value, or crash)
+and good-vs-bad at P(bad) = 1/2, computed by Monte Carlo from the TRUE
+distributions (a fine histogram of log values; C = 1 when they never overlap).
+
+Usage::
+
+    python scripts/bench_bisect.py                 # the table in docs/benchmarks.rst
+    python scripts/bench_bisect.py --heldout       # other parameters, same columns
+    python scripts/bench_bisect.py --trials 3 --commits 100 --models seed \
+        --strategies klbisect,plain                # smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from klbisect import decide  # noqa: E402
+from klbisect.search import CommitRuns, plan  # noqa: E402
+
+DELTA = 0.01
+CONFIDENCE = 0.99
+
+
+# ---------------------------------------------------------------------------
+# noise models
+
+@dataclass(frozen=True)
+class Scenario:
+    key: str
+    title: str
+    kind: str = "uniform"              # uniform | lognormal
+    good: tuple = (0.003, 0.006)       # uniform bounds, or (median, sigma_log)
+    bad: tuple = (0.007, 0.013)        # uniform bounds, or (median factor lo, hi)
+    labels: int = 3                    # run value = max over labels; one label moves
+    outlier_rate: float = 0.0          # runs multiplied by U(3, 10)
+    outlier_mult: tuple = (3.0, 10.0)
+    crash_rate: float = 0.0            # runs with no value
+    threshold: float = 0.01            # CI threshold for plain / maj5 / bayesect
+    untestable: tuple = (0, 0)         # build-broken stretch right before the culprit: length range
+    max_runs: int = 10                 # klbisect --max-runs (runs per commit) for this model
+
+    def trial_params(self, rng: np.random.Generator) -> dict:
+        p = {}
+        if self.kind == "lognormal":
+            p["factor"] = float(rng.uniform(*self.bad))
+        return p
+
+    def draw(self, rng: np.random.Generator, bad: bool, params: dict, n: int = 1) -> np.ndarray:
+        """n run values (nan = crashed run)."""
+        if self.kind == "uniform":
+            v = rng.uniform(*self.good, size=(n, self.labels))
+            if bad:
+                v[:, 0] = rng.uniform(*self.bad, size=n)
+            v = v.max(axis=1)
+        else:
+            med, sig = self.good
+            if bad:
+                med = med * params["factor"]
+            v = med * np.exp(sig * rng.standard_normal((n, self.labels)))
+            v = v.max(axis=1)
+        if self.outlier_rate:
+            out = rng.random(n) < self.outlier_rate
+            v = np.where(out, v * rng.uniform(*self.outlier_mult, size=n), v)
+        if self.crash_rate:
+            v = np.where(rng.random(n) < self.crash_rate, np.nan, v)
+        return v
+
+    def bits_per_run(self, n: int = 2_000_000, seed: int = 12345) -> float:
+        """I(outcome; good-vs-bad) at P(bad) = 1/2 from the true distributions."""
+        rng = np.random.default_rng(seed)
+        params = {"factor": float(np.mean(self.bad))} if self.kind == "lognormal" else {}
+        g = self.draw(rng, False, params, n)
+        b = self.draw(rng, True, params, n)
+        lg, lb = np.log(g[~np.isnan(g)]), np.log(b[~np.isnan(b)])
+        lo, hi = min(lg.min(), lb.min()), max(lg.max(), lb.max())
+        edges = np.linspace(lo, hi + 1e-12, 2001)
+        hg = np.append(np.histogram(lg, edges)[0], np.isnan(g).sum()) / n
+        hb = np.append(np.histogram(lb, edges)[0], np.isnan(b).sum()) / n
+        m = 0.5 * (hg + hb)
+
+        def kl(p: np.ndarray) -> float:
+            k = p > 0
+            return float(np.sum(p[k] * np.log2(p[k] / m[k])))
+        return 0.5 * (kl(hg) + kl(hb))
+
+
+LOGN_SIGMA = math.log(1.5) / 1.555     # P(good > 0.003) = 6%, P(good > 0.005) = 2e-4
+
+SCENARIOS = {
+    "seed": Scenario("seed", "(a) seed: 1 of 3 labels U(.003,.006) -> U(.007,.013), max; threshold 0.01"),
+    "overlap": Scenario("overlap", "(b) log-normal, median 0.002 sigma 0.26 (6% > 0.003, ~0 > 0.005); "
+                        "regression x1.2-1.3; threshold 0.003",
+                        kind="lognormal", good=(0.002, LOGN_SIGMA), bad=(1.2, 1.3), labels=1,
+                        threshold=0.003, max_runs=40),
+    "heavy": Scenario("heavy", "(c) seed + 3% outliers x3-10 + 3% crashes (any commit)",
+                      outlier_rate=0.03, crash_rate=0.03),
+    "untestable": Scenario("untestable", "(d) seed + 1-4 build failures right before the culprit",
+                           untestable=(1, 4)),
+}
+
+HELDOUT = {
+    "seed": Scenario("seed", "(a') 1 of 4 labels U(.002,.005) -> U(.0055,.02), max; threshold 0.015",
+                     good=(0.002, 0.005), bad=(0.0055, 0.02), labels=4, threshold=0.015),
+    "overlap": Scenario("overlap", "(b') log-normal, median 0.01 sigma 0.35; regression x1.35-1.5; "
+                        "threshold 0.015", kind="lognormal", good=(0.01, 0.35), bad=(1.35, 1.5),
+                        labels=1, threshold=0.015, max_runs=40),
+    "heavy": Scenario("heavy", "(c') (a') + 6% outliers x2-20 + 8% crashes",
+                      good=(0.002, 0.005), bad=(0.0055, 0.02), labels=4, threshold=0.015,
+                      outlier_rate=0.06, outlier_mult=(2.0, 20.0), crash_rate=0.08),
+    "untestable": Scenario("untestable", "(d') (a') + 3% crashes + 2-8 build failures before the culprit",
+                           good=(0.002, 0.005), bad=(0.0055, 0.02), labels=4, threshold=0.015,
+                           crash_rate=0.03, untestable=(2, 8)),
+}
+
+
+# ---------------------------------------------------------------------------
+# one history
+
+@dataclass
+class Truth:
+    n: int
+    culprit: int
+    untestable: frozenset
+    params: dict
+
+    @property
+    def block(self) -> list[int]:
+        i = self.culprit
+        while i - 1 > 0 and (i - 1) in self.untestable:
+            i -= 1
+        return list(range(i, self.culprit + 1))
+
+
+def make_truth(sc: Scenario, n: int, rng: np.random.Generator) -> Truth:
+    lo_u, hi_u = sc.untestable
+    length = int(rng.integers(lo_u, hi_u + 1)) if hi_u else 0
+    c = int(rng.integers(1 + length + (1 if length else 0), n + 1))
+    return Truth(n, c, frozenset(range(c - length, c)), sc.trial_params(rng))
+
+
+class Oracle:
+    """Draws runs at commit i and counts them."""
+
+    def __init__(self, sc: Scenario, truth: Truth, rng: np.random.Generator):
+        self.sc, self.t, self.rng = sc, truth, rng
+        self.runs = 0
+
+    def run(self, i: int) -> float | None:
+        """One probe run; None = crashed (no value). Untestable commits are not asked."""
+        self.runs += 1
+        v = float(self.sc.draw(self.rng, i >= self.t.culprit, self.t.params)[0])
+        return None if math.isnan(v) else v
+
+    def fails(self, i: int) -> bool:
+        """Pass/fail at the CI threshold: a crash exits non-zero, like a failure."""
+        v = self.run(i)
+        return v is None or v >= self.sc.threshold
+
+
+# ---------------------------------------------------------------------------
+# strategies: each returns (answer block or None, runs)
+
+def run_plain(sc: Scenario, t: Truth, rng: np.random.Generator, votes: int = 1):
+    o = Oracle(sc, t, rng)
+    lo, hi = 0, t.n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        testable = [i for i in range(lo + 1, hi) if i not in t.untestable]
+        if not testable:
+            break                      # git: "only skipped commits left": any of lo+1..hi
+        if mid in t.untestable:        # git bisect skip: a testable commit near the middle
+            mid = min(testable, key=lambda i: (abs(i - mid), i))
+        need, f, p = votes // 2 + 1, 0, 0
+        while f < need and p < need:
+            if o.fails(mid):
+                f += 1
+            else:
+                p += 1
+        if f >= need:
+            hi = mid
+        else:
+            lo = mid
+    return list(range(lo + 1, hi + 1)), o.runs
+
+
+def _bayesect_loop(bis, t: Truth, o: Oracle, to_chain, confidence: float, max_runs: int):
+    from_rel = {}
+    while True:
+        if bis.distribution.max() >= confidence or o.runs >= max_runs:
+            break
+        rel = bis.select()
+        i = to_chain(rel)
+        if i in t.untestable:          # `git bayesect run`: the build+probe command failed
+            o.runs += 1
+            fail = True
+        else:
+            fail = o.fails(i)
+        bis.record(rel, fail)
+        from_rel[rel] = i
+    best = int(np.argmax(bis.distribution))
+    return [to_chain(best)], o.runs
+
+
+def run_bayesect(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: float,
+                 repo_dir: Path | None, max_runs: int, seed: int):
+    import git_bayesect as gb
+    o = Oracle(sc, t, rng)
+    if repo_dir is None:
+        # the package's pure Bisector over N+1 commits, index 0 = newest
+        bis = gb.Bisector(np.ones(t.n + 1))
+        return _bayesect_loop(bis, t, o, lambda rel: t.n - rel, confidence, max_runs)
+    from klbisect.histgen import NoiseModel, make_history
+    noise = NoiseModel(kind="uniform" if sc.kind == "uniform" else "lognormal",
+                       good=sc.good if sc.kind == "uniform" else (sc.good[0], sc.good[1]),
+                       bad=sc.bad if sc.kind == "uniform" else (sc.good[0] * t.params["factor"], sc.good[1]),
+                       outlier_rate=sc.outlier_rate, crash_rate=sc.crash_rate, threshold=sc.threshold)
+    path = repo_dir / f"r{seed}"
+    h = make_history(path, n_commits=t.n + 1, culprit_index=t.culprit, seed=seed, noise=noise, merges=5)
+    try:
+        repo = Path(h.path)
+        new_sha, old_sha = h.bad.encode(), h.good.encode()
+        indices = gb.get_commit_indices(repo, new_sha)
+        b0 = gb.Bisector([])
+        state = gb.State(old_sha=old_sha, new_sha=new_sha,
+                         beta_priors=gb.BetaPriors(b0.alpha_new, b0.beta_new, b0.alpha_old, b0.beta_old),
+                         priors={}, results=[], commit_indices=indices)
+        bis = gb.get_bisector(state)
+        new_index, old_index = indices[new_sha], indices[old_sha]
+        sha_at = {i: s for s, i in indices.items()}
+        chain = {s.encode(): k for k, s in enumerate(h.shas)}
+
+        def to_chain(rel: int) -> int:
+            return chain[sha_at[new_index - rel]]
+        assert to_chain(0) == t.n and to_chain(new_index - old_index) == 0
+        return _bayesect_loop(bis, t, o, to_chain, confidence, max_runs)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs: int | None = None,
+                 max_endpoint_runs: int | None = None, confidence: float = CONFIDENCE,
+                 max_runs: int = 10, crash_limit: int = 2, max_total_runs: int = 400):
+    """session.run_bisect with one slot, step for step."""
+    o = Oracle(sc, t, rng)
+    n = t.n
+    n_min = decide.MIN_ENDPOINT_RUNS if endpoint_runs is None else endpoint_runs
+    n_max = decide.MAX_ENDPOINT_RUNS if max_endpoint_runs is None else max_endpoint_runs
+    commits = [CommitRuns([]) for _ in range(n + 1)]
+    def measure(i: int) -> None:
+        if i in t.untestable:            # the build fails: no probe run, the commit is untestable
+            commits[i].build_failed = True
+            return
+        v = o.run(i)
+        if v is None:
+            commits[i].crashes += 1
+        else:
+            commits[i].values.append(v)
+
+    # calibrate_endpoints
+    while True:
+        g, b = commits[0], commits[n]
+        if any(not c.values and c.crashes >= crash_limit for c in (g, b)):
+            return None, o.runs                       # "endpoint printed no metric value"
+        step = decide.endpoint_step(g.values, b.values, n_min, n_max)
+        if step.action == "ready":
+            model = decide.Model.fit(g.values, b.values)
+            break
+        if step.action == "fail":
+            return None, o.runs                       # "good and bad do not separate"
+        need = [i for k in range(max(step.more_good, step.more_bad))
+                for i, m in ((0, step.more_good), (n, step.more_bad)) if k < m]
+        for i in need:
+            measure(i)
+    while True:
+        pl = plan(commits, model, confidence, k=1, max_runs=max_runs, crash_limit=crash_limit)
+        if pl.done:
+            return list(pl.done.indices), o.runs
+        if o.runs >= max_total_runs or not pl.next:
+            return None, o.runs
+        measure(pl.next[0])
+
+
+# ---------------------------------------------------------------------------
+# the table
+
+STRATEGIES = ("plain", "maj5", "bayesect", "klbisect")
+
+
+def _job(args):
+    sc_key, heldout, n, strat, trial, seed, opts = args
+    sc = (HELDOUT if heldout else SCENARIOS)[sc_key]
+    mi = list(SCENARIOS).index(sc_key)
+    truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, int(heldout)]))
+    rng = np.random.default_rng([seed, mi, n, trial, int(heldout), 1 + STRATEGIES.index(strat)])
+    t0 = time.perf_counter()
+    if strat == "plain":
+        ans, runs = run_plain(sc, truth, rng, 1)
+    elif strat == "maj5":
+        ans, runs = run_plain(sc, truth, rng, 5)
+    elif strat == "bayesect":
+        repo_dir = Path(opts["tmp"]) if (opts["bayesect_repos"] and n == 1000) else None
+        ans, runs = run_bayesect(sc, truth, rng, opts["bayesect_confidence"], repo_dir,
+                                 opts["bayesect_max_runs"], seed * 100003 + trial * 7 + mi + n)
+    else:
+        ans, runs = run_klbisect(sc, truth, rng, opts["endpoint_runs"], max_runs=sc.max_runs)
+    return (sc_key, n, strat, ans == truth.block, runs, time.perf_counter() - t0)
+
+
+def trials_for(strat: str, n: int, base: int, opts, model: str = "") -> int:
+    if strat == "bayesect":
+        t = opts["bayesect_trials"]
+        return max(1, t // 4) if n >= 10000 else t
+    t = max(1, base // 4) if n >= 10000 else base
+    if model == "overlap" and strat == "klbisect":
+        t = max(1, t // 3)             # ~100-300 runs per trial
+    return t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=150, help="trials per row for N <= 1000 "
+                    "(N = 10,000 rows use a quarter, klbisect on the overlap model a third)")
+    ap.add_argument("--bayesect-trials", type=int, default=20,
+                    help="trials per git-bayesect row (N = 10,000: a quarter)")
+    ap.add_argument("--commits", default="100,1000,10000")
+    ap.add_argument("--models", default="seed,overlap,heavy,untestable")
+    ap.add_argument("--strategies", default=",".join(STRATEGIES))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--heldout", action="store_true", help="the held-out parameter set")
+    ap.add_argument("--bayesect-confidence", type=float, default=0.95)
+    ap.add_argument("--bayesect-max-runs", type=int, default=3000)
+    ap.add_argument("--no-bayesect-repos", dest="bayesect_repos", action="store_false",
+                    help="drive the package's Bisector without generated repositories")
+    ap.add_argument("--endpoint-runs", type=int, default=None,
+                    help="klbisect endpoint runs before the separation check "
+                         "(default: decide.MIN_ENDPOINT_RUNS, the BisectConfig default)")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--write-docs", metavar="RST", default=None,
+                    help="write the table (and the command) into this .rst file")
+    a = ap.parse_args(argv)
+
+    models = [m for m in a.models.split(",") if m]
+    commits = [int(x) for x in a.commits.split(",") if x]
+    strats = [s for s in a.strategies.split(",") if s]
+    table = HELDOUT if a.heldout else SCENARIOS
+    for m in models:
+        if m not in table:
+            ap.error(f"unknown model {m!r}; choose from {','.join(table)}")
+    for s in strats:
+        if s not in STRATEGIES:
+            ap.error(f"unknown strategy {s!r}; choose from {','.join(STRATEGIES)}")
+
+    tmp = tempfile.mkdtemp(prefix="klb-bench-")
+    opts = dict(tmp=tmp, bayesect_repos=a.bayesect_repos, bayesect_confidence=a.bayesect_confidence,
+                bayesect_max_runs=a.bayesect_max_runs, bayesect_trials=a.bayesect_trials,
+                endpoint_runs=a.endpoint_runs)
+    jobs = []
+    for m in models:
+        for n in commits:
+            for s in strats:
+                for tr in range(trials_for(s, n, a.trials, opts, m)):
+                    jobs.append((m, a.heldout, n, s, tr, a.seed, opts))
+    # long jobs first, so the two workers finish together
+    jobs.sort(key=lambda j: -(j[2] * (50 if j[3] == "bayesect" else 1) * (5 if j[0] == "overlap" else 1)))
+    t0 = time.time()
+    results: dict = {}
+    try:
+        if a.jobs > 1:
+            with mp.Pool(a.jobs) as pool:
+                out = list(pool.imap_unordered(_job, jobs, chunksize=4))
+        else:
+            out = [_job(j) for j in jobs]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for m, n, s, ok, runs, dt in out:
+        results.setdefault((m, n, s), []).append((ok, runs, dt))
+    elapsed = time.time() - t0
+
+    bits = {m: table[m].bits_per_run() for m in models}
+    lines = render(models, commits, strats, results, bits, table)
+    cmd = "python scripts/bench_bisect.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    header = (f"command: {cmd.strip()}\n"
+              f"date: {datetime.date.today().isoformat()}, machine: {os.cpu_count()}-core CPU "
+              f"({platform.processor() or platform.machine()}), {a.jobs} worker(s), "
+              f"{elapsed:.0f} s; decide.RUN_LR_CAP={decide.RUN_LR_CAP:g}, "
+              f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}")
+    print(header)
+    print("\n".join(lines))
+    if a.write_docs:
+        Path(a.write_docs).write_text(header + "\n\n" + "\n".join(lines) + "\n")
+    return 0
+
+
+def render(models, commits, strats, results, bits, table) -> list[str]:
+    cols = ["model", "N", "strategy", "trials", "accuracy", "mean runs", "p95 runs",
+            "bound", "mean/bound", "s/trial"]
+    rows = []
+    for m in models:
+        for n in commits:
+            bound = decide.runs_lower_bound(n, bits[m], DELTA)
+            for s in strats:
+                r = results.get((m, n, s))
+                if not r:
+                    continue
+                ok = np.array([x[0] for x in r], float)
+                runs = np.array([x[1] for x in r], float)
+                dt = np.mean([x[2] for x in r])
+                rows.append([m, f"{n:,}", s, str(len(r)), f"{100 * ok.mean():.1f}%",
+                             f"{runs.mean():.1f}", f"{np.percentile(runs, 95):.0f}",
+                             f"{bound:.1f}", f"{runs.mean() / bound:.2f}x", f"{dt:.2f}"])
+    w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    sep = "  ".join("=" * x for x in w)
+    out = [sep, "  ".join(c.ljust(x) for c, x in zip(cols, w)), sep]
+    out += ["  ".join(v.ljust(x) for v, x in zip(r, w)) for r in rows]
+    out.append(sep)
+    out.append("")
+    out.append("per-run information C (bits, Monte Carlo from the true distributions):")
+    for m in models:
+        out.append(f"  {m}: C = {bits[m]:.3f}  -- {table[m].title}")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The benchmark script runs end to end in a tiny configuration and prints its table."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke(tmp_path):
+    out_rst = tmp_path / "bench.rst"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "3", "--commits", "100",
+         "--models", "seed", "--strategies", "klbisect,plain", "--jobs", "1",
+         "--write-docs", str(out_rst)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = r.stdout
+    assert "mean runs" in text and "p95 runs" in text and "bound" in text
+    rows = [ln.split() for ln in text.splitlines() if ln.startswith("seed ")]
+    assert {row[2] for row in rows} == {"klbisect", "plain"}
+    for row in rows:
+        assert row[1] == "100" and row[3] == "3"
+    klb = next(row for row in rows if row[2] == "klbisect")
+    assert klb[4] == "100.0%"                 # three easy trials: all right
+    assert "C = 1.000" in text                # non-overlapping values carry one bit per run
+    assert out_rst.read_text().startswith("command: python scripts/bench_bisect.py")
