@@ -334,6 +334,28 @@ def calibrate(repo, rev, runs, bad_rev, commits, thresholds, false_fail_rate, co
     return 0
 
 
+@cli.command()
+@click.option("--dir", "directory", default=None, type=click.Path(file_okay=False),
+              help="Where to create the demo repository (default: a new temporary directory).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same history.")
+@click.option("--parallel", type=int, default=2, show_default=True, help="Probes at a time.")
+@click.option("--json", "as_json", is_flag=True)
+def demo(directory, device, seed, parallel, as_json):
+    """Bisect the embedded example engine: a tiny torch transformer whose
+    history hides a commit that routes prefill through an FP8 Q/K/V hook."""
+    from .demo.run import run_demo
+    from .report import format_result
+    out = run_demo(directory, device, seed, parallel, progress=lambda m: click.echo(m, err=True))
+    text = format_result(out.result) + (
+        f"\nPlanted culprit: {out.demo.culprit[:12]} (#{out.demo.culprit_pr}): "
+        f"{'found' if out.found else 'NOT found'} in {out.seconds:.0f}s\n" + out.reproduce())
+    click.echo(text, err=as_json)
+    if as_json:
+        _emit_json(out.to_json())
+    return 0 if out.found else EXIT_NOT_SURE
+
+
 @cli.command("make-prompts")
 @click.argument("text_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--tokenizer", required=True, help="Tokenizer path or name (the served model's).")

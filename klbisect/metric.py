@@ -9,7 +9,9 @@ import json
 import math
 import re
 
-_LABEL = re.compile(r"^\s*\[([A-Za-z0-9_.:/-]+)\]")
+# unittest writes its progress marks (". F E s x") to stderr, so a label line
+# read from the combined output can start with them: ".[logprobs_match] ..."
+_LABEL = re.compile(r"^[\s.FEsx]*\[([A-Za-z0-9_.:/-]+)\]")
 # Only a line that starts with avg_kl_div (optionally after its [label]) is a
 # measurement: SGLang's assertion messages repeat "avg_kl_div=..." mid-line.
 _AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?avg_kl_div\s*[=:]\s*"

@@ -112,3 +112,12 @@ def test_assertion_message_does_not_overwrite_the_last_label():
 def test_label_and_value_on_one_line():
     assert parse_values("[prefill] avg_kl_div=0.012\n[decode] n=3 avg_kl_div=0.004") == {
         "prefill": 0.012, "decode": 0.004}
+
+
+def test_labels_after_unittest_progress_marks():
+    """unittest's dots land on the next label line when stdout and stderr mix."""
+    out = ("[decode_cache_hit] 8 samples\navg_kl_div=0.009\n"
+           ".[logprobs_match] 8 samples\navg_kl_div=0.004\n"
+           "F.[prefill_cache_hit] 8 samples\navg_kl_div=0.0105\nF\n")
+    assert parse_values(out) == {"decode_cache_hit": 0.009, "logprobs_match": 0.004,
+                                 "prefill_cache_hit": 0.0105}

@@ -1,0 +1,66 @@
+"""`klbisect demo`: create the demo engine's history and bisect it for real."""
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import EXIT_USAGE, KlbisectError
+from ..session import BisectConfig, Result, run_bisect
+from . import DemoRepo, HistoryError, create_demo_repo
+
+
+@dataclass
+class DemoOutcome:
+    demo: DemoRepo
+    result: Result
+    seconds: float
+    create_seconds: float
+
+    @property
+    def found(self) -> bool:
+        return self.result.culprit == self.demo.culprit
+
+    def to_json(self) -> dict:
+        return {**self.result.to_json(),
+                "demo": {"dir": str(self.demo.path), "planted": self.demo.culprit,
+                         "planted_pr": self.demo.culprit_pr, "found": self.found,
+                         "n_commits": self.demo.n_commits, "seconds": round(self.seconds, 1),
+                         "create_seconds": round(self.create_seconds, 2)}}
+
+    def reproduce(self) -> str:
+        d = shlex.quote(str(self.demo.path))
+        probe = shlex.quote(self.demo.probe_cmd)
+        return "\n".join([
+            "Reproduce it by hand:",
+            f"  cd {d}",
+            f"  klbisect start --good {self.demo.good[:12]} --bad main --probe-cmd {probe}",
+            "  git bisect run klbisect probe",
+            "  klbisect status && klbisect report -o report.md",
+            "  klbisect reset",
+        ])
+
+
+def run_demo(directory: str | None, device: str = "cpu", seed: int = 0, parallel: int = 2,
+             progress=None) -> DemoOutcome:
+    t0 = time.monotonic()
+    path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="klbisect-demo-"))
+    try:
+        demo = create_demo_repo(path, seed=seed, device=device)
+    except (HistoryError, ValueError) as e:
+        raise KlbisectError(f"cannot create the demo in {path}: {e}; pass --dir with a new or empty "
+                            "directory", EXIT_USAGE) from None
+    created = time.monotonic() - t0
+    if progress:
+        progress(f"demo repository: {demo.path} ({demo.n_commits} commits, created in {created:.1f}s); "
+                 f"bisecting with {demo.probe_cmd!r}")
+    # One torch thread per probe: parallel probes share the cores instead of fighting.
+    os.environ.setdefault("TINYSERVE_THREADS", "1")
+    cfg = BisectConfig(good=demo.good, bad="main", probe_cmd=demo.probe_cmd, timeout=300,
+                       parallel=parallel)
+    kwargs = {"progress": progress} if progress else {}
+    result = run_bisect(demo.path, cfg, **kwargs)
+    return DemoOutcome(demo, result, time.monotonic() - t0, created)
