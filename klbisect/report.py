@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 
+from .decide import Model
 from .session import Result
 
 
@@ -60,24 +62,19 @@ def format_status(st: dict) -> str:
         f = math.exp if m["log_space"] else (lambda x: x)
         lines.append(f"Learned from the endpoints: good around {f(m['mu_good']):.4g}, bad around "
                      f"{f(m['mu_bad']):.4g} ({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
-                     f"spreads apart{', log scale' if m['log_space'] else ''})")
+                     f"spreads apart{', log scale' if m['log_space'] else ''}); "
+                     + ("they separate cleanly: each run is judged against them" if Model.from_dict(m).decisive
+                        else "they overlap: the search integrates over both distributions"))
     elif m and m.get("kind") == "threshold":
         lines.append(f"Classic mode: a run fails at or above {m['threshold']:g}; majority of {m['votes']} runs")
     for c in st.get("commits", []):
-        vals = ", ".join(f"{v:.4g}" for v in c["values"][:8]) + (" ..." if len(c["values"]) > 8 else "")
-        extra = []
-        if c["crashes"]:
-            extra.append(f"{c['crashes']} crashed")
-        if c["build_failed"]:
-            extra.append("build failed")
         verdict = c.get("verdict")
         p = c.get("p_bad")
-        ev = c.get("log_lr", 0.0)
-        why = (f"LR {math.exp(min(abs(ev), 700)):.3g}:1 for {'bad' if ev > 0 else 'good'}" if c["values"] else "")
         head = f"  [{c['index']:>4}] {c['sha'][:12]} {c['subject'][:50]:<50}"
         lines.append(head + (f" {verdict.upper():<5}" if verdict else "      ")
                      + (f" P(bad)={p:.3f}" if p is not None else ""))
-        lines.append(f"         values [{vals}] {'; '.join(extra)} {why}" + (f"; {c['reason']}" if c.get("reason") else ""))
+        lines.extend(textwrap.wrap(c.get("explain", ""), width=100, initial_indent=" " * 9,
+                                   subsequent_indent=" " * 9))
     if st.get("top"):
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:
