@@ -191,9 +191,9 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
     (every run in history order), ``culprit_commits``, ``prs`` (metadata of
     the culprit's PRs), ``slug``, ``boundary``, ``model``, ``session``."""
     from . import repo as gitrepo  # noqa: PLC0415
-    from .decide import BAD, GOOD, judge  # noqa: PLC0415
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
-    from .session import Workspace, build_result, current_analysis, gitbisect_result  # noqa: PLC0415
+    from .session import (Workspace, build_result, current_analysis, gitbisect_result,  # noqa: PLC0415
+                          probed_commits)
 
     ws = Workspace(path)
     try:
@@ -217,29 +217,8 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
             raise KlbisectError(f"session {sess.id} has no result yet", EXIT_USAGE)
         shas = [c[0] for c in cands]
         idx = {s: i for i, s in enumerate(shas)}
-        n = len(shas) - 1
         model = pl.model
-        verdicts = st.verdicts(sess.id)
-        commits = []
-        for i, (sha, subj, pr) in enumerate(cands):
-            cr = runs[sha]
-            if not cr.values and not cr.crashes and not cr.build_failed:
-                continue
-            p_bad = float(pl.posterior.p_bad[i])
-            if sha in verdicts:
-                verdict, why = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
-            elif i == 0:
-                verdict, why = GOOD, "good endpoint"
-            elif i == n:
-                verdict, why = BAD, "bad endpoint"
-            elif cr.build_failed:
-                verdict, why = "skip", "build failed"
-            else:
-                v = judge(cr.values, cr.crashes, model, cfg.max_runs, cfg.crash_limit)
-                verdict, why = v.decision, v.reason
-            commits.append({"index": i, "sha": sha, "subject": subj, "pr": pr, "values": list(cr.values),
-                            "crashes": cr.crashes, "build_failed": cr.build_failed, "p_bad": p_bad,
-                            "verdict": verdict, "reason": why})
+        commits = probed_commits(ws, sess, cfg, cands, runs, pl)
         all_runs = []
         for r in st.runs(probe_key, shas):
             i = idx[r.sha]

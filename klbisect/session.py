@@ -7,7 +7,6 @@ moment it finishes, so any of these can be interrupted and rerun.
 """
 from __future__ import annotations
 
-import json
 import math
 import shutil
 import signal
@@ -24,7 +23,7 @@ import numpy as np
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel, endpoint_step,
-                     judge, separation, summarize)
+                     judge, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_USAGE,
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots
@@ -711,6 +710,35 @@ def explain_commit(entry: dict, model) -> str:
     return "; ".join(parts)
 
 
+def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, runs, pl) -> list[dict]:
+    """Every commit with runs: its values, P(bad), evidence and verdict,
+    explained in plain words (for status and reports)."""
+    verdicts = ws.store.verdicts(sess.id)
+    n = len(cands) - 1
+    out = []
+    for i, (sha, subj, pr) in enumerate(cands):
+        cr = runs[sha]
+        if not cr.values and not cr.crashes and not cr.build_failed:
+            continue
+        entry = {"index": i, "sha": sha, "subject": subj, "pr": pr, "values": list(cr.values),
+                 "crashes": cr.crashes, "build_failed": cr.build_failed}
+        if pl is not None:
+            entry["p_bad"] = float(pl.posterior.p_bad[i])
+            entry["log_lr"] = float(np.sum(pl.model.log_lr(cr.values))) if cr.values else 0.0
+        if sha in verdicts:
+            entry["verdict"], entry["reason"] = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
+        elif i in (0, n):
+            entry["verdict"], entry["reason"] = (GOOD, "good endpoint") if i == 0 else (BAD, "bad endpoint")
+        elif cr.build_failed:
+            entry["verdict"], entry["reason"] = SKIP, "build failed"
+        elif pl is not None:
+            v = judge(cr.values, cr.crashes, pl.model, cfg.max_runs, cfg.crash_limit)
+            entry["verdict"], entry["reason"] = v.decision, v.reason
+        entry["explain"] = explain_commit(entry, pl.model if pl else None)
+        out.append(entry)
+    return out
+
+
 def status(path: str | Path | None) -> dict:
     ws = Workspace(path)
     try:
@@ -726,26 +754,7 @@ def status(path: str | Path | None) -> dict:
             return out
         cfg, cands, runs, pl, probe_key, build_key = current_analysis(ws, sess)
         shas = [c[0] for c in cands]
-        verdicts = st.verdicts(sess.id)
-        commits = []
-        for i, (sha, subj, pr) in enumerate(cands):
-            cr = runs[sha]
-            if not cr.values and not cr.crashes and not cr.build_failed:
-                continue
-            entry = {"index": i, "sha": sha, "subject": subj, "pr": pr, "values": cr.values,
-                     "crashes": cr.crashes, "build_failed": cr.build_failed}
-            if pl is not None:
-                entry["p_bad"] = float(pl.posterior.p_bad[i])
-                entry["log_lr"] = float(np.sum(pl.model.log_lr(cr.values))) if cr.values else 0.0
-            if sha in verdicts:
-                entry["verdict"] = verdicts[sha]["verdict"]
-                entry["reason"] = verdicts[sha].get("reason", "")
-            elif i == 0:
-                entry["verdict"], entry["reason"] = GOOD, "good endpoint"
-            elif i == len(shas) - 1:
-                entry["verdict"], entry["reason"] = BAD, "bad endpoint"
-            entry["explain"] = explain_commit(entry, pl.model if pl else None)
-            commits.append(entry)
+        commits = probed_commits(ws, sess, cfg, cands, runs, pl)
         out["commits"] = commits
         out["probe_runs"] = len(st.session_runs(sess.id))
         out["n_commits"] = len(shas) - 1

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import Model, ThresholdModel, separation, endpoint_step
+from klbisect.decide import Model, ThresholdModel, endpoint_step
 from klbisect.search import Block, CommitRuns, Posterior, decided, plan
 
 CAP = math.log(40)
