@@ -20,13 +20,13 @@ RUN_LR_CAP = 40.0        # no single run counts for more than 40:1 (a verdict ne
 VERDICT_LR = 500.0       # a verdict needs 500:1 (so at least two agreeing runs)
 OUTLIER_WEIGHT = 0.02
 OUTLIER_SCALE = 3.0      # in log space: covers values 20x off either way
-MIN_ENDPOINT_RUNS = 4    # then one more each while the endpoints do not separate
+MIN_ENDPOINT_RUNS = 5    # then one more each while the endpoints do not separate
 DECISIVE_EFFECT = 3.0    # endpoints this far apart, with no overlap, are judged by the plug-in model
+GAP_FLOOR = 0.2
+PRIOR_RUNS = 3           # weight of the pooled spread in each side's own spread
 OVERLAP_ENDPOINT_RUNS = 10  # overlapping endpoints anchor every later judgement: measure them well
 MAX_ENDPOINT_RUNS = 30   # overlapping values need 20+ per side to separate at p <= 0.05
 SEPARATION_P = 0.05
-SHRINK_Z = 0.0           # judge with the centres' gap less this many standard errors (off)
-MIN_SHRINK = 0.3
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 
@@ -66,12 +66,10 @@ class Model:
     n_bad: int = 0
     cap: float = RUN_LR_CAP
     kind: str = "learned"
-    # Fraction of the centres' gap the likelihood ratio uses: the gap less
-    # SHRINK_Z standard errors of the two medians. Runs at one commit share
-    # the same estimated centres, so an overestimated gap would be counted
-    # once per run; judging with a conservative gap keeps the posterior
-    # calibrated when good and bad overlap (and costs little information).
-    shrink: float = 1.0
+    # Each side's own spread (shrunk towards the pooled one for few runs):
+    # a regression often widens the distribution as well as moving it.
+    scale_good: float = 0.0
+    scale_bad: float = 0.0
     disjoint: bool = False   # no good endpoint run on the bad side of any bad one
 
     @classmethod
@@ -84,25 +82,27 @@ class Model:
         tg, tb = _transform(g, log_space), _transform(b, log_space)
         mu_g, mu_b = float(np.median(tg)), float(np.median(tb))
         resid = np.concatenate([tg - mu_g, tb - mu_b])
-        scale = _pooled_scale(resid, len(g) + len(b) - 2)
-        floor = max(0.02 * abs(mu_b - mu_g), 1e-3 if log_space else 1e-12)
         n = len(g) + len(b)
-        df = float(max(n - 2, 1))
-        scale = max(scale, floor)
-        gap = abs(mu_b - mu_g)
-        se = 1.2533 * scale * math.sqrt(1.0 / len(g) + 1.0 / len(b))
-        shrink = 1.0 if gap == 0 else max(MIN_SHRINK, (gap - SHRINK_Z * se) / gap)
+        # A handful of runs can bunch up by chance: no side is trusted to be
+        # narrower than a fifth of the gap between the centres.
+        floor = max(GAP_FLOOR * abs(mu_b - mu_g), 1e-3 if log_space else 1e-12)
+        pooled = max(_pooled_scale(resid, n - 2), floor)
         # Predictive spread for a new value: sigma * sqrt(1 + 1/n_group).
-        scale = scale * math.sqrt(1.0 + 2.0 / n)
-        disjoint = bool(g.max() < b.min() or b.max() < g.min())
-        return cls(log_space, mu_g, mu_b, float(scale), df, len(g), len(b), cap, "learned",
-                   float(min(1.0, shrink)), disjoint)
+        inflate = math.sqrt(1.0 + 2.0 / n)
+
+        def own(r: np.ndarray) -> float:
+            k = PRIOR_RUNS  # the pooled spread counts as this many runs of each side
+            raw = _pooled_scale(r, max(len(r) - 1, 1)) if len(r) > 1 else pooled
+            return math.sqrt((len(r) * max(raw, floor) ** 2 + k * pooled ** 2) / (len(r) + k)) * inflate
+
+        return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
+                   cap, "learned", own(tg - mu_g), own(tb - mu_b), _disjoint_but_one(g, b))
 
     def transform(self, values: Iterable[float]) -> np.ndarray:
         return _transform(_arr(values), self.log_space)
 
-    def _logpdf(self, y: np.ndarray, mu: float) -> np.ndarray:
-        core = _t_logpdf(y, self.df, mu, self.scale)
+    def _logpdf(self, y: np.ndarray, mu: float, scale: float) -> np.ndarray:
+        core = _t_logpdf(y, self.df, mu, scale or self.scale)
         mid = 0.5 * (self.mu_good + self.mu_bad)
         broad = _norm_logpdf(y, mid, max(OUTLIER_SCALE, 4 * self.scale))
         return np.logaddexp(np.log1p(-OUTLIER_WEIGHT) + core, math.log(OUTLIER_WEIGHT) + broad)
@@ -112,8 +112,14 @@ class Model:
         y = self.transform(values)
         if y.size == 0:
             return y
-        mid, half = 0.5 * (self.mu_good + self.mu_bad), 0.5 * self.shrink * (self.mu_bad - self.mu_good)
-        llr = self._logpdf(y, mid + half) - self._logpdf(y, mid - half)
+        llr = self._logpdf(y, self.mu_bad, self.scale_bad) - self._logpdf(y, self.mu_good, self.scale_good)
+        # Unequal spreads make the ratio turn back in the far tails: a value
+        # beyond the good centre (away from bad) is never evidence of bad,
+        # and one beyond the bad centre never evidence of good.
+        up = self.mu_bad >= self.mu_good
+        beyond_good = y < self.mu_good if up else y > self.mu_good
+        beyond_bad = y > self.mu_bad if up else y < self.mu_bad
+        llr = np.where(beyond_good, np.minimum(llr, 0.0), np.where(beyond_bad, np.maximum(llr, 0.0), llr))
         c = math.log(self.cap)
         return np.clip(llr, -c, c)
 
@@ -148,7 +154,19 @@ class Model:
         if d.get("kind") == "threshold":
             return ThresholdModel.from_dict(d)  # type: ignore[return-value]
         return cls(**{k: d[k] for k in ("log_space", "mu_good", "mu_bad", "scale", "df",
-                                         "n_good", "n_bad", "cap", "kind", "shrink", "disjoint") if k in d})
+                                         "n_good", "n_bad", "cap", "kind", "scale_good", "scale_bad",
+                                         "disjoint") if k in d})
+
+
+def _disjoint_but_one(g: np.ndarray, b: np.ndarray) -> bool:
+    """Good and bad runs do not overlap, allowing one stray run (an outlier
+    at an endpoint must not make a clean regression look like an overlapping
+    one)."""
+    lo, hi = (g, b) if np.median(g) <= np.median(b) else (b, g)
+    lo, hi = np.sort(lo), np.sort(hi)
+    if lo[-1] < hi[0]:
+        return True
+    return bool(len(lo) > 3 and len(hi) > 3 and (lo[-2] < hi[0] or lo[-1] < hi[1]))
 
 
 def _transform(x: np.ndarray, log_space: bool) -> np.ndarray:

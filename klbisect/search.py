@@ -231,7 +231,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                           for c in commits], bool)
     done = decided(post, confidence)
     nxt: list[int] = []
-    if done and boundary_runs > 1 and integrated is not None:
+    if done and boundary_runs > 1:
         # The answer rests on the commits either side of the boundary: each
         # must have been seen more than once, so one outlier cannot decide it.
         before = max((i for i in range(done.first) if not untestable[i]), default=0)

@@ -24,7 +24,7 @@ from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel, endpoint_step,
                      judge, summarize)
-from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_USAGE,
+from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots
 from .measure import Measurer, Outcome
@@ -445,8 +445,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 failures[r.sha] = failures.get(r.sha, 0) + 1
                 progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
                 if failures[r.sha] >= 3:
+                    full = "No space left on device" in r.error
                     raise KlbisectError(f"probing {r.sha[:12]} failed 3 times for reasons outside the "
-                                        f"probe: {r.error}", EXIT_REPO_STATE)
+                                        f"probe: {r.error}; finished runs are saved, rerun to resume",
+                                        EXIT_STORAGE if full else EXIT_REPO_STATE)
                 continue
             run = record(ws, sid, probe_key, build_key, r, slot_by_index[r.slot].checkout
                          if r.slot in slot_by_index else Path("?"), cfg.metric)

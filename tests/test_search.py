@@ -151,8 +151,8 @@ def test_choose_nothing_when_everything_is_certain():
 
 # ---- plan: one step of the search -----------------------------------------------------
 
-GOODV = [0.004, 0.0045, 0.005, 0.0042]  # decide.MIN_ENDPOINT_RUNS each: a decisive model
-BADV = [0.010, 0.011, 0.012, 0.0105]
+GOODV = [0.004, 0.0045, 0.005, 0.0042, 0.0047]  # decide.MIN_ENDPOINT_RUNS each: a decisive model
+BADV = [0.010, 0.011, 0.012, 0.0105, 0.0115]
 
 
 def commits_for(n: int) -> list[CommitRuns]:
