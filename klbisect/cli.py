@@ -11,6 +11,7 @@ import click
 
 from . import __version__
 from .build import DEFAULT_BUILD_PATHS
+from .decide import MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .probe import DEFAULT_TIMEOUT
@@ -136,9 +137,10 @@ def search_options(f):
                      help="Classic mode: majority of this many runs per commit."),
         click.option("--max-runs", type=int, default=10, show_default=True,
                      help="At most this many runs with a value per commit."),
-        click.option("--endpoint-runs", type=int, default=3, show_default=True,
+        click.option("--endpoint-runs", type=int, default=MIN_ENDPOINT_RUNS, show_default=True,
                      help="Runs per endpoint before checking that they separate."),
-        click.option("--max-endpoint-runs", type=int, default=10, show_default=True),
+        click.option("--max-endpoint-runs", type=int, default=MAX_ENDPOINT_RUNS, show_default=True,
+                     help="Give up when the endpoints still do not separate after this many runs each."),
         click.option("--confidence", type=float, default=0.99, show_default=True,
                      help="Stop when the most likely culprit (or block) reaches this probability."),
         click.option("--all-commits", is_flag=True, help="Also consider commits of merged side branches."),
