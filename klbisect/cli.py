@@ -374,6 +374,8 @@ def make_prompts(text_file, tokenizer, out, num_samples, max_tokens):
 
 
 def main() -> None:
+    from .proc import become_subreaper
+    become_subreaper()
     cli(prog_name="klbisect")
 
 

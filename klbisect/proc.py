@@ -51,10 +51,11 @@ def _child_setup() -> None:
         pass
 
 
-def _become_subreaper() -> None:
+def become_subreaper() -> None:
     """Orphans of our children (a server that double-forked or called
     setsid) are re-parented to us instead of init, so we can still find
-    them once the probe itself has exited."""
+    them once the probe itself has exited. The klbisect command calls this
+    once at start; a library user decides for their own process."""
     global _subreaper
     if _subreaper:
         return
@@ -159,7 +160,6 @@ def run_logged(
     nothing for an interrupted run.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    _become_subreaper()
     full_env = dict(os.environ)
     if env:
         full_env.update(env)

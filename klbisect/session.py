@@ -95,9 +95,10 @@ class BisectConfig:
             raise KlbisectError("--confidence must be between 0.5 and 1 (e.g. 0.99)", EXIT_USAGE)
         if self.max_runs < 1 or self.parallel < 1 or self.votes < 1:
             raise KlbisectError("--max-runs, --parallel and --votes must be at least 1", EXIT_USAGE)
-        if self.endpoint_runs < 2 or self.max_endpoint_runs < self.endpoint_runs:
-            raise KlbisectError("--endpoint-runs must be at least 2 and at most --max-endpoint-runs",
-                                EXIT_USAGE)
+        # --max-endpoint-runs alone may lower the default first batch
+        self.endpoint_runs = min(self.endpoint_runs, self.max_endpoint_runs)
+        if self.endpoint_runs < 2:
+            raise KlbisectError("--endpoint-runs and --max-endpoint-runs must be at least 2", EXIT_USAGE)
         if self.threshold is not None and self.votes % 2 == 0:
             raise KlbisectError("--votes must be odd so a majority always exists", EXIT_USAGE)
 

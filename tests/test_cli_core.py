@@ -396,12 +396,13 @@ def test_classic_threshold_that_does_not_reproduce(history):
 
 def test_run_that_stops_short_of_confidence_exits_157_with_json(history):
     h = history(n_commits=100, seed=2, noise=SEPARATED)
-    p = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--max-total-runs", "8",
+    # 5 + 5 endpoint runs (decide.MIN_ENDPOINT_RUNS), then two search runs at most
+    p = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--max-total-runs", "12",
             "--json", cwd=h.path)
     assert p.returncode == 157, p.stderr
     res = json_tail(p.stdout)
     assert res["complete"] is False and "max-total-runs" in res["reason"]
-    assert res["confidence"] < 0.99 and res["probe_runs"] <= 9
+    assert res["confidence"] < 0.99 and res["probe_runs"] <= 13
     assert "NOT reached" in p.stderr
     assert worktrees(h.path) == [str(h.path)]
 

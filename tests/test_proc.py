@@ -28,10 +28,18 @@ def _sleeper(tag: str) -> str:
 
 
 def test_detached_children_are_killed_after_a_normal_exit(tmp_path):
+    """As the klbisect command does it: a subreaper process (a separate one
+    here, so pytest itself does not adopt orphans) running a probe whose
+    children detach with setsid and with a double fork."""
     tag = uuid.uuid4().hex
     cmd = f"setsid {_sleeper(tag)} & ( {_sleeper(tag)} & ) ; echo avg_kl_div=0.004"
-    res = run_logged(cmd, tmp_path, tmp_path / "run.log")
-    assert res.exit_code == 0
+    script = ("import sys; from pathlib import Path; from klbisect.proc import become_subreaper, run_logged; "
+              "become_subreaper(); "
+              "r = run_logged(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[2]) / 'run.log'); "
+              "print(r.exit_code)")
+    out = subprocess.run([sys.executable, "-c", script, cmd, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "0", out.stderr
     assert "avg_kl_div=0.004" in (tmp_path / "run.log").read_text()
     time.sleep(0.3)
     assert _alive(tag) == []
