@@ -49,8 +49,11 @@ class Cli(click.Group):
             click.echo("klbisect: interrupted", err=True)
             sys.exit(EXIT_INTERRUPTED)
         except click.UsageError as e:
-            hint = f" (see klbisect {e.ctx.info_name if e.ctx else ''} --help)".replace("  ", " ")
-            click.echo(f"klbisect: error: {e.format_message()}{hint}", err=True)
+            if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+                click.echo(e.ctx.get_help())
+                sys.exit(0)
+            name = e.ctx.command_path if e.ctx else "klbisect"
+            click.echo(f"klbisect: error: {e.format_message()} (see {name} --help)", err=True)
             sys.exit(EXIT_USAGE)
         except click.ClickException as e:
             click.echo(f"klbisect: error: {e.format_message()}", err=True)
