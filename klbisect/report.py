@@ -201,12 +201,13 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
             raise KlbisectError(f"no klbisect state in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
         st = ws.store
         sess = _find_session(ws, session_id)
-        cfg, cands, runs, pl, probe_key, build_key = current_analysis(ws, sess)
+        analysis = current_analysis(ws, sess)
+        cfg, cands, runs, pl, probe_key, build_key = analysis
         if pl is None:
             raise KlbisectError(f"session {sess.id} is still calibrating its endpoints: no result yet",
                                 EXIT_USAGE)
         if sess.kind == "gitbisect":
-            res_obj = gitbisect_result(ws, sess)
+            res_obj = gitbisect_result(ws, sess, analysis)
             result = res_obj.to_json() if res_obj else None
         elif sess.result:
             result = dict(sess.result)

@@ -660,10 +660,10 @@ def current_analysis(ws: Workspace, sess: SessionRow):
     return cfg, cands, runs, pl, probe.key, build_key
 
 
-def gitbisect_result(ws: Workspace, sess: SessionRow) -> Result | None:
+def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result | None:
     """The answer of a `git bisect run` session: git's first bad commit, or
     its block of skipped commits, with the confidence from all runs."""
-    cfg, cands, runs, pl, probe_key, build_key = current_analysis(ws, sess)
+    cfg, cands, runs, pl, probe_key, build_key = analysis or current_analysis(ws, sess)
     if pl is None:
         return None
     refs = gitrepo.bisect_refs(ws.repo)
@@ -755,7 +755,8 @@ def status(path: str | Path | None) -> dict:
                      "bad": sess.bad, "config": sess.config}
         if sess.kind not in ("run", "gitbisect"):
             return out
-        cfg, cands, runs, pl, probe_key, build_key = current_analysis(ws, sess)
+        analysis = current_analysis(ws, sess)
+        cfg, cands, runs, pl, probe_key, build_key = analysis
         shas = [c[0] for c in cands]
         commits = probed_commits(ws, sess, cfg, cands, runs, pl)
         out["commits"] = commits
@@ -766,7 +767,7 @@ def status(path: str | Path | None) -> dict:
             out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
                            "subjects": [cands[i][1] for i in b.indices]} for b in pl.posterior.top_blocks(5)]
         if sess.kind == "gitbisect":
-            res = gitbisect_result(ws, sess)
+            res = gitbisect_result(ws, sess, analysis)
             out["result"] = res.to_json() if res else None
         else:
             out["result"] = sess.result

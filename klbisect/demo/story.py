@@ -143,15 +143,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return F.rms_norm(x, weight.shape, weight, eps)
 '''
 
-_ROTARY = '''"""Rotary position embeddings."""
-from __future__ import annotations
-
-import torch
-
-from tinyserve.config import ModelConfig
-
-
-def rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+_ROPE_FUNCS = '''def rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     half = config.head_dim // 2
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
     angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float64), inv_freq)
@@ -164,22 +156,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 '''
 
+_ROTARY = '''"""Rotary position embeddings."""
+from __future__ import annotations
+
+import torch
+
+from tinyserve.config import ModelConfig
+
+
+''' + _ROPE_FUNCS
+
 _MODEL_HELPERS = '''def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
-def rope_tables(config: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    half = config.head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(half, dtype=torch.float64) / half))
-    angles = torch.outer(torch.arange(config.max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float().to(device), angles.sin().float().to(device)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [batch, heads, tokens, head_dim]; cos/sin: [tokens, head_dim/2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
+''' + _ROPE_FUNCS + '''
 
 '''
 
