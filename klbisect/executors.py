@@ -137,12 +137,6 @@ def port_bases(count: int, span: int = PORT_SPAN, taken: Sequence[int] = (),
     return out
 
 
-def free_port_base(index: int) -> int:
-    """A port range for one slot on its own (``make_slots`` gives each of
-    its slots a disjoint range; this is for a lone slot)."""
-    return port_bases(index + 1)[index]
-
-
 def make_slots(root: Path, parallel: int, gpus_per_probe: int = 0, gpus: Sequence[str] | None = None,
                pid_dir: Path | None = None) -> list[Slot]:
     if gpus_per_probe > 0:

@@ -26,7 +26,7 @@ from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS, SKIP, Mode
                      judge, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
-from .executors import Failure, LocalExecutor, make_slots
+from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, CommandProbe, Slot
@@ -598,7 +598,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             build_key = builder.key if builder else None
             sha = gitrepo.head_sha(ws.top)
             model = _refined_model(ws, sess, cfg, probe.key, build_key)
-            slot = Slot(0, ws.top, {}, make_slots(ws.worktrees, 1)[0].port_base, ws.pids)
+            slot = Slot(0, ws.top, {}, port_bases(1)[0], ws.pids)  # the user's own checkout
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False)
             last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
             measurer.last_built[0] = last or None

@@ -556,19 +556,26 @@ def _wait_for(token: str, proc) -> None:
         time.sleep(0.1)
 
 
-def test_sigterm_stops_a_run_like_ctrl_c(history):
+def _signal_mid_probe(history, send):
+    """Start `klbisect run` whose probe leaves a tagged `sleep`, call ``send``
+    on the process once the probe runs, and return (history, token, process, stderr)."""
     h = history(n_commits=40, seed=6, merges=2, noise=SEPARATED)
     tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
-    first = klb_popen("run", "--good", h.good, "--bad", "main", "--probe-cmd", f"sleep {tok} & {PY} probe.py; wait",
-                      cwd=h.path)
+    proc = klb_popen("run", "--good", h.good, "--bad", "main", "--probe-cmd", f"sleep {tok} & {PY} probe.py; wait",
+                     cwd=h.path)
     try:
-        _wait_for(tok, first)
-        first.terminate()
-        out, err = first.communicate(timeout=120)
+        _wait_for(tok, proc)
+        send(proc)
+        _, err = proc.communicate(timeout=120)
     finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return h, tok, proc, err
+
+
+def test_sigterm_stops_a_run_like_ctrl_c(history):
+    h, tok, first, err = _signal_mid_probe(history, lambda p: p.terminate())
     assert first.returncode == 130, err
     assert "Traceback" not in err
     assert wait_gone(tok) == []
@@ -578,18 +585,7 @@ def test_sigterm_stops_a_run_like_ctrl_c(history):
 def test_sigkilled_klbisect_leaves_nothing_after_the_next_command(history):
     """klbisect killed hard cannot clean up: the probe's shell dies with it
     (PDEATHSIG) and the next klbisect reaps the rest of its process group."""
-    h = history(n_commits=40, seed=6, merges=2, noise=SEPARATED)
-    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
-    first = klb_popen("run", "--good", h.good, "--bad", "main", "--probe-cmd", f"sleep {tok} & {PY} probe.py; wait",
-                      cwd=h.path)
-    try:
-        _wait_for(tok, first)
-        first.kill()
-        first.communicate(timeout=60)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+    h, tok, _, _ = _signal_mid_probe(history, lambda p: p.kill())
     r = klb("reset", cwd=h.path)
     assert r.returncode == 0, r.stderr
     assert wait_gone(tok) == []
