@@ -272,3 +272,28 @@ def test_ray_worker_death_is_retried_and_counted_once(ray_cluster, history, stat
         assert ex.wait() == [] and ex.free() == 1
     finally:
         ex.close()
+
+
+def test_a_repeat_run_goes_back_to_the_slot_that_has_the_commit(tmp_path):
+    """The slot that last probed a commit has it checked out and built (and,
+    for server probes, its server up): a repeat run of it goes there."""
+    seen: list[tuple[str, int]] = []
+
+    def measure(sha: str, slot: Slot) -> Outcome:
+        seen.append((sha, slot.index))
+        return Outcome(sha, slot.index, time.time())
+
+    ex = LocalExecutor([Slot(i, tmp_path / f"slot-{i}") for i in range(3)], measure)
+    try:
+        for sha in ("a", "b", "c"):
+            ex.submit(sha)
+        while ex.in_flight():
+            ex.wait(timeout=5)
+        ex.submit("c")
+        ex.submit("a")
+        while ex.in_flight():
+            ex.wait(timeout=5)
+    finally:
+        ex.close()
+    first = {sha: idx for sha, idx in seen[:3]}
+    assert dict(seen[3:]) == {"c": first["c"], "a": first["a"]}
