@@ -28,10 +28,13 @@ METRIC = "prefill_cache_hit"
 # and appends a ledger line only after the real probe printed its values.
 # With KLB_KILL_AT=n its n-th invocation (0-based) writes its pid and waits to
 # be killed from outside; with KLB_KILL_WORKER its first invocation kills the
-# Ray worker process running it.
+# Ray worker process running it. A second argument holds each run open that
+# many seconds, so that runs dispatched together overlap however loaded the
+# machine is.
 WRAPPER = r'''
 import fcntl, json, os, subprocess, sys, time
 state = sys.argv[1]
+hold = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
 with open(os.path.join(state, "count"), "a+") as f:
     fcntl.flock(f, fcntl.LOCK_EX)
     f.seek(0)
@@ -55,6 +58,7 @@ p = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True)
 sys.stdout.write(p.stdout)
 sys.stderr.write(p.stderr)
 sys.stdout.flush()
+time.sleep(max(0.0, start + hold - time.time()))
 rec = {"n": n, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "port": os.environ.get("KLBISECT_PORT_BASE"),
        "cwd": os.getcwd(), "start": start, "end": time.time()}
 with open(os.path.join(state, "ledger"), "a") as f:
@@ -83,9 +87,9 @@ def state(tmp_path):
     return d
 
 
-def _cfg(h, state: Path, **kw) -> BisectConfig:
+def _cfg(h, state: Path, hold: float = 0.0, **kw) -> BisectConfig:
     return BisectConfig(good=h.good, bad=h.bad, metric=METRIC,
-                        probe_cmd=f"{sys.executable} {state / 'wrapper.py'} {state}", **kw)
+                        probe_cmd=f"{sys.executable} {state / 'wrapper.py'} {state} {hold}", **kw)
 
 
 def _session_runs(h):
@@ -160,7 +164,7 @@ def test_killed_probe_is_an_infrastructure_failure():
 
 def test_local_parallel_with_declared_gpus_finds_culprit(history, state, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
-    res = run_bisect(history.path, _cfg(history, state, parallel=2, gpus_per_probe=2),
+    res = run_bisect(history.path, _cfg(history, state, hold=0.5, parallel=2, gpus_per_probe=2),
                      progress=lambda m: None)
     assert res.complete and res.culprit == history.culprit
     recs = _ledger(state)
@@ -235,7 +239,7 @@ def ray_cluster():
 
 def test_ray_bisect_each_task_gets_its_own_gpus(ray_cluster, history, state, tmp_path, monkeypatch):
     monkeypatch.setenv("KLBISECT_RAY_CACHE", str(tmp_path / "node-cache"))
-    res = run_bisect(history.path, _cfg(history, state, parallel=2, gpus_per_probe=2, executor="ray"),
+    res = run_bisect(history.path, _cfg(history, state, hold=1.5, parallel=2, gpus_per_probe=2, executor="ray"),
                      progress=lambda m: None)
     assert res.complete and res.culprit == history.culprit
     recs = _ledger(state)
