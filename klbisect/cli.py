@@ -138,8 +138,9 @@ def search_options(f):
                      help="Classic mode: a run fails at or above this value (no learning)."),
         click.option("--votes", type=int, default=1, show_default=True,
                      help="Classic mode: majority of this many runs per commit."),
-        click.option("--max-runs", type=int, default=10, show_default=True,
-                     help="At most this many runs with a value per commit."),
+        click.option("--max-runs", type=int, default=None,
+                     help="At most this many runs with a value per commit [default: 10 when good and "
+                          "bad separate, 100 when they overlap]."),
         click.option("--endpoint-runs", type=int, default=MIN_ENDPOINT_RUNS, show_default=True,
                      help="Runs per endpoint before checking that they separate."),
         click.option("--max-endpoint-runs", type=int, default=MAX_ENDPOINT_RUNS, show_default=True,

@@ -20,13 +20,19 @@ RUN_LR_CAP = 40.0        # no single run counts for more than 40:1 (a verdict ne
 VERDICT_LR = 500.0       # a verdict needs 500:1 (so at least two agreeing runs)
 OUTLIER_WEIGHT = 0.02
 OUTLIER_SCALE = 3.0      # in log space: covers values 20x off either way
-MIN_ENDPOINT_RUNS = 5    # then one more each while the endpoints do not separate
+MIN_ENDPOINT_RUNS = 6    # runs per endpoint before the first look
 DECISIVE_EFFECT = 3.0    # endpoints this far apart, with no overlap, are judged by the plug-in model
 GAP_FLOOR = 0.2
 PRIOR_RUNS = 3           # weight of the pooled spread in each side's own spread
 OVERLAP_ENDPOINT_RUNS = 10  # overlapping endpoints anchor every later judgement: measure them well
-MAX_ENDPOINT_RUNS = 30   # overlapping values need 20+ per side to separate at p <= 0.05
+MAX_ENDPOINT_RUNS = 40   # a 0.7-spread shift needs ~40 per side to show reliably
 SEPARATION_P = 0.05
+DEFAULT_MAX_RUNS = 10    # runs per commit when one run nearly decides it
+OVERLAP_MAX_RUNS = 100   # and when they overlap: a 0.7-spread shift can need that many
+OVERLAP_P = 0.2          # enough of a hint to start an integrated search (endpoint_step)
+DISJOINT_MARGIN = 0.25   # "disjoint" needs a gap of this many spreads between the closest runs
+GAP_LR = 3.0             # the most a run between the good and the bad runs counts for
+STRAY_SHARE = 0.15       # ... once this share of each side's runs (at least one) is set aside
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 
@@ -71,6 +77,10 @@ class Model:
     scale_good: float = 0.0
     scale_bad: float = 0.0
     disjoint: bool = False   # no good endpoint run on the bad side of any bad one
+    # (min, max) of the good and of the bad runs, transformed, strays left out:
+    # set when disjoint, so a run is judged by where it falls among them.
+    good_range: tuple = ()
+    bad_range: tuple = ()
 
     @classmethod
     def fit(cls, good: Sequence[float], bad: Sequence[float], cap: float | None = None) -> "Model":
@@ -95,8 +105,9 @@ class Model:
             raw = _pooled_scale(r, max(len(r) - 1, 1)) if len(r) > 1 else pooled
             return math.sqrt((len(r) * max(raw, floor) ** 2 + k * pooled ** 2) / (len(r) + k)) * inflate
 
+        disjoint, g_range, b_range = _ranges(tg, tb, DISJOINT_MARGIN * pooled)
         return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
-                   cap, "learned", own(tg - mu_g), own(tb - mu_b), _disjoint_but_one(g, b))
+                   cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range)
 
     def transform(self, values: Iterable[float]) -> np.ndarray:
         return _transform(_arr(values), self.log_space)
@@ -121,7 +132,29 @@ class Model:
         beyond_bad = y > self.mu_bad if up else y < self.mu_bad
         llr = np.where(beyond_good, np.minimum(llr, 0.0), np.where(beyond_bad, np.maximum(llr, 0.0), llr))
         c = math.log(self.cap)
-        return np.clip(llr, -c, c)
+        llr = np.clip(llr, -c, c)
+        if self.disjoint and self.good_range and self.bad_range:
+            llr = self._by_ranges(y, llr, c)
+        return llr
+
+    def _by_ranges(self, y: np.ndarray, llr: np.ndarray, c: float) -> np.ndarray:
+        """Separated runs judged by where they fall among the runs seen: like
+        a good run, like a bad run, or in the gap between them, where the
+        evidence is weak (at most GAP_LR:1 at either edge, falling linearly
+        to even halfway across): a run beyond all n good runs and short of all m bad runs
+        is about as rare under either. The fitted tails cannot be trusted
+        there: a handful of runs of a skewed metric put its centre and spread far
+        from its near edge, and a bad run just past the good ones would
+        otherwise count 40:1 for good."""
+        (g_lo, g_hi), (b_lo, b_hi) = self.good_range, self.bad_range
+        up = b_lo > g_hi
+        inner_g, inner_b = (g_hi, b_lo) if up else (g_lo, b_hi)
+        t = (y - inner_g) / (inner_b - inner_g)          # 0 at the good edge, 1 at the bad edge
+        in_good = (y >= g_lo) & (y <= g_hi)
+        in_bad = (y >= b_lo) & (y <= b_hi)
+        in_gap = (t > 0) & (t < 1)
+        g = math.log(GAP_LR)
+        return np.where(in_good, -c, np.where(in_bad, c, np.where(in_gap, g * (2 * t - 1), llr)))
 
     @property
     def effect(self) -> float:
@@ -140,6 +173,11 @@ class Model:
     def boundary(self) -> float:
         """The value where a run is equally likely good or bad (for plots)."""
         mid = 0.5 * (self.mu_good + self.mu_bad)
+        if self.decisive and self.good_range and self.bad_range:
+            # _by_ranges is neutral halfway across the gap between the runs seen
+            up = self.bad_range[0] > self.good_range[1]
+            mid = 0.5 * ((self.good_range[1] + self.bad_range[0]) if up
+                         else (self.good_range[0] + self.bad_range[1]))
         return float(math.exp(mid)) if self.log_space else float(mid)
 
     def centre(self, which: str) -> float:
@@ -155,18 +193,32 @@ class Model:
             return ThresholdModel.from_dict(d)  # type: ignore[return-value]
         return cls(**{k: d[k] for k in ("log_space", "mu_good", "mu_bad", "scale", "df",
                                          "n_good", "n_bad", "cap", "kind", "scale_good", "scale_bad",
-                                         "disjoint") if k in d})
+                                         "disjoint", "good_range", "bad_range") if k in d})
 
 
-def _disjoint_but_one(g: np.ndarray, b: np.ndarray) -> bool:
-    """Good and bad runs do not overlap, allowing one stray run (an outlier
-    at an endpoint must not make a clean regression look like an overlapping
-    one)."""
-    lo, hi = (g, b) if np.median(g) <= np.median(b) else (b, g)
-    lo, hi = np.sort(lo), np.sort(hi)
-    if lo[-1] < hi[0]:
-        return True
-    return bool(len(lo) > 3 and len(hi) > 3 and (lo[-2] < hi[0] or lo[-1] < hi[1]))
+def _ranges(tg: np.ndarray, tb: np.ndarray, margin: float) -> tuple[bool, tuple, tuple]:
+    """(disjoint, good (min, max), bad (min, max)) of transformed runs.
+
+    Disjoint: the sides leave a gap wider than ``margin`` between them once
+    outliers are set aside: runs beyond the other side's median, at most one
+    for a handful of runs or STRAY_SHARE of many (a 3-10x outlier must not
+    make a clean regression look like an overlapping one). A run that merely
+    reaches into the other side is no outlier: that is what an overlapping
+    regression looks like, and five of its runs come out disjoint by chance
+    in 1 trial in 40 (one in 20 if such runs could be set aside)."""
+    up = np.median(tg) <= np.median(tb)
+    lo, hi = np.sort(tg if up else tb), np.sort(tb if up else tg)
+
+    def allowed(a: np.ndarray) -> int:
+        return max(1, math.ceil(STRAY_SHARE * a.size)) if a.size > 3 else 0
+    lo_keep, hi_keep = lo[lo <= np.median(hi)], hi[hi >= np.median(lo)]
+    if lo.size - lo_keep.size > allowed(lo) or hi.size - hi_keep.size > allowed(hi):
+        return False, (), ()
+    if not lo_keep.size or not hi_keep.size or hi_keep[0] - lo_keep[-1] <= margin:
+        return False, (), ()
+    lo_r = (float(lo_keep[0]), float(lo_keep[-1]))
+    hi_r = (float(hi_keep[0]), float(hi_keep[-1]))
+    return (True, lo_r, hi_r) if up else (True, hi_r, lo_r)
 
 
 def _transform(x: np.ndarray, log_space: bool) -> np.ndarray:
@@ -236,11 +288,25 @@ class Verdict:
         return f"{math.exp(min(-x, 700)):.3g}:1 for good"
 
 
+def runs_per_commit(model: "Model | ThresholdModel", max_runs: int | None = None) -> int:
+    """``--max-runs``, or by default (None): 10 runs when the sides separate
+    (one run nearly decides), OVERLAP_MAX_RUNS when they overlap. Then the
+    search itself moves on once a commit is settled; a cap set from the
+    endpoints' apparent effect would strand a boundary commit half-judged
+    whenever the endpoint samples overstate it."""
+    if max_runs is not None:
+        return max_runs
+    if not isinstance(model, Model) or model.decisive:
+        return DEFAULT_MAX_RUNS
+    return OVERLAP_MAX_RUNS
+
+
 def judge(values: Sequence[float], crashes: int, model: "Model | ThresholdModel",
-          max_runs: int, crash_limit: int = 2, verdict_lr: float = VERDICT_LR) -> Verdict:
+          max_runs: int | None, crash_limit: int = 2, verdict_lr: float = VERDICT_LR) -> Verdict:
     """Verdict on one commit from its runs so far (Wald's SPRT), or undecided
     while more runs would help. ``skip`` when it cannot be measured."""
     n = len(values)
+    max_runs = runs_per_commit(model, max_runs)
     if isinstance(model, ThresholdModel):
         fails = int(np.sum(model.fails(values)))
         passes = n - fails
@@ -312,20 +378,24 @@ class EndpointStep:
 def endpoint_step(good: Sequence[float], bad: Sequence[float], n_min: int = MIN_ENDPOINT_RUNS,
                   n_max: int = MAX_ENDPOINT_RUNS) -> EndpointStep:
     """The endpoint policy, shared by the session, `calibrate` and the
-    benchmarks: n_min runs each; one more each while they do not separate;
-    when they separate but overlap, runs up to OVERLAP_ENDPOINT_RUNS each,
-    because a lucky low good sample would anchor every later judgement."""
+    benchmarks: n_min runs each; a clean separation is ready at once.
+    Otherwise up to OVERLAP_ENDPOINT_RUNS each, because a lucky low good
+    sample would anchor every later judgement, and then ready as soon as the
+    endpoints differ at OVERLAP_P: the search integrates over what they look
+    like and measures them again when that is worth more than an interior
+    run, so it needs a hint of a difference here, not proof. One more each
+    until then; "fail" (no signal) only at n_max each."""
     ng, nb = len(good), len(bad)
     if ng < n_min or nb < n_min:
         return EndpointStep("more", max(n_min - ng, 0), max(n_min - nb, 0))
     sep = separation(good, bad)
-    if sep.separated:
-        if Model.fit(good, bad).decisive:
-            return EndpointStep("ready", separation=sep)
-        want = min(OVERLAP_ENDPOINT_RUNS, n_max)
-        if ng >= want and nb >= want:
-            return EndpointStep("ready", separation=sep)
+    if sep.separated and Model.fit(good, bad).decisive:
+        return EndpointStep("ready", separation=sep)
+    want = min(OVERLAP_ENDPOINT_RUNS, n_max)
+    if ng < want or nb < want:
         return EndpointStep("more", max(want - ng, 0), max(want - nb, 0), sep)
+    if sep.p_value <= OVERLAP_P:
+        return EndpointStep("ready", separation=sep)
     if ng >= n_max and nb >= n_max:
         return EndpointStep("fail", separation=sep)
     return EndpointStep("more", int(ng < n_max), int(nb < n_max), sep)

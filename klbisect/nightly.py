@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from . import repo as gitrepo
-from .decide import summarize
+from .decide import DEFAULT_MAX_RUNS, summarize
 from .errors import EXIT_USAGE, KlbisectError
 
 Progress = Callable[[str], None]
@@ -203,7 +203,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     slot = None
     measurer = None
     target = opts.runs
-    cap_values = max(cfg.max_runs, opts.runs)
+    cap_values = max(cfg.max_runs or DEFAULT_MAX_RUNS, opts.runs)
     try:
         while True:
             cr = commit_runs(ws, probe_key, build_key, [head])[head]

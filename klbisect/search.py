@@ -10,6 +10,7 @@ overturned (probabilistic bisection, Horstein; Waeber et al. 2013).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Sequence
@@ -130,6 +131,30 @@ def normal_scores(values: np.ndarray) -> np.ndarray:
     return np.array([inv_cdf(p) for p in (ranks - 0.375) / (n + 0.25)])
 
 
+def _scored(values: Sequence[Sequence[float]]):
+    """Per-commit run counts and sums of normal scores (and of squares)."""
+    counts = np.array([len(v) for v in values])
+    if counts.sum() == 0:
+        z = np.zeros(0)
+    else:
+        z = normal_scores(np.concatenate([np.asarray(v, float) for v in values if len(v)]))
+    owner = np.repeat(np.arange(len(values)), counts)
+    s1 = np.bincount(owner, weights=z, minlength=len(values))
+    s2 = np.bincount(owner, weights=z * z, minlength=len(values))
+    return counts, s1, s2, z
+
+
+def _changepoint_loglik(cn, c1, c2, n, t1, t2, floor):
+    """The closed form of integrated_loglik from prefix sums (cn, c1, c2 at
+    b - 1 for b = 1..N: the good group's count, sum and sum of squares) and
+    totals; broadcasts over leading axes (the information gain asks many
+    what-ifs at once)."""
+    bn, b1, b2 = n - cn, t1 - c1, t2 - c2
+    ss = (c2 - c1 ** 2 / cn) + (b2 - b1 ** 2 / bn)
+    ss = np.maximum(ss, floor)
+    return -0.5 * np.log(cn * bn) - 0.5 * (n - 2) * np.log(ss)
+
+
 def integrated_loglik(values: Sequence[Sequence[float]]) -> np.ndarray | None:
     """log P(all runs | B=b) for b = 1..N with good and bad each a normal
     distribution of the runs' normal scores whose means and common spread
@@ -143,21 +168,80 @@ def integrated_loglik(values: Sequence[Sequence[float]]) -> np.ndarray | None:
     ``-1/2 log(n_G n_B) - (n-2)/2 log(SS_within(b))``.
     Returns None until both endpoints have a value and n >= 4.
     """
-    counts = np.array([len(v) for v in values])
+    counts, s1, s2, z = _scored(values)
     n = int(counts.sum())
     if counts[0] == 0 or counts[-1] == 0 or n < 4:
         return None
-    flat = np.concatenate([np.asarray(v, float) for v in values if len(v)])
-    z = normal_scores(flat)
-    owner = np.repeat(np.arange(len(values)), counts)
-    s1 = np.bincount(owner, weights=z, minlength=len(values))
-    s2 = np.bincount(owner, weights=z * z, minlength=len(values))
-    # good group of hypothesis b: commits 0..b-1; bad: b..N
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
-    bn, b1, b2 = n - cn, s1.sum() - c1, s2.sum() - c2
-    ss = (c2 - c1 ** 2 / cn) + (b2 - b1 ** 2 / bn)
-    ss = np.maximum(ss, 1e-12 * max(float(np.sum(z * z)), 1e-12))
-    return -0.5 * np.log(cn * bn) - 0.5 * (n - 2) * np.log(ss)
+    return _changepoint_loglik(cn, c1, c2, n, s1.sum(), s2.sum(), _ss_floor(z))
+
+
+def _ss_floor(z: np.ndarray) -> float:
+    return 1e-12 * max(float(np.sum(z * z)), 1e-12)
+
+
+# Gauss-Hermite nodes for the predictive value of one more run
+_GH_X, _GH_W = np.polynomial.hermite.hermgauss(6)
+_GH_X, _GH_W = _GH_X * math.sqrt(2.0), _GH_W / math.sqrt(math.pi)
+
+
+def _block_entropy(logp: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Entropy (bits) of the block masses, for each row of log P(B=b)."""
+    w = np.exp(logp - logp.max(axis=-1, keepdims=True))
+    m = np.add.reduceat(w, starts, axis=-1)
+    m = m / m.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return -np.sum(np.where(m > 0, m * np.log2(m), 0.0), axis=-1)
+
+
+def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int],
+                     untestable: Sequence[bool] | None = None) -> np.ndarray | None:
+    """Expected bits about where the culprit is that one more run at each
+    candidate commit would give, under the integrated model.
+
+    Unlike the posterior median this values the endpoints too: when
+    interior runs sit halfway between the endpoint samples, the two
+    readings ("the good endpoint ran low" or "the bad one ran high") are
+    settled only by measuring the endpoints again, and no interior run can
+    tell them apart. The new run's normal score is drawn from the
+    predictive mixture of the good and bad score distributions (their
+    centres and spread averaged over the posterior) and integrated by
+    Gauss-Hermite quadrature; ranks of the old runs are held fixed.
+    """
+    counts, s1, s2, z = _scored(values)
+    n = int(counts.sum())
+    if counts[0] == 0 or counts[-1] == 0 or n < 4:
+        return None
+    nb = len(values) - 1
+    unt = np.zeros(nb + 1, bool) if untestable is None else np.asarray(untestable, bool)
+    # block starts over b = 1..N (position b - 1): a block ends at a testable commit
+    ends = [b for b in range(1, nb + 1) if not unt[b] or b == nb]
+    starts = np.array([0] + [e for e in ends[:-1]])
+    cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
+    t1, t2, floor = float(s1.sum()), float(s2.sum()), _ss_floor(z)
+    ll = _changepoint_loglik(cn, c1, c2, n, t1, t2, floor)
+    post = np.exp(ll - ll.max())
+    post /= post.sum()
+    h_now = float(_block_entropy(ll, starts))
+    bn = n - cn
+    m_good = float(np.sum(post * c1 / cn))
+    m_bad = float(np.sum(post * (t1 - c1) / bn))
+    ss = (c2 - c1 ** 2 / cn) + ((t2 - c2) - (t1 - c1) ** 2 / bn)
+    sd = math.sqrt(max(float(np.sum(post * ss)) / max(n - 2, 1), 1e-6))
+    p_bad = np.concatenate([[0.0], np.cumsum(post)])       # commit i bad iff B <= i
+    j = np.arange(nb)                                        # position of b = j + 1
+    gains = np.zeros(len(candidates))
+    for k, i in enumerate(candidates):
+        pb = float(np.clip(p_bad[i], 0.0, 1.0))
+        zq = np.concatenate([m_good + sd * _GH_X, m_bad + sd * _GH_X])
+        wq = np.concatenate([(1 - pb) * _GH_W, pb * _GH_W])
+        inc = (j >= i).astype(float)                         # commit i is in the good group of b > i
+        cn_q = cn + inc
+        c1_q = c1 + zq[:, None] * inc
+        c2_q = c2 + (zq ** 2)[:, None] * inc
+        llq = _changepoint_loglik(cn_q, c1_q, c2_q, n + 1, t1 + zq[:, None], t2 + (zq ** 2)[:, None], floor)
+        gains[k] = h_now - float(np.sum(wq * _block_entropy(llq, starts)))
+    return gains
 
 
 @dataclass
@@ -169,6 +253,22 @@ class CommitRuns:
     build_failed: bool = False
 
 
+def crashes_to_give_up(commits: Sequence[CommitRuns], crash_limit: int = 2,
+                       false_alarm: float = 3e-3) -> int:
+    """Crashes in a row, with no value, that make a commit untestable:
+    ``crash_limit``, or more when crashes are common at commits that do work
+    (8% flaky crashes give two in a row at 1 commit in 150, and a culprit
+    marked untestable is a wrong answer). The rate counts half a crash
+    more than seen, so a short clean history does not look crash-free."""
+    crashes = sum(c.crashes for c in commits if c.values)
+    runs = sum(c.crashes + len(c.values) for c in commits if c.values)
+    rate = (crashes + 0.5) / (runs + 1)
+    k = crash_limit
+    while rate ** k > false_alarm and k < 6:
+        k += 1
+    return k
+
+
 @dataclass
 class Plan:
     posterior: Posterior
@@ -177,10 +277,11 @@ class Plan:
     next: list[int]               # commits to probe now
     untestable: np.ndarray
     exhausted: np.ndarray
+    integrated: bool = False      # judged by the integrated model (the sides overlap)
 
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
-         max_runs: int = 10, crash_limit: int = 2, pending: Sequence[int] = (),
+         max_runs: int | None = None, crash_limit: int = 2, pending: Sequence[int] = (),
          refine: bool = True, boundary_runs: int = 2) -> Plan:
     """One step of the search, from everything seen so far.
 
@@ -190,9 +291,10 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     a few endpoint runs are enough to start and the model sharpens as the
     search goes.
     """
-    from .decide import Model  # pure; imported here to keep the module graph flat
+    from .decide import OVERLAP_MAX_RUNS, Model, runs_per_commit  # pure; imported here to keep the module graph flat
 
     n = len(commits) - 1
+    crash_limit = crashes_to_give_up(commits, crash_limit)
     untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)
                            for c in commits], bool)
     untestable[0] = untestable[n] = False
@@ -227,9 +329,30 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             model = Model.fit(good, bad, cap=model.cap)
             if integrated is None:
                 post = Posterior(evidence(model), untestable)
+    # The integrated posterior is exact only under its flat priors: with a
+    # few dozen runs, endpoint samples that ran high or low by chance can
+    # lend a wrong boundary 99%. It must reach a stricter mark.
+    strict = 1 - (1 - confidence) * INTEGRATED_STRICTNESS
+    done = decided(post, confidence if integrated is None else strict)
+    if done and integrated is None and isinstance(model, Model):
+        # Five runs of an overlapping regression look separated in 1 trial
+        # in 20, and the plug-in model then names a confident wrong commit,
+        # typically next to an endpoint with every interior run on one side.
+        # So a plug-in answer needs runs of its own on both sides, and a
+        # second opinion that assumes nothing of the values' shape must give
+        # it a chance; otherwise the integrated model takes over.
+        second = integrated_loglik([c.values for c in commits])
+        sides = (sum(len(commits[i].values) for i in range(1, done.first)),
+                 sum(len(commits[i].values) for i in range(done.first, n)))
+        if second is not None:
+            alt = Posterior(np.zeros(n + 1), untestable, log_prior=second)
+            if float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION or min(sides) < MIN_SIDE_RUNS:
+                integrated, post = second, alt
+                done = decided(post, strict)
+    if max_runs is None:
+        max_runs = OVERLAP_MAX_RUNS if integrated is not None else runs_per_commit(model)
     exhausted = np.array([len(c.values) >= max_runs or c.crashes >= max_runs + crash_limit
                           for c in commits], bool)
-    done = decided(post, confidence)
     nxt: list[int] = []
     if done and boundary_runs > 1:
         # The answer rests on the commits either side of the boundary: each
@@ -241,4 +364,60 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             done, nxt = None, [i for i in thin if i not in pending][:k]
     if done is None and not nxt:
         nxt = post.choose(k, excluded=exhausted, pending=pending)
-    return Plan(post, model, done, nxt, untestable, exhausted)
+        if integrated is not None:
+            nxt = _most_informative(commits, post, nxt, k, exhausted, untestable, pending,
+                                    endpoint_max=max(4 * max_runs, 40))
+    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None)
+
+
+# The integrated posterior must reach 1 - (1 - confidence) * this.
+INTEGRATED_STRICTNESS = 0.1
+# A plug-in answer stands only if the integrated model gives it at least this
+# much, and at least MIN_SIDE_RUNS interior runs sit on each side of it.
+SECOND_OPINION = 0.05
+MIN_SIDE_RUNS = 3
+
+# where the information gain looks, besides the median: P(bad) quantiles
+_GAIN_TARGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
+
+
+def _most_informative(commits: Sequence[CommitRuns], post: Posterior, picks: list[int], k: int,
+                      exhausted: np.ndarray, untestable: np.ndarray, pending: Sequence[int],
+                      endpoint_max: int) -> list[int]:
+    """With overlapping values, ask the question worth the most bits: one
+    commit among the posterior's quantiles and the two endpoints. With k
+    slots the quantile split points stay, and an endpoint worth more than
+    the weakest of them takes its place."""
+    n = post.n
+    cands = set(picks)
+    for t in _GAIN_TARGETS if k == 1 and not pending else ():
+        cands.update(post.choose(1, excluded=exhausted) if t == 0.5 else _nearest(post, t, exhausted))
+    ends = [i for i in (0, n) if len(commits[i].values) < endpoint_max and i not in pending]
+    cands.update(ends)
+    cands -= set(pending)
+    order = sorted(cands)
+    if not order:
+        return picks
+    gains = information_gain([c.values for c in commits], order, untestable)
+    if gains is None:
+        return picks
+    g = dict(zip(order, gains))
+    if k == 1 and not pending:
+        return [max(order, key=lambda i: (g[i], -abs(post.p_bad[i] - 0.5)))]
+    out = list(picks)
+    for e in sorted(ends, key=lambda i: -g[i]):
+        weakest = min(range(len(out)), key=lambda j: g.get(out[j], 0.0)) if out else None
+        if weakest is None or len(out) < k:
+            out.append(e)
+        elif g[e] > g.get(out[weakest], 0.0):
+            out[weakest] = e
+    return out[:k]
+
+
+def _nearest(post: Posterior, t: float, excluded: np.ndarray) -> list[int]:
+    can = ~post.untestable.copy() & ~np.asarray(excluded, bool)
+    can[0] = can[post.n] = False
+    idx = np.flatnonzero(can)
+    if idx.size == 0:
+        return []
+    return [int(idx[np.argmin(np.abs(post.p_bad[idx] - t))])]

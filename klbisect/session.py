@@ -58,7 +58,7 @@ class BisectConfig:
     metric_regex: str | None = None
     threshold: float | None = None        # classic mode
     votes: int = 1
-    max_runs: int = 10
+    max_runs: int | None = None           # None: decide.runs_per_commit
     endpoint_runs: int = MIN_ENDPOINT_RUNS
     max_endpoint_runs: int = MAX_ENDPOINT_RUNS
     confidence: float = 0.99
@@ -93,7 +93,7 @@ class BisectConfig:
             raise KlbisectError(f"unknown --probe {self.probe!r}; use cmd or sglang", EXIT_USAGE)
         if not 0.5 < self.confidence < 1:
             raise KlbisectError("--confidence must be between 0.5 and 1 (e.g. 0.99)", EXIT_USAGE)
-        if self.max_runs < 1 or self.parallel < 1 or self.votes < 1:
+        if (self.max_runs is not None and self.max_runs < 1) or self.parallel < 1 or self.votes < 1:
             raise KlbisectError("--max-runs, --parallel and --votes must be at least 1", EXIT_USAGE)
         # --max-endpoint-runs alone may lower the default first batch
         self.endpoint_runs = min(self.endpoint_runs, self.max_endpoint_runs)

@@ -82,7 +82,7 @@ class Scenario:
     crash_rate: float = 0.0            # runs with no value
     threshold: float = 0.01            # CI threshold for plain / maj5 / bayesect
     untestable: tuple = (0, 0)         # build-broken stretch right before the culprit: length range
-    max_runs: int = 10                 # klbisect --max-runs (runs per commit) for this model
+    max_runs: int | None = None        # klbisect --max-runs (None: the default, from the model)
 
     def trial_params(self, rng: np.random.Generator) -> dict:
         p = {}
@@ -136,7 +136,7 @@ SCENARIOS = {
     "overlap": Scenario("overlap", "(b) log-normal, median 0.002 sigma 0.26 (6% > 0.003, ~0 > 0.005); "
                         "regression x1.2-1.3; threshold 0.003",
                         kind="lognormal", good=(0.002, LOGN_SIGMA), bad=(1.2, 1.3), labels=1,
-                        threshold=0.003, max_runs=40),
+                        threshold=0.003),
     "heavy": Scenario("heavy", "(c) seed + 3% outliers x3-10 + 3% crashes (any commit)",
                       outlier_rate=0.03, crash_rate=0.03),
     "untestable": Scenario("untestable", "(d) seed + 1-4 build failures right before the culprit",
@@ -148,7 +148,7 @@ HELDOUT = {
                      good=(0.002, 0.005), bad=(0.0055, 0.02), labels=4, threshold=0.015),
     "overlap": Scenario("overlap", "(b') log-normal, median 0.01 sigma 0.35; regression x1.35-1.5; "
                         "threshold 0.015", kind="lognormal", good=(0.01, 0.35), bad=(1.35, 1.5),
-                        labels=1, threshold=0.015, max_runs=40),
+                        labels=1, threshold=0.015),
     "heavy": Scenario("heavy", "(c') (a') + 6% outliers x2-20 + 8% crashes",
                       good=(0.002, 0.005), bad=(0.0055, 0.02), labels=4, threshold=0.015,
                       outlier_rate=0.06, outlier_mult=(2.0, 20.0), crash_rate=0.08),
@@ -284,7 +284,7 @@ def run_bayesect(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: f
 
 def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs: int | None = None,
                  max_endpoint_runs: int | None = None, confidence: float = CONFIDENCE,
-                 max_runs: int = 10, crash_limit: int = 2, max_total_runs: int = 400):
+                 max_runs: int | None = None, crash_limit: int = 2, max_total_runs: int = 400):
     """session.run_bisect with one slot, step for step."""
     o = Oracle(sc, t, rng)
     n = t.n

@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jitter", type=float, default=0.0, help="sim: probes take up to this fraction longer")
     ap.add_argument("--confidence", type=float, default=0.99)
     ap.add_argument("--endpoint-runs", type=int, default=5)
-    ap.add_argument("--max-runs", type=int, default=10)
+    ap.add_argument("--max-runs", type=int, default=None, help="per commit (default: the model's, as klbisect run)")
     ap.add_argument("--max-total-runs", type=int, default=400, help="sim: stop like the session does")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)

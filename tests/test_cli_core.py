@@ -396,7 +396,7 @@ def test_classic_threshold_that_does_not_reproduce(history):
 
 def test_run_that_stops_short_of_confidence_exits_157_with_json(history):
     h = history(n_commits=100, seed=2, noise=SEPARATED)
-    # 5 + 5 endpoint runs (decide.MIN_ENDPOINT_RUNS), then two search runs at most
+    # 6 + 6 endpoint runs (decide.MIN_ENDPOINT_RUNS), then one search run at most
     p = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--max-total-runs", "12",
             "--json", cwd=h.path)
     assert p.returncode == 157, p.stderr

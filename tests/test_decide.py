@@ -7,13 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import (BAD, GOOD, RUN_LR_CAP, SKIP, UNDECIDED, VERDICT_LR, Model, ThresholdModel,
-                             exceedance_upper_bound, exceedances, info_per_run, judge, recommend_threshold,
-                             runs_lower_bound, separation, summarize)
+from klbisect.decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_MAX_RUNS, OVERLAP_P, RUN_LR_CAP, SKIP,
+                             UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step, exceedance_upper_bound,
+                             exceedances, info_per_run, judge, recommend_threshold, runs_lower_bound,
+                             runs_per_commit, separation, summarize)
 
 CAP = math.log(RUN_LR_CAP)
-GOODV = [0.004, 0.0045, 0.005, 0.0042, 0.0048]
-BADV = [0.009, 0.011, 0.012, 0.010, 0.0095]
+GOODV = [0.004, 0.0045, 0.005, 0.0042, 0.0048, 0.0046, 0.0043]
+BADV = [0.009, 0.011, 0.012, 0.010, 0.0095, 0.0105, 0.0102]
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_fit_in_log_space_around_medians(model):
     assert model.mu_good == pytest.approx(math.log(np.median(GOODV)))
     assert model.mu_bad == pytest.approx(math.log(np.median(BADV)))
     assert model.scale > 0
-    assert model.n_good == 5 and model.n_bad == 5
+    assert model.n_good == model.n_bad == 7
     assert model.centre(GOOD) == pytest.approx(np.median(GOODV))
     assert model.centre(BAD) == pytest.approx(np.median(BADV))
 
@@ -54,7 +55,7 @@ def test_log_space_is_scale_invariant(model):
 
 def test_boundary_is_geometric_midpoint_and_neutral(model):
     b = model.boundary()
-    assert b == pytest.approx(math.sqrt(np.median(GOODV) * np.median(BADV)))
+    assert b == pytest.approx(math.sqrt(max(GOODV) * min(BADV)))  # halfway across the gap
     assert model.log_lr([b])[0] == pytest.approx(0.0, abs=1e-9)
     # monotone around it: below says good, above says bad
     assert model.log_lr([b * 0.8])[0] < 0 < model.log_lr([b * 1.25])[0]
@@ -255,6 +256,50 @@ def test_too_few_runs_do_not_separate():
 def test_constant_but_different_endpoints_separate():
     s = separation([0.004] * 3, [0.011] * 3)
     assert s.separated and s.direction == "up"
+
+
+def test_bad_run_just_past_the_good_runs_counts_for_bad():
+    """A skewed, wide bad side: six runs put its fitted centre far from its
+    near edge. A run above every good run and inside the bad runs' range is
+    bad evidence, whatever the fitted tails say."""
+    good = np.exp([-5.37, -5.35, -5.64, -5.46, -5.34, -5.41])
+    bad = np.exp([-3.98, -5.08, -4.10, -3.95, -4.21, -4.05])
+    m = Model.fit(good, bad)
+    assert m.decisive
+    near_edge, in_gap_high, in_gap_low, typical_good = m.log_lr(np.exp([-5.02, -5.12, -5.30, -5.45]))
+    assert near_edge == pytest.approx(math.log(RUN_LR_CAP))
+    assert 0 < in_gap_high < math.log(RUN_LR_CAP)
+    assert -math.log(RUN_LR_CAP) < in_gap_low < 0
+    assert typical_good == pytest.approx(-math.log(RUN_LR_CAP))
+
+
+def test_overlapping_endpoints_start_the_search_on_a_hint():
+    """Overlapping sides: 10 runs each, then ready at p <= OVERLAP_P; the
+    search measures the endpoints again when that is worth most."""
+    rng = np.random.default_rng(11)
+    g, b = list(rng.normal(0, 1, 6)), list(rng.normal(0.8, 1, 6))
+    g, b = [math.exp(x * 0.26 - 6.2) for x in g], [math.exp(x * 0.26 - 6.2) for x in b]
+    step = endpoint_step(g, b)
+    assert step.action == "more" and step.more_good == step.more_bad == 4
+    g += [math.exp(x * 0.26 - 6.2) for x in rng.normal(0, 1, 4)]
+    b += [math.exp(x * 0.26 - 6.2) for x in rng.normal(0.8, 1, 4)]
+    step = endpoint_step(g, b)
+    assert (step.action == "ready") == (step.separation.p_value <= OVERLAP_P)
+
+
+def test_endpoints_without_a_difference_fail_only_at_the_cap():
+    rng = np.random.default_rng(5)
+    g, b = list(rng.uniform(1, 2, 12)), list(rng.uniform(1, 2, 12))
+    step = endpoint_step(g, b, n_max=12)
+    assert step.separation.p_value > OVERLAP_P and step.action == "fail"
+    assert endpoint_step(g, b, n_max=13).action == "more"
+
+
+def test_runs_per_commit_default_follows_the_model():
+    assert runs_per_commit(Model.fit(GOODV, BADV)) == DEFAULT_MAX_RUNS
+    overlapping = Model.fit([1.0, 1.2, 1.1, 1.3, 0.9], [1.1, 1.3, 1.2, 1.4, 1.0])
+    assert not overlapping.decisive and runs_per_commit(overlapping) == OVERLAP_MAX_RUNS
+    assert runs_per_commit(overlapping, 7) == 7
 
 
 # ---- calibration helpers -----------------------------------------------------------

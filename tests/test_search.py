@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from klbisect.decide import Model, ThresholdModel, endpoint_step
-from klbisect.search import Block, CommitRuns, Posterior, decided, plan
+from klbisect.search import Block, CommitRuns, Posterior, decided, information_gain, plan
 
 CAP = math.log(40)
 BIG = math.log(1e6)
@@ -151,8 +151,8 @@ def test_choose_nothing_when_everything_is_certain():
 
 # ---- plan: one step of the search -----------------------------------------------------
 
-GOODV = [0.004, 0.0045, 0.005, 0.0042, 0.0047]  # decide.MIN_ENDPOINT_RUNS each: a decisive model
-BADV = [0.010, 0.011, 0.012, 0.0105, 0.0115]
+GOODV = [0.004, 0.0045, 0.005, 0.0042, 0.0047, 0.0044]  # decide.MIN_ENDPOINT_RUNS each: a decisive model
+BADV = [0.010, 0.011, 0.012, 0.0105, 0.0115, 0.0108]
 
 
 def commits_for(n: int) -> list[CommitRuns]:
@@ -204,10 +204,28 @@ def test_plan_stops_at_confidence():
     model = Model.fit(GOODV, BADV)
     cs[9].values = [0.0045, 0.0044]
     cs[10].values = [0.011, 0.012]
+    cs[5].values, cs[20].values = [0.0046], [0.0115]
     pl = plan(cs, model, 0.9)
-    assert pl.done is not None and pl.done.indices == [10]
+    assert pl.done is not None and pl.done.indices == [10] and not pl.integrated
     strict = plan(cs, model, 1 - 1e-9)
     assert strict.done is None and strict.next and set(strict.next) <= {9, 10}
+
+
+def test_plug_in_answer_needs_interior_runs_on_both_sides():
+    """Every interior run looks good and the bad endpoint's own five runs are
+    all the bad side has: that is how a lucky endpoint sample of an
+    overlapping regression looks, so the answer waits for more evidence."""
+    cs = commits_for(40)
+    model = Model.fit(GOODV, BADV)
+    for i in (10, 20, 30, 35, 38):
+        cs[i].values = [0.0045]
+    cs[39].values = [0.0044, 0.0046]
+    pl = plan(cs, model, 0.99)
+    assert pl.done is None and pl.integrated and pl.next
+    cs[39].values = [0.011, 0.012, 0.0115]
+    cs[38].values += [0.0043]
+    pl = plan(cs, model, 0.99)
+    assert pl.done is not None and pl.done.indices == [39] and not pl.integrated
 
 
 def test_plan_excludes_exhausted_commits():
@@ -340,3 +358,69 @@ def test_simulated_parallel_k_ary():
         c = int(rng.integers(1, 300))
         block, runs, done = simulate(300, c, seed, k=3)
         assert done and block == [c]
+
+
+# ---- overlapping values: the integrated model --------------------------------------------------------
+
+def lognormal_runs(rng, n, shift=0.0):
+    return list(np.exp(-6.2 + shift + 0.26 * rng.standard_normal(n)))
+
+
+def test_information_gain_prefers_the_median_before_interior_runs():
+    rng = np.random.default_rng(1)
+    vals = [lognormal_runs(rng, 10)] + [[] for _ in range(99)] + [lognormal_runs(rng, 10, 0.25)]
+    g = information_gain(vals, [0, 25, 50, 75, 100])
+    assert g[2] == max(g) and g[1] == pytest.approx(g[3], rel=1e-6)
+    assert g[0] == pytest.approx(0.0, abs=1e-9) and g[4] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 6])
+def test_endpoint_run_when_interior_runs_sit_between_the_endpoint_samples(seed):
+    """The good sample ran low and the bad one high, and every interior
+    commit's runs sit halfway between: 'all interior commits are bad' and
+    'all are good' are settled only by measuring an endpoint again (no
+    interior run can tell them apart), and plan() asks for that."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    commits = [CommitRuns(lognormal_runs(rng, 10, -0.15))]
+    commits += [CommitRuns(lognormal_runs(rng, 4)) for _ in range(n - 1)]
+    commits.append(CommitRuns(lognormal_runs(rng, 10, 0.15)))
+    model = Model.fit(commits[0].values, commits[n].values)
+    assert not model.decisive
+    pl = plan(commits, model, 0.99)
+    assert pl.integrated and pl.next and pl.next[0] in (0, n)
+
+
+def simulate_overlap(n, culprit, seed, factor=1.25):
+    """An issue (b) bisect: log-normal KL, sigma 0.26, the median moves by
+    ``factor``; drives endpoint_step and plan() the way `klbisect run` does."""
+    rng = np.random.default_rng(seed)
+    commits = [CommitRuns([]) for _ in range(n + 1)]
+    shift = math.log(factor)
+
+    def measure(i):
+        commits[i].values += lognormal_runs(rng, 1, shift if i >= culprit else 0.0)
+
+    while (step := endpoint_step(commits[0].values, commits[n].values)).action == "more":
+        for _ in range(step.more_good):
+            measure(0)
+        for _ in range(step.more_bad):
+            measure(n)
+    assert step.action == "ready"
+    model = Model.fit(commits[0].values, commits[n].values)
+    pl = None
+    for _ in range(600):
+        pl = plan(commits, model, 0.99)
+        if pl.done or not pl.next:
+            break
+        for i in pl.next:
+            measure(i)
+    return (pl.done.indices if pl.done else None), sum(len(c.values) for c in commits)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_simulated_overlapping_regression_names_the_culprit(seed):
+    rng = np.random.default_rng(7000 + seed)
+    c = int(rng.integers(1, 60))
+    block, runs = simulate_overlap(60, c, seed)
+    assert block == [c], (c, block, runs)
