@@ -11,7 +11,7 @@ import click
 
 from . import __version__
 from .build import DEFAULT_BUILD_PATHS
-from .decide import MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS
+from .decide import MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .probe import DEFAULT_TIMEOUT
@@ -148,7 +148,7 @@ def search_options(f):
         click.option("--confidence", type=float, default=0.99, show_default=True,
                      help="Stop when the most likely culprit (or block) reaches this probability."),
         click.option("--all-commits", is_flag=True, help="Also consider commits of merged side branches."),
-        click.option("--max-total-runs", type=int, default=400, show_default=True),
+        click.option("--max-total-runs", type=int, default=MAX_TOTAL_RUNS, show_default=True),
     ]
     for o in reversed(opts):
         f = o(f)

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
-from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel, endpoint_step,
+from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel, endpoint_step,
                      judge, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
@@ -64,7 +64,7 @@ class BisectConfig:
     confidence: float = 0.99
     first_parent: bool = True
     crash_limit: int = 2
-    max_total_runs: int = 400
+    max_total_runs: int = MAX_TOTAL_RUNS
     parallel: int = 1
     gpus_per_probe: int = 0
     executor: str = "local"               # local | ray

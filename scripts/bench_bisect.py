@@ -284,7 +284,8 @@ def run_bayesect(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: f
 
 def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs: int | None = None,
                  max_endpoint_runs: int | None = None, confidence: float = CONFIDENCE,
-                 max_runs: int | None = None, crash_limit: int = 2, max_total_runs: int = 400):
+                 max_runs: int | None = None, crash_limit: int = 2,
+                 max_total_runs: int = decide.MAX_TOTAL_RUNS):
     """session.run_bisect with one slot, step for step."""
     o = Oracle(sc, t, rng)
     n = t.n

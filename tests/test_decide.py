@@ -334,3 +334,14 @@ def test_information_and_lower_bound(model):
     assert runs_lower_bound(1000, bits) > runs_lower_bound(1000, 1.0) > 0
     assert runs_lower_bound(1000, 0) == float("inf")
     assert math.isnan(info_per_run(ThresholdModel(0.01)))
+
+
+def test_a_good_run_reaching_into_the_bad_runs_is_no_outlier():
+    """Six runs each of an overlapping regression: one good run among the bad
+    ones, the rest apart. That is what overlap looks like, not an outlier,
+    so the plug-in model must not take over; a 3x outlier beyond every bad
+    run is still set aside."""
+    good = [1.49e-3, 1.61e-3, 1.49e-3, 1.68e-3, 1.80e-3, 3.16e-3]
+    bad = [4.12e-3, 2.04e-3, 2.00e-3, 3.48e-3, 2.69e-3, 2.80e-3]
+    assert not Model.fit(good, bad).decisive
+    assert Model.fit(good[:5] + [3 * 4.12e-3], bad).decisive

@@ -424,3 +424,21 @@ def test_simulated_overlapping_regression_names_the_culprit(seed):
     c = int(rng.integers(1, 60))
     block, runs = simulate_overlap(60, c, seed)
     assert block == [c], (c, block, runs)
+
+
+def test_interior_runs_that_overlap_hand_over_to_the_integrated_model():
+    """Endpoint runs that look separated by luck: the interior commits the
+    posterior places firmly give runs right across both ranges, and the
+    search stops trusting single runs."""
+    cs = commits_for(40)
+    model = Model.fit(GOODV, BADV)
+    assert model.decisive and not plan(cs, model, 0.99).integrated
+    rng = np.random.default_rng(4)
+    for i in (2, 4, 6, 8):
+        cs[i].values = list(np.exp(rng.uniform(np.log(0.004), np.log(0.012), 6)))
+    for i in (32, 34, 36, 38):
+        cs[i].values = list(np.exp(rng.uniform(np.log(0.0045), np.log(0.012), 6)))
+    for i in (3, 5, 7, 33, 35, 37):
+        cs[i].values = [0.0044] if i < 20 else [0.011]
+    pl = plan(cs, model, 0.99)
+    assert pl.integrated and not pl.model.decisive
