@@ -356,16 +356,15 @@ def trials_for(strat: str, n: int, base: int, opts, model: str = "") -> int:
     if strat == "bayesect":
         t = opts["bayesect_trials"]
         return max(1, t // 4) if n >= 10000 else t
-    t = max(1, base // 4) if n >= 10000 else base
-    if model == "overlap" and strat == "klbisect":
-        t = max(1, t // 3)             # ~100-300 runs per trial
-    return t
+    if n >= 10000:
+        return max(1, base // (8 if model == "overlap" and strat == "klbisect" else 4))
+    return base
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=150, help="trials per row for N <= 1000 "
-                    "(N = 10,000 rows use a quarter, klbisect on the overlap model a third)")
+                    "(N = 10,000 rows use a quarter, klbisect on the overlap model an eighth)")
     ap.add_argument("--bayesect-trials", type=int, default=20,
                     help="trials per git-bayesect row (N = 10,000: a quarter)")
     ap.add_argument("--commits", default="100,1000,10000")

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from klbisect.decide import Model, ThresholdModel
+from klbisect.decide import MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, Model, ThresholdModel
 from klbisect.search import CommitRuns, plan
 
 REGIMES = {
@@ -63,7 +63,7 @@ def draw(rng: random.Random, regime: dict, bad: bool) -> float:
 
 
 def simulate(n: int, parallel: int, regime_name: str, seed: int, duration: float, jitter: float,
-             confidence: float, endpoint_runs: int, max_runs: int, max_total_runs: int = 400) -> dict:
+             confidence: float, endpoint_runs: int, max_runs: int, max_total_runs: int = MAX_TOTAL_RUNS) -> dict:
     rng = random.Random(seed)
     regime = REGIMES[regime_name]
     culprit = rng.randint(1, n)
@@ -208,9 +208,9 @@ def main(argv=None) -> int:
                     help="seconds per probe (sim: simulated; real: slept by the probe)")
     ap.add_argument("--jitter", type=float, default=0.0, help="sim: probes take up to this fraction longer")
     ap.add_argument("--confidence", type=float, default=0.99)
-    ap.add_argument("--endpoint-runs", type=int, default=5)
+    ap.add_argument("--endpoint-runs", type=int, default=MIN_ENDPOINT_RUNS)
     ap.add_argument("--max-runs", type=int, default=None, help="per commit (default: the model's, as klbisect run)")
-    ap.add_argument("--max-total-runs", type=int, default=400, help="sim: stop like the session does")
+    ap.add_argument("--max-total-runs", type=int, default=MAX_TOTAL_RUNS, help="sim: stop like the session does")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
     rows = run_real(args) if args.mode == "real" else run_sim(args)
