@@ -19,15 +19,15 @@ fi
 nvidia-smi -L; python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name())"
 d1=$(mktemp -d)/demo d2=$(mktemp -d)/demo
 
-(time timeout 200 klbisect demo --device cuda --dir "$d1") > "$OUT/demo_cuda.log" 2>&1
+(time timeout 400 klbisect demo --device cuda --dir "$d1") > "$OUT/demo_cuda.log" 2>&1
 tail -22 "$OUT/demo_cuda.log"
 
 # the demo prints the exact `klbisect start` line for its repository
 start=$(grep -o "klbisect start .*" "$OUT/demo_cuda.log" | sed 's/^klbisect start //')
 eval "set -- $start"
-(cd "$d1" && time (klbisect start "$@" && timeout 280 git bisect run klbisect probe; klbisect status; klbisect reset)) \
+(cd "$d1" && time (klbisect start "$@" && timeout 400 git bisect run klbisect probe; klbisect status; klbisect reset)) \
     > "$OUT/gitbisect.log" 2>&1
 grep -E "first bad commit|^real|Confidence|Probe runs" "$OUT/gitbisect.log"
 
-(time timeout 150 klbisect demo --device cuda --parallel 1 --dir "$d2") > "$OUT/demo_cuda_p1.log" 2>&1
+(time timeout 400 klbisect demo --device cuda --parallel 1 --dir "$d2") > "$OUT/demo_cuda_p1.log" 2>&1
 tail -14 "$OUT/demo_cuda_p1.log"
