@@ -143,11 +143,11 @@ class Model:
         """Separated runs judged by where they fall among the runs seen: like
         a good run, like a bad run, or in the gap between them, where the
         evidence is weak (at most GAP_LR:1 at either edge, falling linearly
-        to even halfway across): a run beyond all n good runs and short of all m bad runs
-        is about as rare under either. The fitted tails cannot be trusted
-        there: a handful of runs of a skewed metric put its centre and spread far
-        from its near edge, and a bad run just past the good ones would
-        otherwise count 40:1 for good."""
+        to even halfway across): a run beyond all n good runs and short of
+        all m bad runs is about as rare under either. The fitted tails
+        cannot be trusted there: a handful of runs of a skewed metric put its
+        centre and spread far from its near edge, and a bad run just past the
+        good ones would otherwise count 40:1 for good."""
         (g_lo, g_hi), (b_lo, b_hi) = self.good_range, self.bad_range
         up = b_lo > g_hi
         inner_g, inner_b = (g_hi, b_lo) if up else (g_lo, b_hi)
@@ -156,7 +156,14 @@ class Model:
         in_bad = (y >= b_lo) & (y <= b_hi)
         in_gap = (t > 0) & (t < 1)
         g = math.log(GAP_LR)
-        return np.where(in_good, -c, np.where(in_bad, c, np.where(in_gap, g * (2 * t - 1), llr)))
+        out = np.where(in_good, -c, np.where(in_bad, c, np.where(in_gap, g * (2 * t - 1), llr)))
+        # Far beyond the bad runs (more than either side's range) is where a
+        # good run's 3-10x outliers land as well as the bad ones': weak
+        # evidence, like the gap. (Nothing but good runs goes beyond the good
+        # side's far end.)
+        w = max(b_hi - b_lo, g_hi - g_lo)
+        far = (y > b_hi + w) if up else (y < b_lo - w)
+        return np.where(far, np.minimum(out, g), out)
 
     @property
     def effect(self) -> float:
@@ -225,9 +232,26 @@ def _ranges(tg: np.ndarray, tb: np.ndarray, margin: float, strays_within: bool =
         return False, (), ()
     if not lo_keep.size or not hi_keep.size or hi_keep[0] - lo_keep[-1] <= margin:
         return False, (), ()
+    lo_keep = _trim_far_end(lo_keep, allowed(lo), low_end=True)
+    hi_keep = _trim_far_end(hi_keep, allowed(hi), low_end=False)
     lo_r = (float(lo_keep[0]), float(lo_keep[-1]))
     hi_r = (float(hi_keep[0]), float(hi_keep[-1]))
     return (True, lo_r, hi_r) if up else (True, hi_r, lo_r)
+
+
+def _trim_far_end(a: np.ndarray, limit: int, low_end: bool) -> np.ndarray:
+    """Drop up to ``limit`` runs at a side's far end (away from the other
+    side) that stand further from the next run than the rest of the side
+    spans: a 3-10x outlier must not stretch the range where a run counts
+    40:1, or a good run's outlier would land inside the bad range."""
+    k = 0
+    while k < limit and a.size - k >= 4:
+        rest = a[k + 1:] if low_end else a[:a.size - k - 1]
+        gap = (rest[0] - a[k]) if low_end else (a[a.size - k - 1] - rest[-1])
+        if gap <= rest[-1] - rest[0]:
+            break
+        k += 1
+    return a[k:] if low_end else a[:a.size - k]
 
 
 def _transform(x: np.ndarray, log_space: bool) -> np.ndarray:

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_MAX_RUNS, OVERLAP_P, RUN_LR_CAP, SKIP,
+from klbisect.decide import (BAD, DEFAULT_MAX_RUNS, GAP_LR, GOOD, OVERLAP_MAX_RUNS, OVERLAP_P, RUN_LR_CAP, SKIP,
                              UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step, exceedance_upper_bound,
                              exceedances, info_per_run, judge, recommend_threshold, runs_lower_bound,
                              runs_per_commit, separation, summarize)
@@ -345,3 +345,17 @@ def test_a_good_run_reaching_into_the_bad_runs_is_no_outlier():
     bad = [4.12e-3, 2.04e-3, 2.00e-3, 3.48e-3, 2.69e-3, 2.80e-3]
     assert not Model.fit(good, bad).decisive
     assert Model.fit(good[:5] + [3 * 4.12e-3], bad).decisive
+
+
+def test_a_far_outlier_neither_stretches_the_bad_range_nor_decides():
+    """Heavy tails: one bad endpoint run 5x the rest must not widen the range
+    where a run counts 40:1 for bad, and a good run's 4x outlier, far beyond
+    every bad run, is weak evidence either way."""
+    good = [5.9e-3, 5.1e-3, 5.3e-3, 5.2e-3, 5.7e-3, 5.4e-3, 5.2e-3, 4.8e-3, 4.8e-3]
+    bad = [10.2e-3, 7.9e-3, 7.5e-3, 7.4e-3, 11.6e-3, 11.2e-3, 7.0e-3, 55.0e-3, 7.8e-3, 7.7e-3]
+    m = Model.fit(good, bad)
+    assert m.decisive
+    assert math.exp(m.bad_range[1]) == pytest.approx(11.6e-3)
+    inside, far = m.log_lr([9.0e-3, 23.0e-3])
+    assert inside == pytest.approx(math.log(RUN_LR_CAP))
+    assert 0 <= far <= math.log(GAP_LR)
