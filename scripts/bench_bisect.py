@@ -36,6 +36,7 @@ Usage::
 
     python scripts/bench_bisect.py                 # the table in docs/benchmarks.rst
     python scripts/bench_bisect.py --heldout       # other parameters, same columns
+    python scripts/bench_bisect.py --set variants  # a new user's own variations
     python scripts/bench_bisect.py --trials 3 --commits 100 --models seed \
         --strategies klbisect,plain                # smoke test
 """
@@ -156,6 +157,28 @@ HELDOUT = {
                            good=(0.002, 0.005), bad=(0.0055, 0.02), labels=4, threshold=0.015,
                            crash_rate=0.03, untestable=(2, 8)),
 }
+
+# Variations a new user tries: a tighter gap, fewer labels, wider and smaller
+# log-normal shifts, more outliers, outliers on overlapping values.
+VARIANTS = {
+    "seed-tight": Scenario("seed-tight", "(v1) 1 of 3 labels U(.003,.006) -> U(.0062,.010): a 3% gap",
+                           good=(0.003, 0.006), bad=(0.0062, 0.010), threshold=0.008),
+    "seed-2labels": Scenario("seed-2labels", "(v2) 1 of 2 labels U(.004,.008) -> U(.009,.02) + 5% crashes",
+                             good=(0.004, 0.008), bad=(0.009, 0.02), labels=2, crash_rate=0.05,
+                             threshold=0.012),
+    "overlap-3labels": Scenario("overlap-3labels", "(v3) log-normal, 3 labels, median .005 sigma .3; x1.3-1.6",
+                                kind="lognormal", good=(0.005, 0.3), bad=(1.3, 1.6), labels=3,
+                                threshold=0.012),
+    "overlap-small": Scenario("overlap-small", "(v4) log-normal median .003 sigma .2; x1.15-1.25",
+                              kind="lognormal", good=(0.003, 0.2), bad=(1.15, 1.25), labels=1,
+                              threshold=0.0045),
+    "overlap-heavy": Scenario("overlap-heavy", "(v5) log-normal sigma .26, x1.25-1.4 + 3% outliers + 3% crashes",
+                              kind="lognormal", good=(0.002, 0.26), bad=(1.25, 1.4), labels=1,
+                              outlier_rate=0.03, crash_rate=0.03, threshold=0.003),
+    "heavy-10pct": Scenario("heavy-10pct", "(v6) seed + 10% outliers x2-5 + 5% crashes",
+                            outlier_rate=0.10, outlier_mult=(2.0, 5.0), crash_rate=0.05),
+}
+SETS = {"main": SCENARIOS, "heldout": HELDOUT, "variants": VARIANTS}
 
 
 # ---------------------------------------------------------------------------
@@ -333,11 +356,12 @@ STRATEGIES = ("plain", "maj5", "bayesect", "klbisect")
 
 
 def _job(args):
-    sc_key, heldout, n, strat, trial, seed, opts = args
-    sc = (HELDOUT if heldout else SCENARIOS)[sc_key]
-    mi = list(SCENARIOS).index(sc_key)
-    truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, int(heldout)]))
-    rng = np.random.default_rng([seed, mi, n, trial, int(heldout), 1 + STRATEGIES.index(strat)])
+    sc_key, set_name, n, strat, trial, seed, opts = args
+    table = SETS[set_name]
+    sc = table[sc_key]
+    mi, si = list(table).index(sc_key), list(SETS).index(set_name)
+    truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, si]))
+    rng = np.random.default_rng([seed, mi, n, trial, si, 1 + STRATEGIES.index(strat)])
     t0 = time.perf_counter()
     if strat == "plain":
         ans, runs = run_plain(sc, truth, rng, 1)
@@ -357,7 +381,7 @@ def trials_for(strat: str, n: int, base: int, opts, model: str = "") -> int:
         t = opts["bayesect_trials"]
         return max(1, t // 4) if n >= 10000 else t
     if n >= 10000:
-        return max(1, base // (8 if model == "overlap" and strat == "klbisect" else 4))
+        return max(1, base // (8 if model.startswith("overlap") and strat == "klbisect" else 4))
     return base
 
 
@@ -368,10 +392,13 @@ def main(argv=None) -> int:
     ap.add_argument("--bayesect-trials", type=int, default=20,
                     help="trials per git-bayesect row (N = 10,000: a quarter)")
     ap.add_argument("--commits", default="100,1000,10000")
-    ap.add_argument("--models", default="seed,overlap,heavy,untestable")
+    ap.add_argument("--models", default=None, help="default: every model of the set")
     ap.add_argument("--strategies", default=",".join(STRATEGIES))
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--heldout", action="store_true", help="the held-out parameter set")
+    ap.add_argument("--set", dest="set_name", choices=sorted(SETS), default="main",
+                    help="which noise models: the issue's (main), held-out parameters, or variations")
+    ap.add_argument("--heldout", dest="set_name", action="store_const", const="heldout",
+                    help="same as --set heldout")
     ap.add_argument("--bayesect-confidence", type=float, default=0.95)
     ap.add_argument("--bayesect-max-runs", type=int, default=3000)
     ap.add_argument("--no-bayesect-repos", dest="bayesect_repos", action="store_false",
@@ -384,10 +411,10 @@ def main(argv=None) -> int:
                     help="write the table (and the command) into this .rst file")
     a = ap.parse_args(argv)
 
-    models = [m for m in a.models.split(",") if m]
+    table = SETS[a.set_name]
+    models = [m for m in (a.models or ",".join(table)).split(",") if m]
     commits = [int(x) for x in a.commits.split(",") if x]
     strats = [s for s in a.strategies.split(",") if s]
-    table = HELDOUT if a.heldout else SCENARIOS
     for m in models:
         if m not in table:
             ap.error(f"unknown model {m!r}; choose from {','.join(table)}")
@@ -404,9 +431,9 @@ def main(argv=None) -> int:
         for n in commits:
             for s in strats:
                 for tr in range(trials_for(s, n, a.trials, opts, m)):
-                    jobs.append((m, a.heldout, n, s, tr, a.seed, opts))
+                    jobs.append((m, a.set_name, n, s, tr, a.seed, opts))
     # long jobs first, so the two workers finish together
-    jobs.sort(key=lambda j: -(j[2] * (50 if j[3] == "bayesect" else 1) * (5 if j[0] == "overlap" else 1)))
+    jobs.sort(key=lambda j: -(j[2] * (50 if j[3] == "bayesect" else 1) * (5 if j[0].startswith("overlap") else 1)))
     t0 = time.time()
     results: dict = {}
     try:

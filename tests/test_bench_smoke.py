@@ -26,3 +26,15 @@ def test_bench_smoke(tmp_path):
     assert klb[4] == "100.0%"                 # three easy trials: all right
     assert "C = 1.000" in text                # non-overlapping values carry one bit per run
     assert out_rst.read_text().startswith("command: python scripts/bench_bisect.py")
+
+
+def test_bench_variants_and_unknown_model():
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--set", "variants", "--trials", "2",
+         "--commits", "100", "--models", "heavy-10pct", "--strategies", "klbisect", "--jobs", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert any(ln.split()[:3] == ["heavy-10pct", "100", "klbisect"] for ln in r.stdout.splitlines())
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--models", "heavy-10pct"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown model 'heavy-10pct'" in bad.stderr
