@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from . import repo as gitrepo
-from .decide import (Model, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
-                     separation, summarize)
+from .decide import (MAX_TOTAL_RUNS, Model, endpoint_step, exceedance_upper_bound, exceedances, info_per_run,
+                     recommend_threshold, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
@@ -91,38 +91,37 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
 
 
 def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int = 40,
-                  seed: int = 0, confidence: float = 0.99, max_runs: int = 300) -> CostEstimate | None:
-    """Runs a bisect over ``commits`` would need, by replaying the real search
-    on values resampled from the measured good and bad runs. Returns None
-    when the two commits do not separate at all."""
+                  seed: int = 0, confidence: float = 0.99,
+                  max_runs: int = MAX_TOTAL_RUNS) -> CostEstimate | None:
+    """Runs a bisect over ``commits`` would need, by replaying the real
+    search, endpoint policy included, on values resampled from the measured
+    good and bad runs. Returns None when the two commits do not separate at
+    all."""
     if not separation(good, bad).separated:
         return None
     rng = np.random.default_rng(seed)
     g, b = np.asarray(good), np.asarray(bad)
-    model = Model.fit(g, b)
-    bits = info_per_run(model)
+    bits = info_per_run(Model.fit(g, b))
     runs_used, right = [], 0
     for _ in range(trials):
         culprit = int(rng.integers(1, commits + 1))
         cr = [CommitRuns([]) for _ in range(commits + 1)]
         n = 0
-        for _ in range(3):
-            cr[0].values.append(float(rng.choice(g)))
-            cr[commits].values.append(float(rng.choice(b)))
-            n += 2
-        while not separation(cr[0].values, cr[commits].values).separated and len(cr[0].values) < 10:
-            cr[0].values.append(float(rng.choice(g)))
-            cr[commits].values.append(float(rng.choice(b)))
-            n += 2
-        m = Model.fit(cr[0].values, cr[commits].values)
-        pl = plan(cr, m, confidence)
-        while not pl.done and pl.next and n < max_runs:
-            i = pl.next[0]
-            cr[i].values.append(float(rng.choice(b if i >= culprit else g)))
-            n += 1
+        while (step := endpoint_step(cr[0].values, cr[commits].values)).action == "more":
+            cr[0].values += [float(v) for v in rng.choice(g, step.more_good)]
+            cr[commits].values += [float(v) for v in rng.choice(b, step.more_bad)]
+            n += step.more_good + step.more_bad
+        pl = None
+        if step.action == "ready":
+            m = Model.fit(cr[0].values, cr[commits].values)
             pl = plan(cr, m, confidence)
+            while not pl.done and pl.next and n < max_runs:
+                i = pl.next[0]
+                cr[i].values.append(float(rng.choice(b if i >= culprit else g)))
+                n += 1
+                pl = plan(cr, m, confidence)
         runs_used.append(n)
-        right += int(pl.done is not None and pl.done.indices == [culprit])
+        right += int(pl is not None and pl.done is not None and pl.done.indices == [culprit])
     from .decide import runs_lower_bound
     return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
                         float(np.percentile(runs_used, 95)), right / trials, trials)

@@ -1,0 +1,50 @@
+"""`klbisect calibrate` end to end: a generated repository, its real probe,
+the run store; what a maintainer reads before choosing a threshold."""
+from __future__ import annotations
+
+import json
+
+from conftest import db_query, error_line, klb, probe_cmd
+
+
+def test_calibrate_reports_labels_thresholds_and_bisect_cost(history):
+    h = history(n_commits=40, seed=8)
+    p = klb("calibrate", "--rev", h.good, "--runs", "8", "--bad-rev", h.bad, "--commits", "200",
+            "--thresholds", "0.005,0.01", "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["sha"] == h.good and res["bad_sha"] == h.bad and res["runs"] == 8
+    # per label: percentiles in order, and exceedance counts with an upper bound on the rate
+    moving = next(ls for ls in res["labels"] if ls["label"] == "prefill_cache_hit")
+    s = moving["summary"]
+    assert s["n"] == 8 and s["min"] <= s["p25"] <= s["median"] <= s["p75"] <= s["max"]
+    above_01 = next(e for e in moving["exceedances"] if e["threshold"] == 0.01)
+    assert above_01["runs"] == 8 and above_01["above"] == 0       # good runs sit in 0.003-0.006
+    assert 0 < above_01["rate_upper_bound"] < 1
+    bad_moving = next(ls for ls in res["bad_labels"] if ls["label"] == "prefill_cache_hit")
+    assert bad_moving["summary"]["median"] > 2 * s["median"]
+    # the cost of a bisect replays the real search on resampled runs
+    cost = res["cost"]
+    assert cost["commits"] == 200 and cost["simulated_accuracy"] >= 0.9
+    assert cost["lower_bound_runs"] < cost["simulated_mean_runs"] < 60
+
+
+def test_calibrate_resumes_from_the_run_store(history):
+    h = history(n_commits=30, seed=9)
+    first = klb("calibrate", "--rev", h.good, "--runs", "4", "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert first.returncode == 0, first.stderr
+    assert "runs at or above" in first.stdout
+    assert "no threshold recommended: too few runs (4)" in first.stdout   # not the sample maximum
+    assert len(db_query(h.path, "SELECT * FROM runs")) == 4
+    again = klb("calibrate", "--rev", h.good, "--runs", "6", "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert again.returncode == 0, again.stderr
+    assert len(db_query(h.path, "SELECT * FROM runs")) == 6          # two new runs, four reused
+    assert "6 runs with values" in again.stdout
+    assert "log-normal tail fit" in again.stdout                       # beyond six runs' reach
+
+
+def test_calibrate_unknown_revision_is_one_clear_line(history):
+    h = history(n_commits=20, seed=10)
+    p = klb("calibrate", "--rev", "no-such-rev", "--probe-cmd", probe_cmd(), cwd=h.path)
+    line = error_line(p, 151)                                        # EXIT_REVISION
+    assert "no-such-rev" in line
