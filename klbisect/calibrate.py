@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from . import repo as gitrepo
-from .decide import (MAX_TOTAL_RUNS, Model, endpoint_step, exceedance_upper_bound, exceedances, info_per_run,
-                     recommend_threshold, separation, summarize)
+from .decide import (MAX_TOTAL_RUNS, Model, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
+                     runs_lower_bound, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
-from .search import CommitRuns, plan
+from .simulate import simulate_bisect
 from .session import (BisectConfig, Workspace, _endpoint_problem, commit_runs, make_builder, make_probe,
                       record)
 
@@ -105,24 +105,10 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
     runs_used, right = [], 0
     for _ in range(trials):
         culprit = int(rng.integers(1, commits + 1))
-        cr = [CommitRuns([]) for _ in range(commits + 1)]
-        n = 0
-        while (step := endpoint_step(cr[0].values, cr[commits].values)).action == "more":
-            cr[0].values += [float(v) for v in rng.choice(g, step.more_good)]
-            cr[commits].values += [float(v) for v in rng.choice(b, step.more_bad)]
-            n += step.more_good + step.more_bad
-        pl = None
-        if step.action == "ready":
-            m = Model.fit(cr[0].values, cr[commits].values)
-            pl = plan(cr, m, confidence)
-            while not pl.done and pl.next and n < max_runs:
-                i = pl.next[0]
-                cr[i].values.append(float(rng.choice(b if i >= culprit else g)))
-                n += 1
-                pl = plan(cr, m, confidence)
+        ans, n = simulate_bisect(commits, lambda i, c=culprit: float(rng.choice(b if i >= c else g)),
+                                 confidence=confidence, max_total_runs=max_runs)
         runs_used.append(n)
-        right += int(pl is not None and pl.done is not None and pl.done.indices == [culprit])
-    from .decide import runs_lower_bound
+        right += int(ans == [culprit])
     return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
                         float(np.percentile(runs_used, 95)), right / trials, trials)
 

@@ -421,7 +421,7 @@ def _most_informative(commits: Sequence[CommitRuns], post: Posterior, picks: lis
 
 
 def _nearest(post: Posterior, t: float, excluded: np.ndarray) -> list[int]:
-    can = ~post.untestable.copy() & ~np.asarray(excluded, bool)
+    can = ~post.untestable & ~np.asarray(excluded, bool)
     can[0] = can[post.n] = False
     idx = np.flatnonzero(can)
     if idx.size == 0:

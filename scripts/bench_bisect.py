@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from klbisect import decide  # noqa: E402
-from klbisect.search import CommitRuns, plan  # noqa: E402
+from klbisect.simulate import simulate_bisect  # noqa: E402
 
 DELTA = 0.01
 CONFIDENCE = 0.99
@@ -309,44 +309,13 @@ def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs
                  max_endpoint_runs: int | None = None, confidence: float = CONFIDENCE,
                  max_runs: int | None = None, crash_limit: int = 2,
                  max_total_runs: int = decide.MAX_TOTAL_RUNS):
-    """session.run_bisect with one slot, step for step."""
+    """session.run_bisect with one slot, step for step (klbisect.simulate)."""
     o = Oracle(sc, t, rng)
-    n = t.n
-    n_min = decide.MIN_ENDPOINT_RUNS if endpoint_runs is None else endpoint_runs
-    n_max = decide.MAX_ENDPOINT_RUNS if max_endpoint_runs is None else max_endpoint_runs
-    commits = [CommitRuns([]) for _ in range(n + 1)]
-    def measure(i: int) -> None:
-        if i in t.untestable:            # the build fails: no probe run, the commit is untestable
-            commits[i].build_failed = True
-            return
-        v = o.run(i)
-        if v is None:
-            commits[i].crashes += 1
-        else:
-            commits[i].values.append(v)
-
-    # calibrate_endpoints
-    while True:
-        g, b = commits[0], commits[n]
-        if any(not c.values and c.crashes >= crash_limit for c in (g, b)):
-            return None, o.runs                       # "endpoint printed no metric value"
-        step = decide.endpoint_step(g.values, b.values, n_min, n_max)
-        if step.action == "ready":
-            model = decide.Model.fit(g.values, b.values)
-            break
-        if step.action == "fail":
-            return None, o.runs                       # "good and bad do not separate"
-        need = [i for k in range(max(step.more_good, step.more_bad))
-                for i, m in ((0, step.more_good), (n, step.more_bad)) if k < m]
-        for i in need:
-            measure(i)
-    while True:
-        pl = plan(commits, model, confidence, k=1, max_runs=max_runs, crash_limit=crash_limit)
-        if pl.done:
-            return list(pl.done.indices), o.runs
-        if o.runs >= max_total_runs or not pl.next:
-            return None, o.runs
-        measure(pl.next[0])
+    return simulate_bisect(
+        t.n, o.run, t.untestable, confidence,
+        decide.MIN_ENDPOINT_RUNS if endpoint_runs is None else endpoint_runs,
+        decide.MAX_ENDPOINT_RUNS if max_endpoint_runs is None else max_endpoint_runs,
+        max_runs, crash_limit, max_total_runs)
 
 
 # ---------------------------------------------------------------------------

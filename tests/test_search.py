@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from klbisect.decide import Model, ThresholdModel, endpoint_step
-from klbisect.search import Block, CommitRuns, Posterior, decided, information_gain, plan
+from klbisect.search import Block, CommitRuns, Posterior, crashes_to_give_up, decided, information_gain, plan
+from klbisect.simulate import simulate_bisect
 
 CAP = math.log(40)
 BIG = math.log(1e6)
@@ -392,30 +393,12 @@ def test_endpoint_run_when_interior_runs_sit_between_the_endpoint_samples(seed):
 
 
 def simulate_overlap(n, culprit, seed, factor=1.25):
-    """An issue (b) bisect: log-normal KL, sigma 0.26, the median moves by
-    ``factor``; drives endpoint_step and plan() the way `klbisect run` does."""
+    """An issue (b) bisect through klbisect.simulate (what `klbisect run`
+    does with one slot): log-normal KL, sigma 0.26, the median moves by
+    ``factor``."""
     rng = np.random.default_rng(seed)
-    commits = [CommitRuns([]) for _ in range(n + 1)]
     shift = math.log(factor)
-
-    def measure(i):
-        commits[i].values += lognormal_runs(rng, 1, shift if i >= culprit else 0.0)
-
-    while (step := endpoint_step(commits[0].values, commits[n].values)).action == "more":
-        for _ in range(step.more_good):
-            measure(0)
-        for _ in range(step.more_bad):
-            measure(n)
-    assert step.action == "ready"
-    model = Model.fit(commits[0].values, commits[n].values)
-    pl = None
-    for _ in range(600):
-        pl = plan(commits, model, 0.99)
-        if pl.done or not pl.next:
-            break
-        for i in pl.next:
-            measure(i)
-    return (pl.done.indices if pl.done else None), sum(len(c.values) for c in commits)
+    return simulate_bisect(n, lambda i: lognormal_runs(rng, 1, shift if i >= culprit else 0.0)[0])
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -442,3 +425,18 @@ def test_interior_runs_that_overlap_hand_over_to_the_integrated_model():
         cs[i].values = [0.0044] if i < 20 else [0.011]
     pl = plan(cs, model, 0.99)
     assert pl.integrated and not pl.model.decisive
+
+
+def test_crash_limit_rises_with_flaky_crashes_at_working_commits():
+    """Two crashes in a row mark a commit untestable, unless crashes are
+    common where the probe does work: then a culprit that crashed twice by
+    chance would be lost, so more are needed."""
+    clean = [CommitRuns([0.004] * 3) for _ in range(20)]
+    assert crashes_to_give_up(clean) == 2
+    flaky = [CommitRuns([0.004] * 11, crashes=1) for _ in range(20)]   # 1 run in 12 crashes
+    assert crashes_to_give_up(flaky) == 3
+    cs = commits_for(40)
+    for i in range(1, 40):
+        cs[i].values, cs[i].crashes = ([0.0044] * 4 if i < 20 else [0.011] * 4), 1
+    cs[20].values, cs[20].crashes = [], 2                 # the culprit crashed twice by chance
+    assert not plan(cs, Model.fit(GOODV, BADV), 0.99).untestable[20]
