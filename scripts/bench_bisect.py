@@ -19,13 +19,13 @@ bad commit ``c`` in 1..N) under several noise models, and four strategies:
                package's own ``State``/``get_commit_indices``/``get_bisector``
                map it onto commits; the probe outcome is drawn in-process from
                the same noise model (spawning the probe would only add time).
-``klbisect``   exactly what ``session.run_bisect`` does with one slot:
-               endpoint calibration (``decide.separation`` after
-               ``decide.MIN_ENDPOINT_RUNS`` runs each, one more each while not
-               separated, up to ``MAX_ENDPOINT_RUNS``), then ``search.plan``
-               with k=1 until it names a block at --confidence 0.99. Every run
-               counts: endpoint runs and crashed runs (build failures are not
-               probe runs).
+``klbisect``   exactly what ``session.run_bisect`` does with one slot
+               (``klbisect.simulate``): endpoint calibration
+               (``decide.endpoint_step``: ``MIN_ENDPOINT_RUNS`` runs each, more
+               while they overlap, up to ``MAX_ENDPOINT_RUNS``), then
+               ``search.plan`` with k=1 until it names a block at --confidence
+               (0.99 by default). Every run counts: endpoint runs and crashed
+               runs (build failures are not probe runs).
 
 The lower bound is Fano's ((1 - delta) log2 N - 1) / C with delta = 0.01 and
 C the mutual information (bits) between one run's outcome (value, or crash)
@@ -341,7 +341,8 @@ def _job(args):
         ans, runs = run_bayesect(sc, truth, rng, opts["bayesect_confidence"], repo_dir,
                                  opts["bayesect_max_runs"], seed * 100003 + trial * 7 + mi + n)
     else:
-        ans, runs = run_klbisect(sc, truth, rng, opts["endpoint_runs"], max_runs=sc.max_runs)
+        ans, runs = run_klbisect(sc, truth, rng, opts["endpoint_runs"], confidence=opts["confidence"],
+                                  max_runs=sc.max_runs)
     return (sc_key, n, strat, ans == truth.block, runs, time.perf_counter() - t0)
 
 
@@ -368,7 +369,10 @@ def main(argv=None) -> int:
                     help="which noise models: the issue's (main), held-out parameters, or variations")
     ap.add_argument("--heldout", dest="set_name", action="store_const", const="heldout",
                     help="same as --set heldout")
-    ap.add_argument("--bayesect-confidence", type=float, default=0.95)
+    ap.add_argument("--confidence", type=float, default=CONFIDENCE,
+                    help="klbisect's --confidence (the posterior mass it stops at)")
+    ap.add_argument("--bayesect-confidence", type=float, default=0.95,
+                    help="git-bayesect's stopping mark (0.95 is its default)")
     ap.add_argument("--bayesect-max-runs", type=int, default=3000)
     ap.add_argument("--no-bayesect-repos", dest="bayesect_repos", action="store_false",
                     help="drive the package's Bisector without generated repositories")
@@ -394,7 +398,7 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="klb-bench-")
     opts = dict(tmp=tmp, bayesect_repos=a.bayesect_repos, bayesect_confidence=a.bayesect_confidence,
                 bayesect_max_runs=a.bayesect_max_runs, bayesect_trials=a.bayesect_trials,
-                endpoint_runs=a.endpoint_runs)
+                endpoint_runs=a.endpoint_runs, confidence=a.confidence)
     jobs = []
     for m in models:
         for n in commits:
@@ -424,7 +428,8 @@ def main(argv=None) -> int:
               f"date: {datetime.date.today().isoformat()}, machine: {os.cpu_count()}-core CPU "
               f"({platform.processor() or platform.machine()}), {a.jobs} worker(s), "
               f"{elapsed:.0f} s; decide.RUN_LR_CAP={decide.RUN_LR_CAP:g}, "
-              f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}")
+              f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}; confidence {a.confidence:g} "
+              f"(git-bayesect {a.bayesect_confidence:g})")
     print(header)
     print("\n".join(lines))
     if a.write_docs:

@@ -38,3 +38,21 @@ def test_bench_variants_and_unknown_model():
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--models", "heavy-10pct"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "unknown model 'heavy-10pct'" in bad.stderr
+
+
+def test_bench_confidence_reaches_the_search():
+    """--confidence is klbisect's stopping mark: a lower one stops an overlapping search sooner."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bisect as bb
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    opts = dict(endpoint_runs=None)
+    spent = {c: bb._job(("overlap", "main", 100, "klbisect", 0, 1, dict(opts, confidence=c)))[4]
+             for c in (0.6, 0.99)}
+    assert spent[0.6] < spent[0.99]
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "1", "--commits", "100",
+         "--models", "seed", "--strategies", "klbisect", "--confidence", "0.95", "--jobs", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "confidence 0.95 (git-bayesect 0.95)" in r.stdout
