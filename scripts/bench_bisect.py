@@ -37,6 +37,8 @@ Usage::
     python scripts/bench_bisect.py                 # the table in docs/benchmarks.rst
     python scripts/bench_bisect.py --heldout       # other parameters, same columns
     python scripts/bench_bisect.py --set variants  # a new user's own variations
+    python scripts/bench_bisect.py --commits 1000 --model \
+        "name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 crashes=0.02"   # your own
     python scripts/bench_bisect.py --trials 3 --commits 100 --models seed \
         --strategies klbisect,plain                # smoke test
 """
@@ -48,6 +50,7 @@ import math
 import multiprocessing as mp
 import os
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -179,6 +182,64 @@ VARIANTS = {
                             outlier_rate=0.10, outlier_mult=(2.0, 5.0), crash_rate=0.05),
 }
 SETS = {"main": SCENARIOS, "heldout": HELDOUT, "variants": VARIANTS}
+
+
+MODEL_KEYS = {
+    "name": "the row's name",
+    "kind": "uniform or lognormal",
+    "good": "uniform: lo,hi of a good run's moving label; lognormal: median,sigma (of log)",
+    "bad": "uniform: lo,hi of a bad run's moving label; lognormal: lo,hi of the median's factor",
+    "labels": "labels per run (the run's value is their max; one label moves)",
+    "outliers": "share of runs multiplied by outlier-mult",
+    "outlier-mult": "lo,hi of the outlier factor",
+    "crashes": "share of runs with no value",
+    "threshold": "CI threshold for plain, maj5 and git-bayesect (default: where a good run "
+                 "fails 6% of the time, for lognormal; between the sides' maxima, for uniform)",
+    "untestable": "lo,hi length of the build-broken stretch before the culprit",
+}
+
+
+def parse_model(spec: str) -> Scenario:
+    """A noise model from ``key=value`` words (``--model``), so a new user can try
+    parameters nobody tuned for. Raises ValueError naming the bad word."""
+    fields: dict = {}
+    for word in spec.split():
+        key, eq, val = word.partition("=")
+        if not eq or key not in MODEL_KEYS:
+            raise ValueError(f"--model: {word!r} is not key=value with a key among {', '.join(MODEL_KEYS)}")
+        try:
+            if key in ("name", "kind"):
+                fields[key] = val
+            elif key in ("labels",):
+                fields[key] = int(val)
+            elif key in ("outliers", "crashes", "threshold"):
+                fields[key] = float(val)
+            else:
+                lo, hi = (float(x) for x in val.split(","))
+                fields[key] = (int(lo), int(hi)) if key == "untestable" else (lo, hi)
+        except ValueError:
+            takes = "a number" if key in ("labels", "outliers", "crashes", "threshold") else "two numbers: lo,hi"
+            raise ValueError(f"--model: {word!r}: {key} takes {takes}") from None
+    kind = fields.get("kind", "uniform")
+    if kind not in ("uniform", "lognormal"):
+        raise ValueError(f"--model: kind={kind} is not uniform or lognormal")
+    default = SCENARIOS["seed"] if kind == "uniform" else SCENARIOS["overlap"]
+    good, bad = fields.get("good", default.good), fields.get("bad", default.bad)
+    if kind == "uniform" and not (0 < good[0] < good[1] and 0 < bad[0] < bad[1]):
+        raise ValueError("--model: good and bad take lo,hi with 0 < lo < hi")
+    if kind == "lognormal" and not (good[0] > 0 and good[1] > 0 and 0 < bad[0] <= bad[1]):
+        raise ValueError("--model: lognormal takes good=median,sigma and bad=factor lo,hi, all > 0")
+    threshold = fields.get("threshold")
+    if threshold is None:
+        threshold = (good[0] * math.exp(1.555 * good[1]) if kind == "lognormal"
+                     else math.sqrt(good[1] * bad[1]))
+    name = fields.get("name", "custom")
+    return Scenario(name, "(custom) " + spec.strip(), kind=kind, good=good, bad=bad,
+                    labels=fields.get("labels", 3 if kind == "uniform" else 1),
+                    outlier_rate=fields.get("outliers", 0.0),
+                    outlier_mult=fields.get("outlier-mult", (3.0, 10.0)),
+                    crash_rate=fields.get("crashes", 0.0), threshold=threshold,
+                    untestable=fields.get("untestable", (0, 0)))
 
 
 # ---------------------------------------------------------------------------
@@ -325,10 +386,7 @@ STRATEGIES = ("plain", "maj5", "bayesect", "klbisect")
 
 
 def _job(args):
-    sc_key, set_name, n, strat, trial, seed, opts = args
-    table = SETS[set_name]
-    sc = table[sc_key]
-    mi, si = list(table).index(sc_key), list(SETS).index(set_name)
+    sc, mi, si, n, strat, trial, seed, opts = args
     truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, si]))
     rng = np.random.default_rng([seed, mi, n, trial, si, 1 + STRATEGIES.index(strat)])
     t0 = time.perf_counter()
@@ -343,7 +401,14 @@ def _job(args):
     else:
         ans, runs = run_klbisect(sc, truth, rng, opts["endpoint_runs"], confidence=opts["confidence"],
                                   max_runs=sc.max_runs)
-    return (sc_key, n, strat, ans == truth.block, runs, time.perf_counter() - t0)
+    return (sc.key, n, strat, ans == truth.block, runs, time.perf_counter() - t0)
+
+
+def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, opts: dict) -> tuple:
+    """The work item for one trial of one row; the seeds depend on the model's place in its set."""
+    table = SETS[set_name]
+    si = list(SETS).index(set_name) if set_name in SETS else len(SETS)
+    return (table[model], list(table).index(model), si, n, strat, trial, seed, opts)
 
 
 def trials_for(strat: str, n: int, base: int, opts, model: str = "") -> int:
@@ -369,6 +434,10 @@ def main(argv=None) -> int:
                     help="which noise models: the issue's (main), held-out parameters, or variations")
     ap.add_argument("--heldout", dest="set_name", action="store_const", const="heldout",
                     help="same as --set heldout")
+    ap.add_argument("--model", dest="custom", action="append", default=[], metavar="SPEC",
+                    help="your own noise model instead of a set, as key=value words, e.g. "
+                         "\"name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 outliers=0.05 "
+                         "crashes=0.02\"; repeatable; keys: " + ", ".join(MODEL_KEYS))
     ap.add_argument("--confidence", type=float, default=CONFIDENCE,
                     help="klbisect's --confidence (the posterior mass it stops at)")
     ap.add_argument("--bayesect-confidence", type=float, default=0.95,
@@ -384,6 +453,15 @@ def main(argv=None) -> int:
                     help="write the table (and the command) into this .rst file")
     a = ap.parse_args(argv)
 
+    if a.custom:
+        try:
+            custom = [parse_model(spec) for spec in a.custom]
+        except ValueError as e:
+            ap.error(str(e))
+        if len({sc.key for sc in custom}) < len(custom):
+            ap.error("--model: give each model its own name=")
+        SETS["custom"] = {sc.key: sc for sc in custom}
+        a.set_name = "custom"
     table = SETS[a.set_name]
     models = [m for m in (a.models or ",".join(table)).split(",") if m]
     commits = [int(x) for x in a.commits.split(",") if x]
@@ -404,9 +482,9 @@ def main(argv=None) -> int:
         for n in commits:
             for s in strats:
                 for tr in range(trials_for(s, n, a.trials, opts, m)):
-                    jobs.append((m, a.set_name, n, s, tr, a.seed, opts))
+                    jobs.append(job(a.set_name, m, n, s, tr, a.seed, opts))
     # long jobs first, so the two workers finish together
-    jobs.sort(key=lambda j: -(j[2] * (50 if j[3] == "bayesect" else 1) * (5 if j[0].startswith("overlap") else 1)))
+    jobs.sort(key=lambda j: -(j[3] * (50 if j[4] == "bayesect" else 1) * (5 if j[0].kind == "lognormal" else 1)))
     t0 = time.time()
     results: dict = {}
     try:
@@ -423,7 +501,7 @@ def main(argv=None) -> int:
 
     bits = {m: table[m].bits_per_run() for m in models}
     lines = render(models, commits, strats, results, bits, table)
-    cmd = "python scripts/bench_bisect.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    cmd = "python scripts/bench_bisect.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     header = (f"command: {cmd.strip()}\n"
               f"date: {datetime.date.today().isoformat()}, machine: {os.cpu_count()}-core CPU "
               f"({platform.processor() or platform.machine()}), {a.jobs} worker(s), "

@@ -48,7 +48,7 @@ def test_bench_confidence_reaches_the_search():
     finally:
         sys.path.remove(str(ROOT / "scripts"))
     opts = dict(endpoint_runs=None)
-    spent = {c: bb._job(("overlap", "main", 100, "klbisect", 0, 1, dict(opts, confidence=c)))[4]
+    spent = {c: bb._job(bb.job("main", "overlap", 100, "klbisect", 0, 1, dict(opts, confidence=c)))[4]
              for c in (0.6, 0.99)}
     assert spent[0.6] < spent[0.99]
     r = subprocess.run(
@@ -56,3 +56,21 @@ def test_bench_confidence_reaches_the_search():
          "--models", "seed", "--strategies", "klbisect", "--confidence", "0.95", "--jobs", "1"],
         capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "confidence 0.95 (git-bayesect 0.95)" in r.stdout
+
+
+def test_bench_own_model_as_a_new_user_would():
+    """--model runs a noise model nobody tuned for; a malformed one is one line and exit 2."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "2", "--commits", "100",
+         "--strategies", "klbisect,plain", "--jobs", "1",
+         "--model", "name=mine good=0.001,0.004 bad=0.005,0.05 labels=5 crashes=0.05 untestable=1,2"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "'name=mine good=0.001,0.004" in r.stdout        # the command line, quoted to paste back
+    klb = next(ln.split() for ln in r.stdout.splitlines() if ln.split()[:3] == ["mine", "100", "klbisect"])
+    assert klb[3] == "2" and klb[4] == "100.0%"
+    for spec, says in (("good=1", "good takes two numbers"), ("kind=gamma", "kind=gamma is not"),
+                       ("colour=red", "not key=value"), ("good=0.006,0.003", "0 < lo < hi")):
+        bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--model", spec],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
