@@ -19,6 +19,12 @@ def pr_text(pr: int | None) -> str:
     return f"#{pr}" if pr else "no PR number"
 
 
+def fmt_confidence(p: float) -> str:
+    """Four decimals, but never "1.0000": a posterior short of certainty
+    must not read as certain."""
+    return f"{p:.4f}" if p < 0.99995 else "> 0.9999"
+
+
 def _with_pr(subject: str, pr: int | None) -> str:
     """The subject, with its PR named once (squash subjects already end in it)."""
     if pr and subject.rstrip().endswith(f"(#{pr})"):
@@ -37,8 +43,8 @@ def format_result(res: Result | dict) -> str:
                      "that cannot be told apart (untestable ones are in the way):")
         for c in r.get("candidate_info", []):
             lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
-    conf = r["confidence"]
-    lines.append(f"Confidence: {conf:.4f}{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
+    lines.append(f"Confidence: {fmt_confidence(r['confidence'])}"
+                 f"{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
     lines.append(f"Probe runs: {r['probe_runs']} ({r['probe_seconds']:.0f}s probing"
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {r['n_commits']} candidate commits")
@@ -352,7 +358,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
             head.append(f"- {_sha_link(c['sha'], slug)} {_md_cell(_culprit_title(c, prs), 200)}{pr}"
                         + (f" — {why}" if why else ""))
     head.append("")
-    conf = f"**Confidence:** {r['confidence']:.4f}"
+    conf = f"**Confidence:** {fmt_confidence(r['confidence'])}"
     conf += "" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 200)}"
     head.append(conf + "  ")
     head.append(f"**Range:** good {_sha_link(r['good'], slug)} → bad {_sha_link(r['bad'], slug)}, "
@@ -466,7 +472,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                          + (f" ({pr_a(c['pr'])})" if c.get("pr") else "")
                          + f" <span class='muted'>{e(info.get(c['sha'], {}).get('why', ''))}</span></li>")
         parts.append("</ul>")
-    parts.append(f"<p><b>Confidence:</b> {r['confidence']:.4f}"
+    parts.append(f"<p><b>Confidence:</b> {e(fmt_confidence(r['confidence']))}"
                  + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})") + "<br>"
                  f"<b>Range:</b> good {sha_a(r['good'])} → bad {sha_a(r['bad'])}, "
                  f"{r['n_commits']} candidate commits<br>"

@@ -57,7 +57,8 @@ def test_markdown_report(bisected, tmp_path):
     assert rep["path"] == str(out) and len(text) <= GITHUB_COMMENT_LIMIT
     title = re.sub(r"\s*\(#\d+\)$", "", h.subjects[h.culprit])
     assert f"**First bad commit:** `{h.culprit[:12]}` {title} (#{h.prs[h.culprit]})" in text
-    assert "**Confidence:** 0.99" in text
+    conf = re.search(r"\*\*Confidence:\*\* (> )?([0-9.]+)", text)
+    assert conf and float(conf.group(2)) >= 0.99
     assert f"{res.probe_runs} probe runs" in text
     # KL before/after per label: median [min, max] (n)
     assert re.search(r"\| `prefill_cache_hit` \| [0-9.e-]+ \[[0-9.e-]+, [0-9.e-]+\] \(\d+\) \|", text)
@@ -209,3 +210,9 @@ def test_no_session_is_a_usage_error(tmp_path):
     with pytest.raises(KlbisectError) as e:
         write_report(h.path)
     assert e.value.code == 150 and "klbisect run" in e.value.message
+
+
+def test_confidence_never_reads_as_certain():
+    from klbisect.report import fmt_confidence
+    assert fmt_confidence(0.99123) == "0.9912"
+    assert fmt_confidence(0.99996) == "> 0.9999" and fmt_confidence(1.0) == "> 0.9999"
