@@ -294,6 +294,10 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     from .decide import OVERLAP_MAX_RUNS, Model, runs_per_commit  # pure; imported here to keep the module graph flat
 
     n = len(commits) - 1
+    # A commit the answer would have to include as "untestable" gets more
+    # chances than one far from it: two flaky crashes in a row at the culprit
+    # would otherwise widen the answer to a block.
+    answer_limit = crashes_to_give_up(commits, crash_limit, ANSWER_FALSE_ALARM)
     crash_limit = crashes_to_give_up(commits, crash_limit)
     untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)
                            for c in commits], bool)
@@ -368,6 +372,11 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                 and not exhausted[i]]
         if thin:
             done, nxt = None, [i for i in thin if i not in pending][:k]
+    if done and not nxt:
+        retry = [i for i in done.indices[:-1] if not commits[i].build_failed and not commits[i].values
+                 and commits[i].crashes < answer_limit]
+        if retry:
+            done, nxt = None, [i for i in retry if i not in pending][:k]
     if done is None and not nxt:
         nxt = post.choose(k, excluded=exhausted, pending=pending)
         if integrated is not None:
@@ -376,6 +385,9 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None)
 
 
+# Per-commit chance of calling a commit the answer rests on untestable
+# because of flaky crashes alone (crashes_to_give_up).
+ANSWER_FALSE_ALARM = 1e-4
 # The integrated posterior must reach 1 - (1 - confidence) * this.
 INTEGRATED_STRICTNESS = 0.03
 # A plug-in answer stands only if the integrated model gives it at least this

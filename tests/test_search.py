@@ -200,6 +200,26 @@ def test_plan_reports_the_pair_next_to_an_always_crashing_commit():
     assert pl.next == []
 
 
+def test_flaky_crashes_at_the_culprit_do_not_widen_the_answer():
+    """Commits that work crash now and then (one run in 30 here), and the
+    culprit crashed twice in a row. Two crashes make a commit far from the
+    answer untestable, but naming the culprit as part of an untestable block
+    on such luck would widen the answer: it is run again instead."""
+    cs = commits_for(40)
+    model = Model.fit(GOODV, BADV)
+    for i in (5, 7, 9):
+        cs[i].values = [0.0045, 0.0044, 0.0046]
+    cs[7].crashes = 1
+    cs[10].crashes = 2
+    for i in (11, 15, 20):
+        cs[i].values = [0.011, 0.012, 0.0115]
+    assert crashes_to_give_up(cs) == 2
+    pl = plan(cs, model, 0.99)
+    assert pl.done is None and pl.next == [10]
+    cs[10].values = [0.0118, 0.0121]
+    assert plan(cs, model, 0.99).done.indices == [10]
+
+
 def test_plan_stops_at_confidence():
     cs = commits_for(40)
     model = Model.fit(GOODV, BADV)
