@@ -37,6 +37,8 @@ Usage::
     python scripts/bench_bisect.py                 # the table in docs/benchmarks.rst
     python scripts/bench_bisect.py --heldout       # other parameters, same columns
     python scripts/bench_bisect.py --set variants  # a new user's own variations
+    python scripts/bench_bisect.py --commits 1000 --random-models 20 --seed 7 \
+        --strategies klbisect                      # 20 models nobody chose
     python scripts/bench_bisect.py --commits 1000 --model \
         "name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 crashes=0.02"   # your own
     python scripts/bench_bisect.py --trials 3 --commits 100 --models seed \
@@ -197,6 +199,33 @@ MODEL_KEYS = {
                  "fails 6% of the time, for lognormal; between the sides' maxima, for uniform)",
     "untestable": "lo,hi length of the build-broken stretch before the culprit",
 }
+
+
+def random_model(k: int, seed: int) -> str:
+    """The k-th random ``--model`` spec: uniform or log-normal values, gaps from
+    1% to 50%, shifts of 1-5 log spreads, 1-5 labels, and now and then
+    outliers, crashes and untestable stretches, so a user can check the
+    accuracy claim on parameters nobody chose."""
+    r = np.random.default_rng([seed, 7919, k])
+    if r.random() < 0.5:
+        lo = float(r.uniform(0.001, 0.02))
+        hi = lo * float(r.uniform(1.3, 3))
+        blo = hi * float(r.uniform(1.01, 1.5))
+        bhi = blo * float(r.uniform(1.2, 4))
+        spec = f"name=u{k} good={lo:.5g},{hi:.5g} bad={blo:.5g},{bhi:.5g} labels={int(r.integers(1, 6))}"
+    else:
+        med, sig = float(r.uniform(0.001, 0.05)), float(r.uniform(0.08, 0.45))
+        f1 = float(np.exp(sig * r.uniform(1.0, 5.0)))
+        f2 = f1 * float(r.uniform(1.0, 1.3))
+        spec = (f"name=l{k} kind=lognormal good={med:.5g},{sig:.3g} bad={f1:.4g},{f2:.4g} "
+                f"labels={int(r.integers(1, 4))}")
+    if r.random() < 0.4:
+        spec += f" outliers={r.uniform(0.01, 0.06):.3f} outlier-mult={r.uniform(1.5, 3):.2f},{r.uniform(4, 10):.2f}"
+    if r.random() < 0.4:
+        spec += f" crashes={r.uniform(0.01, 0.1):.3f}"
+    if r.random() < 0.3:
+        spec += f" untestable=0,{int(r.integers(1, 6))}"
+    return spec
 
 
 def parse_model(spec: str) -> Scenario:
@@ -438,6 +467,8 @@ def main(argv=None) -> int:
                     help="your own noise model instead of a set, as key=value words, e.g. "
                          "\"name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 outliers=0.05 "
                          "crashes=0.02\"; repeatable; keys: " + ", ".join(MODEL_KEYS))
+    ap.add_argument("--random-models", type=int, default=0, metavar="K",
+                    help="K random --model specs drawn with --seed (printed with the table)")
     ap.add_argument("--confidence", type=float, default=CONFIDENCE,
                     help="klbisect's --confidence (the posterior mass it stops at)")
     ap.add_argument("--bayesect-confidence", type=float, default=0.95,
@@ -453,6 +484,7 @@ def main(argv=None) -> int:
                     help="write the table (and the command) into this .rst file")
     a = ap.parse_args(argv)
 
+    a.custom += [random_model(k, a.seed) for k in range(a.random_models)]
     if a.custom:
         try:
             custom = [parse_model(spec) for spec in a.custom]

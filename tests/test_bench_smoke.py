@@ -74,3 +74,17 @@ def test_bench_own_model_as_a_new_user_would():
         bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--model", spec],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bench_random_models_are_valid_and_repeatable():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bisect as bb
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    specs = [bb.random_model(k, 3) for k in range(40)]
+    assert specs == [bb.random_model(k, 3) for k in range(40)] != [bb.random_model(k, 4) for k in range(40)]
+    models = [bb.parse_model(s) for s in specs]
+    assert {m.kind for m in models} == {"uniform", "lognormal"}
+    assert any(m.outlier_rate for m in models) and any(m.crash_rate for m in models)
+    assert any(m.untestable[1] for m in models)
