@@ -254,15 +254,24 @@ class CommitRuns:
 
 
 def crashes_to_give_up(commits: Sequence[CommitRuns], crash_limit: int = 2,
-                       false_alarm: float = 3e-3) -> int:
+                       false_alarm: float | None = None) -> int:
     """Crashes in a row, with no value, that make a commit untestable:
     ``crash_limit``, or more when crashes are common at commits that do work
     (8% flaky crashes give two in a row at 1 commit in 150, and a culprit
-    marked untestable is a wrong answer). The rate counts half a crash
-    more than seen, so a short clean history does not look crash-free."""
+    marked untestable is a wrong answer)."""
+    return _crashes_for(_flaky_crash_rate(commits), crash_limit,
+                        GIVE_UP_FALSE_ALARM if false_alarm is None else false_alarm)
+
+
+def _flaky_crash_rate(commits: Sequence[CommitRuns]) -> float:
+    """Crashes per run at commits that do print values, counting half a
+    crash more than seen, so a short clean history does not look crash-free."""
     crashes = sum(c.crashes for c in commits if c.values)
     runs = sum(c.crashes + len(c.values) for c in commits if c.values)
-    rate = (crashes + 0.5) / (runs + 1)
+    return (crashes + 0.5) / (runs + 1)
+
+
+def _crashes_for(rate: float, crash_limit: int, false_alarm: float) -> int:
     k = crash_limit
     while rate ** k > false_alarm and k < 6:
         k += 1
@@ -297,8 +306,9 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     # A commit the answer would have to include as "untestable" gets more
     # chances than one far from it: two flaky crashes in a row at the culprit
     # would otherwise widen the answer to a block.
-    answer_limit = crashes_to_give_up(commits, crash_limit, ANSWER_FALSE_ALARM)
-    crash_limit = crashes_to_give_up(commits, crash_limit)
+    rate = _flaky_crash_rate(commits)
+    answer_limit = _crashes_for(rate, crash_limit, ANSWER_FALSE_ALARM)
+    crash_limit = _crashes_for(rate, crash_limit, GIVE_UP_FALSE_ALARM)
     untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)
                            for c in commits], bool)
     untestable[0] = untestable[n] = False
@@ -385,8 +395,9 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None)
 
 
-# Per-commit chance of calling a commit the answer rests on untestable
-# because of flaky crashes alone (crashes_to_give_up).
+# Per-commit chance of calling a commit untestable because of flaky crashes
+# alone: anywhere, and where the answer would rest on it.
+GIVE_UP_FALSE_ALARM = 3e-3
 ANSWER_FALSE_ALARM = 1e-4
 # The integrated posterior must reach 1 - (1 - confidence) * this.
 INTEGRATED_STRICTNESS = 0.03
