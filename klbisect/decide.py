@@ -206,7 +206,8 @@ class Model:
                                          "disjoint", "good_range", "bad_range") if k in d})
 
 
-def _ranges(tg: np.ndarray, tb: np.ndarray, margin: float, strays_within: bool = False) -> tuple[bool, tuple, tuple]:
+def _ranges(tg: np.ndarray, tb: np.ndarray, margin: float,
+            strays_within: bool = False) -> tuple[bool, tuple, tuple]:
     """(disjoint, good (min, max), bad (min, max)) of transformed runs.
 
     Disjoint: the sides leave a gap wider than ``margin`` between them once

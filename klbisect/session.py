@@ -22,8 +22,8 @@ import numpy as np
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
-from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel, endpoint_step,
-                     judge, summarize)
+from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel,
+                     endpoint_step, judge, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots, port_bases

@@ -200,6 +200,8 @@ MODEL_KEYS = {
     "untestable": "lo,hi length of the build-broken stretch before the culprit",
 }
 
+NUMBER_KEYS = ("labels", "outliers", "crashes", "threshold")     # the rest but name and kind are lo,hi
+
 
 def random_model(k: int, seed: int) -> str:
     """The k-th random ``--model`` spec: uniform or log-normal values, gaps from
@@ -239,15 +241,13 @@ def parse_model(spec: str) -> Scenario:
         try:
             if key in ("name", "kind"):
                 fields[key] = val
-            elif key in ("labels",):
-                fields[key] = int(val)
-            elif key in ("outliers", "crashes", "threshold"):
-                fields[key] = float(val)
+            elif key in NUMBER_KEYS:
+                fields[key] = int(val) if key == "labels" else float(val)
             else:
                 lo, hi = (float(x) for x in val.split(","))
                 fields[key] = (int(lo), int(hi)) if key == "untestable" else (lo, hi)
         except ValueError:
-            takes = "a number" if key in ("labels", "outliers", "crashes", "threshold") else "two numbers: lo,hi"
+            takes = "a number" if key in NUMBER_KEYS else "two numbers: lo,hi"
             raise ValueError(f"--model: {word!r}: {key} takes {takes}") from None
     kind = fields.get("kind", "uniform")
     if kind not in ("uniform", "lognormal"):
@@ -436,7 +436,7 @@ def _job(args):
 def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, opts: dict) -> tuple:
     """The work item for one trial of one row; the seeds depend on the model's place in its set."""
     table = SETS[set_name]
-    si = list(SETS).index(set_name) if set_name in SETS else len(SETS)
+    si = list(SETS).index(set_name)
     return (table[model], list(table).index(model), si, n, strat, trial, seed, opts)
 
 
