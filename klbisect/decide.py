@@ -35,6 +35,7 @@ DISJOINT_MARGIN = 0.75   # "disjoint" needs a gap of this many spreads between t
 #                          (0.25 let log-normal tails reach across a gap that looked clean)
 GAP_LR = 3.0             # the most a run between the good and the bad runs counts for
 STRAY_SHARE = 0.15       # ... once this share of each side's runs (at least one) is set aside
+CAP_PRIOR_RUNS = 20.0    # the 1/RUN_LR_CAP stray rate counts as this many runs (Model.fit)
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 
@@ -83,6 +84,11 @@ class Model:
     # set when disjoint, so a run is judged by where it falls among them.
     good_range: tuple = ()
     bad_range: tuple = ()
+    # The most one run counts for bad (a value in the bad range) and for good:
+    # ``cap`` unless the good runs themselves land in the bad range more often
+    # than 1 in ``cap`` (or bad runs in the good range). 0 means ``cap``.
+    bad_cap: float = 0.0
+    good_cap: float = 0.0
 
     @classmethod
     def fit(cls, good: Sequence[float], bad: Sequence[float], cap: float | None = None,
@@ -109,8 +115,13 @@ class Model:
             return math.sqrt((len(r) * max(raw, floor) ** 2 + k * pooled ** 2) / (len(r) + k)) * inflate
 
         disjoint, g_range, b_range = _ranges(tg, tb, DISJOINT_MARGIN * pooled, strays_within)
+        bad_cap = good_cap = cap
+        if disjoint:
+            bad_cap = _stray_cap(np.sum((tg >= b_range[0]) & (tg <= b_range[1])), len(tg), cap)
+            good_cap = _stray_cap(np.sum((tb >= g_range[0]) & (tb <= g_range[1])), len(tb), cap)
         return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
-                   cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range)
+                   cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range,
+                   bad_cap, good_cap)
 
     def transform(self, values: Iterable[float]) -> np.ndarray:
         return _transform(_arr(values), self.log_space)
@@ -134,13 +145,13 @@ class Model:
         beyond_good = y < self.mu_good if up else y > self.mu_good
         beyond_bad = y > self.mu_bad if up else y < self.mu_bad
         llr = np.where(beyond_good, np.minimum(llr, 0.0), np.where(beyond_bad, np.maximum(llr, 0.0), llr))
-        c = math.log(self.cap)
-        llr = np.clip(llr, -c, c)
+        cb, cg = math.log(self.bad_cap or self.cap), math.log(self.good_cap or self.cap)
+        llr = np.clip(llr, -cg, cb)
         if self.disjoint and self.good_range and self.bad_range:
-            llr = self._by_ranges(y, llr, c)
+            llr = self._by_ranges(y, llr, cb, cg)
         return llr
 
-    def _by_ranges(self, y: np.ndarray, llr: np.ndarray, c: float) -> np.ndarray:
+    def _by_ranges(self, y: np.ndarray, llr: np.ndarray, cb: float, cg: float) -> np.ndarray:
         """Separated runs judged by where they fall among the runs seen: like
         a good run, like a bad run, or in the gap between them, where the
         evidence is weak (at most GAP_LR:1 at either edge, falling linearly
@@ -157,14 +168,22 @@ class Model:
         in_bad = (y >= b_lo) & (y <= b_hi)
         in_gap = (t > 0) & (t < 1)
         g = math.log(GAP_LR)
-        out = np.where(in_good, -c, np.where(in_bad, c, np.where(in_gap, g * (2 * t - 1), llr)))
+        out = np.where(in_good, -cg, np.where(in_bad, cb, np.where(in_gap, g * (2 * t - 1), llr)))
         # Far beyond the bad runs (more than either side's range) is where a
         # good run's 3-10x outliers land as well as the bad ones': weak
-        # evidence, like the gap. (Nothing but good runs goes beyond the good
-        # side's far end.)
+        # evidence, like the gap.
         w = max(b_hi - b_lo, g_hi - g_lo)
         far = (y > b_hi + w) if up else (y < b_lo - w)
-        return np.where(far, np.minimum(out, g), out)
+        out = np.where(far, np.minimum(out, g), out)
+        # Above every run seen is where only the upper side's own tail
+        # lands, 1 run in n + 1 of it whatever its shape, or the other
+        # side's outliers (a divergence's outliers are large values), 1 in
+        # the cap: a run there counts for no more than cap / (n + 1). Below
+        # every run only the lower side's tail goes, and the fitted tails
+        # stand.
+        if up:
+            return np.where(y > b_hi, np.minimum(out, _past_all(cb, self.n_bad)), out)
+        return np.where(y > g_hi, np.maximum(out, -_past_all(cg, self.n_good)), out)
 
     @property
     def effect(self) -> float:
@@ -203,7 +222,25 @@ class Model:
             return ThresholdModel.from_dict(d)  # type: ignore[return-value]
         return cls(**{k: d[k] for k in ("log_space", "mu_good", "mu_bad", "scale", "df",
                                          "n_good", "n_bad", "cap", "kind", "scale_good", "scale_bad",
-                                         "disjoint", "good_range", "bad_range") if k in d})
+                                         "disjoint", "good_range", "bad_range", "bad_cap", "good_cap")
+                   if k in d})
+
+
+def _past_all(log_cap: float, n: int) -> float:
+    """log of cap / (n + 1), never below even: a run beyond all n runs of a side."""
+    return math.log(max(math.exp(log_cap) / (n + 1), 1.0))
+
+
+def _stray_cap(strays: int, n: int, cap: float) -> float:
+    """The most one run in a side's range may count for, when ``strays`` of
+    the other side's ``n`` runs landed there: one over the rate at which
+    they do, estimated with 1/cap as a prior worth CAP_PRIOR_RUNS runs. A
+    metric whose good runs throw 5% outliers into the bad range makes two
+    such outliers in a row at one good commit a 1-in-400 event, not the
+    1-in-1,600 that a 40:1 cap claims, and an answer resting on them must
+    wait for a third run."""
+    rate = (strays + CAP_PRIOR_RUNS / cap) / (n + CAP_PRIOR_RUNS)
+    return float(min(cap, max(1.0 / rate, GAP_LR)))
 
 
 def _ranges(tg: np.ndarray, tb: np.ndarray, margin: float,

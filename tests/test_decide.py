@@ -373,3 +373,41 @@ def test_a_far_outlier_neither_stretches_the_bad_range_nor_decides():
     inside, far = m.log_lr([9.0e-3, 23.0e-3])
     assert inside == pytest.approx(math.log(RUN_LR_CAP))
     assert 0 <= far <= math.log(GAP_LR)
+
+
+def test_good_runs_landing_among_the_bad_ones_lower_what_one_run_counts_for():
+    """An outlier-prone metric: 3 of 30 good runs (seen at commits the search
+    has placed) landed among the bad runs. Two bad-looking runs at one
+    commit are then a 1-in-200 accident of a good commit, not 1 in 1,600,
+    and must not settle it; without such strays they do."""
+    rng = np.random.default_rng(5)
+    good = list(rng.uniform(0.0035, 0.0055, 27))
+    bad = list(rng.uniform(0.008, 0.013, 10))
+    clean = Model.fit(good, bad, strays_within=True)
+    assert clean.bad_cap == RUN_LR_CAP
+    assert judge([0.0115, 0.011], 0, clean, 10).decision == BAD
+    strays = Model.fit(good + [0.0112, 0.0118, 0.0121], bad, strays_within=True)
+    assert strays.disjoint
+    assert 3.0 < strays.bad_cap < RUN_LR_CAP / 2
+    assert strays.good_cap == RUN_LR_CAP
+    assert judge([0.0115, 0.011], 0, strays, 10).decision == UNDECIDED
+    assert judge([0.0115, 0.011, 0.0112], 0, strays, 10).decision == BAD
+    assert Model.from_dict(strays.to_dict()).bad_cap == strays.bad_cap
+
+
+def test_a_run_above_every_run_seen_counts_for_less_than_one_among_them(model):
+    """Past the largest of n bad runs a bad commit lands 1 time in n + 1,
+    whatever its distribution: a good commit's outlier there is no 40:1
+    evidence (two such outliers named a wrong commit on a 5%-outlier
+    model). Outliers of a divergence are large values, so this holds above
+    every run seen, whichever side is on top."""
+    inside, beyond = model.log_lr([0.011, 0.014])
+    assert inside == pytest.approx(CAP)
+    assert 0 < beyond <= math.log(RUN_LR_CAP / (len(BADV) + 1)) + 1e-9
+    assert judge([0.014, 0.0135], 0, model, 10).decision == UNDECIDED
+    # below every good run only good runs go: a strong good run still
+    assert model.log_lr([0.0036])[0] == pytest.approx(-CAP)
+    # a regression that lowers the metric: above every good run, weak for good
+    down = Model.fit(BADV, GOODV)
+    assert down.log_lr([0.011])[0] == pytest.approx(-CAP)
+    assert -math.log(RUN_LR_CAP / (len(BADV) + 1)) - 1e-9 <= down.log_lr([0.014])[0] < 0
