@@ -228,7 +228,7 @@ class Model:
 
 def _past_all(log_cap: float, n: int) -> float:
     """log of cap / (n + 1), never below even: a run beyond all n runs of a side."""
-    return math.log(max(math.exp(log_cap) / (n + 1), 1.0))
+    return max(log_cap - math.log(n + 1), 0.0)
 
 
 def _stray_cap(strays: int, n: int, cap: float) -> float:
