@@ -2,7 +2,7 @@
 """Benchmark: runs spent and accuracy of bisect strategies on noisy KL metrics.
 
 Simulated histories of N commits (index 0 = known good, N = known bad, first
-bad commit ``c`` in 1..N) under several noise models, and four strategies:
+bad commit ``c`` in 1..N) under several noise models, and five strategies:
 
 ``plain``      git bisect at the CI threshold: one run per commit, trusted
                (a crash exits non-zero and counts as bad; a build failure is
@@ -26,6 +26,12 @@ bad commit ``c`` in 1..N) under several noise models, and four strategies:
                ``search.plan`` with k=1 until it names a block at --confidence
                (0.99 by default). Every run counts: endpoint runs and crashed
                runs (build failures are not probe runs).
+``known``      not a tool anyone can run: the same posterior search
+               (``search.Posterior``, median probing, stop at --confidence)
+               told the TRUE likelihood ratio of every run
+               (``Scenario.log_lr``), with no endpoint runs and no guards.
+               It prices the search alone against the bound, so klbisect's
+               runs beyond it are the price of learning the noise.
 
 The lower bound is Fano's ((1 - delta) log2 N - 1) / C with delta = 0.01 and
 C the mutual information (bits) between one run's outcome (value, or crash)
@@ -61,15 +67,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy import special
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from klbisect import decide  # noqa: E402
+from klbisect.search import Posterior, decided  # noqa: E402
 from klbisect.simulate import simulate_bisect  # noqa: E402
 
 DELTA = 0.01
 CONFIDENCE = 0.99
+LLR_CLIP = 30.0          # a value only one side can give: decisive, but finite
 
 
 # ---------------------------------------------------------------------------
@@ -115,6 +124,55 @@ class Scenario:
         if self.crash_rate:
             v = np.where(rng.random(n) < self.crash_rate, np.nan, v)
         return v
+
+    def log_lr(self, params: dict, bins: int = 6000):
+        """The TRUE log likelihood ratio (bad over good) of one run's value,
+        from the model's exact distributions on a fine grid of log values
+        (outliers convolved in; a crash is equally likely either way, so it
+        weighs 0). Values only one side can give weigh +-LLR_CLIP."""
+        def cdf(x: np.ndarray, bad: bool) -> np.ndarray:
+            if self.kind == "uniform":
+                g = np.clip((x - self.good[0]) / (self.good[1] - self.good[0]), 0, 1)
+                if not bad:
+                    return g ** self.labels
+                b = np.clip((x - self.bad[0]) / (self.bad[1] - self.bad[0]), 0, 1)
+                return b * g ** (self.labels - 1)
+            med, sig = self.good[0] * (params["factor"] if bad else 1.0), self.good[1]
+            z = (np.log(np.maximum(x, 1e-300)) - math.log(med)) / sig
+            return (0.5 * special.erfc(-z / math.sqrt(2))) ** self.labels
+
+        if self.kind == "uniform":
+            lo, hi = min(self.good[0], self.bad[0]), max(self.good[1], self.bad[1])
+        else:
+            f = params["factor"]
+            lo = self.good[0] * min(1.0, f) * math.exp(-9 * self.good[1])
+            hi = self.good[0] * max(1.0, f) * math.exp(9 * self.good[1])
+        m1, m2 = self.outlier_mult
+        top = math.log(hi * (m2 if self.outlier_rate else 1.0))
+        edges = np.linspace(math.log(lo), top, bins + 1)
+        h = edges[1] - edges[0]
+        mass = []
+        for bad in (False, True):
+            p = np.diff(cdf(np.exp(edges), bad))
+            if self.outlier_rate:
+                # log of U(m1, m2) on the same grid, shifted by whole bins
+                k = np.arange(int(math.log(m2) / h) + 2)
+                y = np.clip(np.exp((k + 0.5) * h), m1, m2)
+                y0 = np.clip(np.exp((k - 0.5) * h), m1, m2)
+                kern = (y - y0) / (m2 - m1)
+                p = (1 - self.outlier_rate) * p + self.outlier_rate * np.convolve(p, kern)[:bins]
+            mass.append(p)
+        g, b = mass
+        with np.errstate(divide="ignore", invalid="ignore"):
+            llr = np.where((g > 0) & (b > 0), np.log(b / g), np.where(b > 0, LLR_CLIP, -LLR_CLIP))
+        llr = np.where((g == 0) & (b == 0), 0.0, llr)
+
+        def one(v: float | None) -> float:
+            if v is None:
+                return 0.0
+            i = int(np.clip(np.searchsorted(edges, math.log(v)) - 1, 0, bins - 1))
+            return float(llr[i])
+        return one
 
     def bits_per_run(self, n: int = 2_000_000, seed: int = 12345) -> float:
         """I(outcome; good-vs-bad) at P(bad) = 1/2 from the true distributions."""
@@ -408,10 +466,29 @@ def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs
         max_runs, crash_limit, max_total_runs)
 
 
+def run_known(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: float = CONFIDENCE):
+    """klbisect's search with the noise KNOWN: every run weighs the true log
+    likelihood ratio, no endpoint runs, no refit, no guards. Not a strategy
+    anyone can run; it measures what the search alone costs against Fano's
+    bound, so the rest of klbisect's runs are the price of learning the
+    noise from the endpoints."""
+    o = Oracle(sc, t, rng)
+    llr = sc.log_lr(t.params)
+    s = np.zeros(t.n + 1)
+    unt = np.array([i in t.untestable for i in range(t.n + 1)], bool)
+    while True:
+        post = Posterior(s, unt)
+        done = decided(post, confidence)
+        nxt = post.choose(1)
+        if done or not nxt:
+            return (list(done.indices) if done else None), o.runs
+        s[nxt[0]] += llr(o.run(nxt[0]))
+
+
 # ---------------------------------------------------------------------------
 # the table
 
-STRATEGIES = ("plain", "maj5", "bayesect", "klbisect")
+STRATEGIES = ("plain", "maj5", "bayesect", "klbisect", "known")
 
 
 def _job(args):
@@ -427,6 +504,8 @@ def _job(args):
         repo_dir = Path(opts["tmp"]) if (opts["bayesect_repos"] and n == 1000) else None
         ans, runs = run_bayesect(sc, truth, rng, opts["bayesect_confidence"], repo_dir,
                                  opts["bayesect_max_runs"], seed * 100003 + trial * 7 + mi + n)
+    elif strat == "known":
+        ans, runs = run_known(sc, truth, rng, opts["confidence"])
     else:
         ans, runs = run_klbisect(sc, truth, rng, opts["endpoint_runs"], confidence=opts["confidence"],
                                   max_runs=sc.max_runs)

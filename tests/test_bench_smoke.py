@@ -88,3 +88,30 @@ def test_bench_random_models_are_valid_and_repeatable():
     assert {m.kind for m in models} == {"uniform", "lognormal"}
     assert any(m.outlier_rate for m in models) and any(m.crash_rate for m in models)
     assert any(m.untestable[1] for m in models)
+
+
+def test_known_noise_search_weighs_runs_by_the_true_likelihood_ratio():
+    """The 'known' row's ratio is a real likelihood ratio: on overlapping values
+    a good run's e^llr averages 1, and values only one side gives are decisive."""
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bisect as bb
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    rng = np.random.default_rng(5)
+    overlap = bb.SCENARIOS["overlap"]
+    llr = overlap.log_lr({"factor": 1.25})
+    good = overlap.draw(rng, False, {"factor": 1.25}, 20000)
+    bad = overlap.draw(rng, True, {"factor": 1.25}, 20000)
+    assert abs(np.mean([np.exp(llr(v)) for v in good]) - 1) < 0.05
+    assert np.mean([llr(v) for v in bad]) > 0.1 > -0.1 > np.mean([llr(v) for v in good])
+    seed = bb.SCENARIOS["seed"].log_lr({})
+    assert seed(0.0045) == -bb.LLR_CLIP and seed(0.011) == bb.LLR_CLIP and seed(None) == 0.0
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "4", "--commits", "1000",
+         "--models", "seed", "--strategies", "known", "--jobs", "1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = next(ln.split() for ln in r.stdout.splitlines() if ln.split()[:3] == ["seed", "1,000", "known"])
+    assert row[4] == "100.0%" and 9.0 <= float(row[5]) <= 11.0     # one decisive run per halving
