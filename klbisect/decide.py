@@ -36,6 +36,7 @@ DISJOINT_MARGIN = 0.75   # "disjoint" needs a gap of this many spreads between t
 GAP_LR = 3.0             # the most a run between the good and the bad runs counts for
 STRAY_SHARE = 0.15       # ... once this share of each side's runs (at least one) is set aside
 CAP_PRIOR_RUNS = 20.0    # the 1/RUN_LR_CAP stray rate counts as this many runs (Model.fit)
+FENCE_SPREADS = 4.0      # Model.fence: runs this far past both centres are outliers to the integrated search
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 
@@ -198,6 +199,20 @@ class Model:
         integrates them out (search.integrated_loglik)."""
         return (self.disjoint and min(self.n_good, self.n_bad) >= MIN_ENDPOINT_RUNS
                 and self.effect >= DECISIVE_EFFECT)
+
+    def fence(self, spreads: float = 0.0) -> tuple[float, float]:
+        """(low, high) values beyond which a run is far outside both sides'
+        bulk: ``spreads`` of the wider side's own spread past the outer
+        centre. The integrated search counts such runs only by how often
+        each side throws them (search.integrated_loglik), since on a
+        squared-distance model one 10x outlier would outweigh twenty
+        ordinary runs."""
+        k = spreads or FENCE_SPREADS
+        s = k * max(self.scale_good or self.scale, self.scale_bad or self.scale)
+        lo, hi = min(self.mu_good, self.mu_bad) - s, max(self.mu_good, self.mu_bad) + s
+        if self.log_space:
+            return float(math.exp(lo)), float(math.exp(hi))
+        return float(lo), float(hi)
 
     def boundary(self) -> float:
         """The value where a run is equally likely good or bad (for plots)."""

@@ -155,7 +155,38 @@ def _changepoint_loglik(cn, c1, c2, n, t1, t2, floor):
     return -0.5 * np.log(cn * bn) - 0.5 * (n - 2) * np.log(ss)
 
 
-def integrated_loglik(values: Sequence[Sequence[float]]) -> np.ndarray | None:
+def _fenced(values: Sequence[Sequence[float]], fence: tuple[float, float] | None):
+    """(runs inside the fence per commit, outside counts, run counts), or
+    None when there is no fence or it would leave an endpoint without a run
+    inside (then every run is scored)."""
+    if fence is None:
+        return None
+    lo, hi = fence
+    inside = [[x for x in v if lo <= x <= hi] for v in values]
+    if not inside[0] or not inside[-1]:
+        return None
+    m = np.array([len(v) for v in values])
+    return inside, m - np.array([len(v) for v in inside]), m
+
+
+def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """log P(outside counts | B=b) for b = 1..N, up to a constant: the two
+    sides throw runs past the fence at one shared unknown rate or at two
+    (even odds, uniform priors, integrated out). Outliers that both sides
+    throw alike move nothing; a regression that shows as spikes does."""
+    lg = np.array([math.lgamma(i) for i in range(1, int(m.sum()) + 3)])  # lg[j] = log Gamma(j + 1)
+
+    def betaln(a, b):   # B(a + 1, b + 1) for integer a, b >= 0
+        return lg[a] + lg[b] - lg[a + b + 1]
+
+    K, M = int(k.sum()), int(m.sum())
+    kg, mg = np.cumsum(k)[:-1], np.cumsum(m)[:-1]
+    two = betaln(kg, mg - kg) + betaln(K - kg, (M - mg) - (K - kg))
+    return np.logaddexp(two, betaln(K, M - K))
+
+
+def integrated_loglik(values: Sequence[Sequence[float]],
+                      fence: tuple[float, float] | None = None) -> np.ndarray | None:
     """log P(all runs | B=b) for b = 1..N with good and bad each a normal
     distribution of the runs' normal scores whose means and common spread
     are unknown and integrated out (flat priors on the means, 1/sigma on
@@ -167,13 +198,24 @@ def integrated_loglik(values: Sequence[Sequence[float]]) -> np.ndarray | None:
     refined by every run). Closed form:
     ``-1/2 log(n_G n_B) - (n-2)/2 log(SS_within(b))``.
     Returns None until both endpoints have a value and n >= 4.
+
+    With a ``fence`` (decide.Model.fence) the runs beyond it are scored
+    apart, by how often each side throws them (_rate_loglik), so that an
+    outlier at a good commit next to the boundary costs the answer a little,
+    not the twenty ordinary runs it outweighs on squared distances.
     """
+    split = _fenced(values, fence)
+    if split is not None:
+        values = split[0]
     counts, s1, s2, z = _scored(values)
     n = int(counts.sum())
     if counts[0] == 0 or counts[-1] == 0 or n < 4:
         return None
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
-    return _changepoint_loglik(cn, c1, c2, n, s1.sum(), s2.sum(), _ss_floor(z))
+    ll = _changepoint_loglik(cn, c1, c2, n, s1.sum(), s2.sum(), _ss_floor(z))
+    if split is not None and split[1].any():
+        ll = ll + _rate_loglik(split[1], split[2])
+    return ll
 
 
 def _ss_floor(z: np.ndarray) -> float:
@@ -195,7 +237,8 @@ def _block_entropy(logp: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int],
-                     untestable: Sequence[bool] | None = None) -> np.ndarray | None:
+                     untestable: Sequence[bool] | None = None,
+                     fence: tuple[float, float] | None = None) -> np.ndarray | None:
     """Expected bits about where the culprit is that one more run at each
     candidate commit would give, under the integrated model.
 
@@ -206,8 +249,12 @@ def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int
     tell them apart. The new run's normal score is drawn from the
     predictive mixture of the good and bad score distributions (their
     centres and spread averaged over the posterior) and integrated by
-    Gauss-Hermite quadrature; ranks of the old runs are held fixed.
+    Gauss-Hermite quadrature; ranks of the old runs are held fixed. Runs
+    past the ``fence`` are left out of this estimate.
     """
+    split = _fenced(values, fence)
+    if split is not None:
+        values = split[0]
     counts, s1, s2, z = _scored(values)
     n = int(counts.sum())
     if counts[0] == 0 or counts[-1] == 0 or n < 4:
@@ -320,12 +367,13 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                 s[i] = float(np.sum(m.log_lr(commits[i].values)))
         return s
 
+    fence = model.fence() if isinstance(model, Model) else None
     integrated = None
     # When good and bad overlap, plugging in the endpoint estimates over-trusts
     # every run (they are shared by all runs, and a lucky early separation
     # inflates them): integrate the unknown distributions out instead.
     if isinstance(model, Model) and not model.decisive:
-        integrated = integrated_loglik([c.values for c in commits])
+        integrated = integrated_loglik([c.values for c in commits], fence)
     if integrated is not None:
         post = Posterior(np.zeros(n + 1), untestable, log_prior=integrated)
     else:
@@ -344,7 +392,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             # Interior runs can show what lucky endpoint samples hid: the
             # sides overlap after all. Then no single run is near-decisive.
             if integrated is None and not model.decisive:
-                integrated = integrated_loglik([c.values for c in commits])
+                integrated = integrated_loglik([c.values for c in commits], fence)
                 if integrated is not None:
                     post = Posterior(np.zeros(n + 1), untestable, log_prior=integrated)
             if integrated is None:
@@ -361,7 +409,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         # So a plug-in answer needs runs of its own on both sides, and a
         # second opinion that assumes nothing of the values' shape must give
         # it a chance; otherwise the integrated model takes over.
-        second = integrated_loglik([c.values for c in commits])
+        second = integrated_loglik([c.values for c in commits], fence)
         sides = (sum(len(commits[i].values) for i in range(1, done.first)),
                  sum(len(commits[i].values) for i in range(done.first, n)))
         if second is not None:
@@ -391,7 +439,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         nxt = post.choose(k, excluded=exhausted, pending=pending)
         if integrated is not None:
             nxt = _most_informative(commits, post, nxt, k, exhausted, untestable, pending,
-                                    endpoint_max=max(4 * max_runs, 40))
+                                    endpoint_max=max(4 * max_runs, 40), fence=fence)
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None)
 
 
@@ -412,7 +460,7 @@ _GAIN_TARGETS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 
 
 def _most_informative(commits: Sequence[CommitRuns], post: Posterior, picks: list[int], k: int,
                       exhausted: np.ndarray, untestable: np.ndarray, pending: Sequence[int],
-                      endpoint_max: int) -> list[int]:
+                      endpoint_max: int, fence: tuple[float, float] | None = None) -> list[int]:
     """With overlapping values, ask the question worth the most bits: one
     commit among the posterior's quantiles and the two endpoints. With k
     slots the quantile split points stay, and an endpoint worth more than
@@ -427,7 +475,7 @@ def _most_informative(commits: Sequence[CommitRuns], post: Posterior, picks: lis
     order = sorted(cands)
     if not order:
         return picks
-    gains = information_gain([c.values for c in commits], order, untestable)
+    gains = information_gain([c.values for c in commits], order, untestable, fence)
     if gains is None:
         return picks
     g = dict(zip(order, gains))

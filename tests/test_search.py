@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from klbisect.decide import Model, ThresholdModel, endpoint_step
-from klbisect.search import Block, CommitRuns, Posterior, crashes_to_give_up, decided, information_gain, plan
+from klbisect.search import (Block, CommitRuns, Posterior, crashes_to_give_up, decided, information_gain,
+                             integrated_loglik, plan)
 from klbisect.simulate import simulate_bisect
 
 CAP = math.log(40)
@@ -460,3 +461,42 @@ def test_crash_limit_rises_with_flaky_crashes_at_working_commits():
         cs[i].values, cs[i].crashes = ([0.0044] * 4 if i < 20 else [0.011] * 4), 1
     cs[20].values, cs[20].crashes = [], 2                 # the culprit crashed twice by chance
     assert not plan(cs, Model.fit(GOODV, BADV), 0.99).untestable[20]
+
+
+def fenced_posterior(values, fence):
+    return Posterior(np.zeros(len(values)), log_prior=integrated_loglik(values, fence))
+
+
+def test_an_outlier_beside_the_boundary_moves_the_integrated_answer_little():
+    """On squared distances one 8x outlier at the last good commit costs
+    the answer more than its ten ordinary runs can make up; past the
+    model's fence it counts only as a run that either side may throw."""
+    rng = np.random.default_rng(11)
+    n, c = 30, 17
+    values = [lognormal_runs(rng, 10)] + [lognormal_runs(rng, 3, 0.5 if i >= c else 0.0) for i in range(1, n)]
+    values.append(lognormal_runs(rng, 10, 0.5))
+    values[c - 1] = lognormal_runs(rng, 10) + [8 * math.exp(-6.2)]
+    values[c] = lognormal_runs(rng, 10, 0.5)
+    model = Model.fit(values[0], values[n])
+    lo, hi = model.fence()
+    assert lo < min(min(v) for v in values if v) and 8 * math.exp(-6.2) > hi > max(values[n][:10])
+    kept = fenced_posterior(values, (lo, hi))
+    raw = fenced_posterior(values, None)
+    assert kept.p_first_bad[c] > 0.9999
+    assert raw.p_first_bad[c] < 0.99   # scored with the rest, it alone holds the answer under 99%
+
+
+def test_spikes_only_the_bad_side_throws_are_evidence():
+    """A regression that leaves the bulk alone and shows as 10x spikes in a
+    third of the runs: the runs past the fence place the boundary."""
+    rng = np.random.default_rng(12)
+    n, c = 20, 9
+    values = []
+    for i in range(n + 1):
+        v = lognormal_runs(rng, 12 if i in (0, n) else 6)
+        if i >= c:
+            v = [x * 10 if j % 3 == 0 else x for j, x in enumerate(v)]
+        values.append(v)
+    fence = Model.fit(values[0], values[n]).fence()
+    post = fenced_posterior(values, fence)
+    assert post.top().indices == [c] and post.top().mass > 0.9
