@@ -156,17 +156,18 @@ def _changepoint_loglik(cn, c1, c2, n, t1, t2, floor):
 
 
 def _fenced(values: Sequence[Sequence[float]], fence: tuple[float, float] | None):
-    """(runs inside the fence per commit, outside counts, run counts), or
-    None when there is no fence or it would leave an endpoint without a run
-    inside (then every run is scored)."""
+    """(runs inside the fence per commit, counts below it, counts above it,
+    run counts), or None when there is no fence or it would leave an
+    endpoint without a run inside (then every run is scored)."""
     if fence is None:
         return None
     lo, hi = fence
     inside = [[x for x in v if lo <= x <= hi] for v in values]
     if not inside[0] or not inside[-1]:
         return None
-    m = np.array([len(v) for v in values])
-    return inside, m - np.array([len(v) for v in inside]), m
+    below = np.array([sum(1 for x in v if x < lo) for v in values])
+    above = np.array([sum(1 for x in v if x > hi) for v in values])
+    return inside, below, above, np.array([len(v) for v in values])
 
 
 def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -200,7 +201,7 @@ def integrated_loglik(values: Sequence[Sequence[float]],
     Returns None until both endpoints have a value and n >= 4.
 
     With a ``fence`` (decide.Model.fence) the runs beyond it are scored
-    apart, by how often each side throws them (_rate_loglik), so that an
+    apart, by how often each side throws them past each end (_rate_loglik), so that an
     outlier at a good commit next to the boundary costs the answer a little,
     not the twenty ordinary runs it outweighs on squared distances.
     """
@@ -213,8 +214,12 @@ def integrated_loglik(values: Sequence[Sequence[float]],
         return None
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
     ll = _changepoint_loglik(cn, c1, c2, n, s1.sum(), s2.sum(), _ss_floor(z))
-    if split is not None and split[1].any():
-        ll = ll + _rate_loglik(split[1], split[2])
+    if split is not None:
+        # below and above apart: a good side's low tail and a bad side's
+        # high one are evidence, where pooled they would cancel
+        for k in split[1:3]:
+            if k.any():
+                ll = ll + _rate_loglik(k, split[3])
     return ll
 
 
