@@ -500,3 +500,19 @@ def test_spikes_only_the_bad_side_throws_are_evidence():
     fence = Model.fit(values[0], values[n]).fence()
     post = fenced_posterior(values, fence)
     assert post.top().indices == [c] and post.top().mass > 0.9
+
+
+def test_tails_past_the_fence_on_their_own_side_stay_evidence():
+    """A wide log-normal regression: good runs that fall below the fence and
+    bad runs that rise above it are counted per end, so they still point at
+    their own side instead of cancelling out."""
+    rng = np.random.default_rng(13)
+    n, c = 20, 8
+    values = [lognormal_runs(rng, 10, 0.6 if i >= c else 0.0) for i in range(n + 1)]
+    model = Model.fit(values[0], values[n])
+    lo, hi = fence = model.fence(1.0)   # a tight fence puts many runs past both ends
+    below = [sum(x < lo for x in v) for v in values]
+    above = [sum(x > hi for x in v) for v in values]
+    assert sum(below[:c]) > sum(below[c:]) and sum(above[c:]) > sum(above[:c])
+    post = fenced_posterior(values, fence)
+    assert post.top().indices == [c] and post.top().mass > 0.9
