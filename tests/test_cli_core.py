@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -496,7 +497,11 @@ def test_second_klbisect_gets_busy(small):
 def test_interrupted_run_resumes_without_repeating_runs(history):
     h = history(n_commits=200, seed=17, merges=8, noise=SEPARATED)
     tok = f"klbtok{uuid.uuid4().hex[:10]}"
-    args = ["run", "--good", h.good, "--bad", "main", "--probe-cmd", f"sleep 0.3; {PY} probe.py {tok}", "--json"]
+    # While the gate file exists the next probe waits, so the bisect cannot
+    # finish during the checks below however fast this machine is.
+    gate = h.path.parent / f"{tok}.gate"
+    probe = f"sleep 0.3; while [ -e {shlex.quote(str(gate))} ]; do sleep 0.1; done; {PY} probe.py {tok}"
+    args = ["run", "--good", h.good, "--bad", "main", "--probe-cmd", probe, "--json"]
     first = klb_popen(*args, cwd=h.path)
     try:
         deadline = time.monotonic() + 180
@@ -505,6 +510,7 @@ def test_interrupted_run_resumes_without_repeating_runs(history):
             sess = db_query(h.path, "SELECT state FROM sessions")
             n = len(db_query(h.path, "SELECT id FROM runs"))
             if sess and sess[0]["state"] == "bisecting" and n >= 8:
+                gate.touch()
                 break
             assert time.monotonic() < deadline, "no progress"
             time.sleep(0.1)
@@ -528,6 +534,7 @@ def test_interrupted_run_resumes_without_repeating_runs(history):
     before = db_query(h.path, "SELECT id, sha FROM runs ORDER BY id")
     assert len(before) >= 8
 
+    gate.unlink()
     again = klb(*args, cwd=h.path)
     assert again.returncode == 0, again.stderr
     assert "resuming session" in again.stderr
