@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +25,12 @@ from klbisect.histgen import NoiseModel, _git_env, make_history
 
 PY = sys.executable
 BIN = str(Path(sys.executable).parent)
+
+# A shell without job control starts `pytest &` with SIGINT ignored, and
+# every klbisect it starts would inherit that: the Ctrl-C tests would then
+# test the shell, not klbisect. Python's own handler here means exec'd
+# children get the default disposition back.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 # Good and bad never overlap: every run is conclusive. Used where a test is
