@@ -200,15 +200,14 @@ class Model:
         return (self.disjoint and min(self.n_good, self.n_bad) >= MIN_ENDPOINT_RUNS
                 and self.effect >= DECISIVE_EFFECT)
 
-    def fence(self, spreads: float = 0.0) -> tuple[float, float]:
+    def fence(self, spreads: float = FENCE_SPREADS) -> tuple[float, float]:
         """(low, high) values beyond which a run is far outside both sides'
         bulk: ``spreads`` of the wider side's own spread past the outer
         centre. The integrated search counts such runs only by how often
         each side throws them (search.integrated_loglik), since on a
         squared-distance model one 10x outlier would outweigh twenty
         ordinary runs."""
-        k = spreads or FENCE_SPREADS
-        s = k * max(self.scale_good or self.scale, self.scale_bad or self.scale)
+        s = spreads * max(self.scale_good or self.scale, self.scale_bad or self.scale)
         lo, hi = min(self.mu_good, self.mu_bad) - s, max(self.mu_good, self.mu_bad) + s
         if self.log_space:
             return float(math.exp(lo)), float(math.exp(hi))
