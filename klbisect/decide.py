@@ -37,6 +37,7 @@ GAP_LR = 3.0             # the most a run between the good and the bad runs coun
 STRAY_SHARE = 0.15       # ... once this share of each side's runs (at least one) is set aside
 CAP_PRIOR_RUNS = 20.0    # the 1/RUN_LR_CAP stray rate counts as this many runs (Model.fit)
 FENCE_SPREADS = 4.0      # Model.fence: runs this far past both centres are outliers to the integrated search
+FENCE_CENTRE_REACH = 2.0  # ... the bad centre counted at most this many spreads from the good one
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 
@@ -90,6 +91,11 @@ class Model:
     # than 1 in ``cap`` (or bad runs in the good range). 0 means ``cap``.
     bad_cap: float = 0.0
     good_cap: float = 0.0
+    # The runs' median absolute deviation from their own side's centre (as
+    # a normal's sigma), both sides pooled: what the fence is measured in,
+    # since spikes or outliers in a handful of runs inflate a standard
+    # deviation. 0: not recorded.
+    mad: float = 0.0
 
     @classmethod
     def fit(cls, good: Sequence[float], bad: Sequence[float], cap: float | None = None,
@@ -120,9 +126,12 @@ class Model:
         if disjoint:
             bad_cap = _stray_cap(np.sum((tg >= b_range[0]) & (tg <= b_range[1])), len(tg), cap)
             good_cap = _stray_cap(np.sum((tb >= g_range[0]) & (tb <= g_range[1])), len(tb), cap)
+        # floored at a tiny spread only: the gap floor would let spikes that
+        # pulled the bad median out widen the fence around them
+        mad = max(1.4826 * float(np.median(np.abs(resid))), 1e-3 if log_space else 1e-12)
         return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
                    cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range,
-                   bad_cap, good_cap)
+                   bad_cap, good_cap, mad)
 
     def transform(self, values: Iterable[float]) -> np.ndarray:
         return _transform(_arr(values), self.log_space)
@@ -202,13 +211,20 @@ class Model:
 
     def fence(self, spreads: float = FENCE_SPREADS) -> tuple[float, float]:
         """(low, high) values beyond which a run is far outside both sides'
-        bulk: ``spreads`` of the wider side's own spread past the outer
-        centre. The integrated search counts such runs only by how often
-        each side throws them (search.integrated_loglik), since on a
-        squared-distance model one 10x outlier would outweigh twenty
-        ordinary runs."""
-        s = spreads * max(self.scale_good or self.scale, self.scale_bad or self.scale)
-        lo, hi = min(self.mu_good, self.mu_bad) - s, max(self.mu_good, self.mu_bad) + s
+        bulk: ``spreads`` robust spreads (``mad``) past the outer centre.
+        The integrated search counts such runs only by how often each side
+        throws them (search.integrated_loglik), since on a squared-distance
+        model one 10x outlier would outweigh twenty ordinary runs, and a
+        regression that shows only as spikes is seen best as a rate. A
+        fence set by a spread the spikes inflated would let them all in."""
+        # a model stored before ``mad`` was recorded keeps its old fence
+        unit = self.mad or max(self.scale_good or self.scale, self.scale_bad or self.scale)
+        # An overlapping bad side whose centre sits this far out is a mix
+        # whose median landed on its spikes: measure from its bulk instead.
+        reach = min(abs(self.mu_bad - self.mu_good), FENCE_CENTRE_REACH * unit)
+        inner = self.mu_good
+        lo, hi = (inner - reach, inner) if self.mu_bad < self.mu_good else (inner, inner + reach)
+        lo, hi = lo - spreads * unit, hi + spreads * unit
         if self.log_space:
             return float(math.exp(lo)), float(math.exp(hi))
         return float(lo), float(hi)
@@ -236,7 +252,8 @@ class Model:
             return ThresholdModel.from_dict(d)  # type: ignore[return-value]
         return cls(**{k: d[k] for k in ("log_space", "mu_good", "mu_bad", "scale", "df",
                                          "n_good", "n_bad", "cap", "kind", "scale_good", "scale_bad",
-                                         "disjoint", "good_range", "bad_range", "bad_cap", "good_cap")
+                                         "disjoint", "good_range", "bad_range", "bad_cap", "good_cap",
+                                         "mad")
                    if k in d})
 
 

@@ -175,6 +175,13 @@ def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
     sides throw runs past the fence at one shared unknown rate or at two
     (even odds, uniform priors, integrated out). Outliers that both sides
     throw alike move nothing; a regression that shows as spikes does."""
+    two, shared = _rate_parts(k, m)
+    return np.logaddexp(two, shared)
+
+
+def _rate_parts(k: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, float]:
+    """(log P(counts | two rates, B=b) for b = 1..N, log P(counts | one
+    shared rate)), with the rates integrated out."""
     lg = np.array([math.lgamma(i) for i in range(1, int(m.sum()) + 3)])  # lg[j] = log Gamma(j + 1)
 
     def betaln(a, b):   # B(a + 1, b + 1) for integer a, b >= 0
@@ -182,8 +189,22 @@ def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
 
     K, M = int(k.sum()), int(m.sum())
     kg, mg = np.cumsum(k)[:-1], np.cumsum(m)[:-1]
-    two = betaln(kg, mg - kg) + betaln(K - kg, (M - mg) - (K - kg))
-    return np.logaddexp(two, betaln(K, M - K))
+    return betaln(kg, mg - kg) + betaln(K - kg, (M - mg) - (K - kg)), float(betaln(K, M - K))
+
+
+def _side_rates(k: np.ndarray, m: np.ndarray, post: np.ndarray) -> tuple[float, float]:
+    """Each side's predictive chance that its next run lands past the fence
+    (counts ``k`` of ``m`` runs per commit), averaged over the posterior of
+    B and over the shared-or-two-rates question, so a side with ten runs
+    and none past is not credited a Laplace 1 in 12."""
+    two, shared = _rate_parts(k, m)
+    w = 1.0 / (1.0 + np.exp(np.clip(shared - two, -700, 700)))    # P(two rates | counts, B=b)
+    K, M = float(k.sum()), float(m.sum())
+    kg, mg = np.cumsum(k)[:-1], np.cumsum(m)[:-1]
+    one = (K + 1) / (M + 2)
+    good = w * (kg + 1) / (mg + 2) + (1 - w) * one
+    bad = w * (K - kg + 1) / (M - mg + 2) + (1 - w) * one
+    return float(np.sum(post * good)), float(np.sum(post * bad))
 
 
 def integrated_loglik(values: Sequence[Sequence[float]],
@@ -215,12 +236,15 @@ def integrated_loglik(values: Sequence[Sequence[float]],
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
     ll = _changepoint_loglik(cn, c1, c2, n, s1.sum(), s2.sum(), _ss_floor(z))
     if split is not None:
-        # below and above apart: a good side's low tail and a bad side's
-        # high one are evidence, where pooled they would cancel
-        for k in split[1:3]:
-            if k.any():
-                ll = ll + _rate_loglik(k, split[3])
+        ll = ll + _outside_loglik(*split[1:])
     return ll
+
+
+def _outside_loglik(below: np.ndarray, above: np.ndarray, m: np.ndarray) -> np.ndarray | float:
+    """The fence's two rate channels, below and above apart: a good side's
+    low tail and a bad side's high one are evidence, where pooled they
+    would cancel. A channel no run has reached yet adds nothing."""
+    return sum((_rate_loglik(k, m) for k in (below, above) if k.any()), 0.0)
 
 
 def _ss_floor(z: np.ndarray) -> float:
@@ -254,8 +278,10 @@ def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int
     tell them apart. The new run's normal score is drawn from the
     predictive mixture of the good and bad score distributions (their
     centres and spread averaged over the posterior) and integrated by
-    Gauss-Hermite quadrature; ranks of the old runs are held fixed. Runs
-    past the ``fence`` are left out of this estimate.
+    Gauss-Hermite quadrature; ranks of the old runs are held fixed. With a
+    ``fence`` the run may also land below or above it, at each side's
+    posterior-averaged rate: a regression that shows only as spikes is
+    worth probing for those alone.
     """
     split = _fenced(values, fence)
     if split is not None:
@@ -271,7 +297,8 @@ def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int
     starts = np.array([0] + [e for e in ends[:-1]])
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
     t1, t2, floor = float(s1.sum()), float(s2.sum()), _ss_floor(z)
-    ll = _changepoint_loglik(cn, c1, c2, n, t1, t2, floor)
+    ll_in = _changepoint_loglik(cn, c1, c2, n, t1, t2, floor)
+    ll = ll_in + (_outside_loglik(*split[1:]) if split is not None else 0.0)
     post = np.exp(ll - ll.max())
     post /= post.sum()
     h_now = float(_block_entropy(ll, starts))
@@ -280,19 +307,34 @@ def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int
     m_bad = float(np.sum(post * (t1 - c1) / bn))
     ss = (c2 - c1 ** 2 / cn) + ((t2 - c2) - (t1 - c1) ** 2 / bn)
     sd = math.sqrt(max(float(np.sum(post * ss)) / max(n - 2, 1), 1e-6))
+    if split is not None:
+        below, above, m = split[1:]
+        (lo_g, lo_b), (hi_g, hi_b) = _side_rates(below, m, post), _side_rates(above, m, post)
+    else:
+        lo_g = lo_b = hi_g = hi_b = 0.0
     p_bad = np.concatenate([[0.0], np.cumsum(post)])       # commit i bad iff B <= i
     j = np.arange(nb)                                        # position of b = j + 1
     gains = np.zeros(len(candidates))
     for k, i in enumerate(candidates):
         pb = float(np.clip(p_bad[i], 0.0, 1.0))
         zq = np.concatenate([m_good + sd * _GH_X, m_bad + sd * _GH_X])
-        wq = np.concatenate([(1 - pb) * _GH_W, pb * _GH_W])
+        wq = np.concatenate([(1 - pb) * (1 - lo_g - hi_g) * _GH_W, pb * (1 - lo_b - hi_b) * _GH_W])
         inc = (j >= i).astype(float)                         # commit i is in the good group of b > i
         cn_q = cn + inc
         c1_q = c1 + zq[:, None] * inc
         c2_q = c2 + (zq ** 2)[:, None] * inc
         llq = _changepoint_loglik(cn_q, c1_q, c2_q, n + 1, t1 + zq[:, None], t2 + (zq ** 2)[:, None], floor)
-        gains[k] = h_now - float(np.sum(wq * _block_entropy(llq, starts)))
+        expected = 0.0
+        if split is not None:
+            m1 = m.copy()
+            m1[i] += 1
+            llq = llq + _outside_loglik(below, above, m1)
+            for w, lo, hi in (((1 - pb) * lo_g + pb * lo_b, 1, 0), ((1 - pb) * hi_g + pb * hi_b, 0, 1)):
+                b1, a1 = below.copy(), above.copy()
+                b1[i] += lo
+                a1[i] += hi
+                expected += w * float(_block_entropy(ll_in + _outside_loglik(b1, a1, m1), starts))
+        gains[k] = h_now - float(np.sum(wq * _block_entropy(llq, starts))) - expected
     return gains
 
 

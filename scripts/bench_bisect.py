@@ -95,6 +95,8 @@ class Scenario:
     outlier_rate: float = 0.0          # runs multiplied by U(3, 10)
     outlier_mult: tuple = (3.0, 10.0)
     crash_rate: float = 0.0            # runs with no value
+    spike_rate: float = 0.0            # BAD runs only, multiplied by U(spike_mult): a regression seen as spikes
+    spike_mult: tuple = (4.0, 8.0)
     threshold: float = 0.01            # CI threshold for plain / maj5 / bayesect
     untestable: tuple = (0, 0)         # build-broken stretch right before the culprit: length range
     max_runs: int | None = None        # klbisect --max-runs (None: the default, from the model)
@@ -121,6 +123,9 @@ class Scenario:
         if self.outlier_rate:
             out = rng.random(n) < self.outlier_rate
             v = np.where(out, v * rng.uniform(*self.outlier_mult, size=n), v)
+        if bad and self.spike_rate:
+            out = rng.random(n) < self.spike_rate
+            v = np.where(out, v * rng.uniform(*self.spike_mult, size=n), v)
         if self.crash_rate:
             v = np.where(rng.random(n) < self.crash_rate, np.nan, v)
         return v
@@ -128,7 +133,7 @@ class Scenario:
     def log_lr(self, params: dict, bins: int = 6000):
         """The TRUE log likelihood ratio (bad over good) of one run's value,
         from the model's exact distributions on a fine grid of log values
-        (outliers convolved in; a crash is equally likely either way, so it
+        (outliers and spikes convolved in; a crash is equally likely either way, so it
         weighs 0). Values only one side can give weigh +-LLR_CLIP."""
         def cdf(x: np.ndarray, bad: bool) -> np.ndarray:
             if self.kind == "uniform":
@@ -147,20 +152,26 @@ class Scenario:
             f = params["factor"]
             lo = self.good[0] * min(1.0, f) * math.exp(-9 * self.good[1])
             hi = self.good[0] * max(1.0, f) * math.exp(9 * self.good[1])
-        m1, m2 = self.outlier_mult
-        top = math.log(hi * (m2 if self.outlier_rate else 1.0))
+        top = math.log(hi * (self.outlier_mult[1] if self.outlier_rate else 1.0)
+                       * (self.spike_mult[1] if self.spike_rate else 1.0))
         edges = np.linspace(math.log(lo), top, bins + 1)
         h = edges[1] - edges[0]
+
+        def times(p: np.ndarray, rate: float, mult: tuple) -> np.ndarray:
+            """p with a share ``rate`` of runs multiplied by U(mult): the log
+            of U(m1, m2) on the same grid, shifted by whole bins."""
+            m1, m2 = mult
+            k = np.arange(int(math.log(m2) / h) + 2)
+            y = np.clip(np.exp((k + 0.5) * h), m1, m2)
+            y0 = np.clip(np.exp((k - 0.5) * h), m1, m2)
+            return (1 - rate) * p + rate * np.convolve(p, (y - y0) / (m2 - m1))[:bins]
         mass = []
         for bad in (False, True):
             p = np.diff(cdf(np.exp(edges), bad))
             if self.outlier_rate:
-                # log of U(m1, m2) on the same grid, shifted by whole bins
-                k = np.arange(int(math.log(m2) / h) + 2)
-                y = np.clip(np.exp((k + 0.5) * h), m1, m2)
-                y0 = np.clip(np.exp((k - 0.5) * h), m1, m2)
-                kern = (y - y0) / (m2 - m1)
-                p = (1 - self.outlier_rate) * p + self.outlier_rate * np.convolve(p, kern)[:bins]
+                p = times(p, self.outlier_rate, self.outlier_mult)
+            if bad and self.spike_rate:
+                p = times(p, self.spike_rate, self.spike_mult)
             mass.append(p)
         g, b = mass
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -240,6 +251,9 @@ VARIANTS = {
                               outlier_rate=0.03, crash_rate=0.03, threshold=0.003),
     "heavy-10pct": Scenario("heavy-10pct", "(v6) seed + 10% outliers x2-5 + 5% crashes",
                             outlier_rate=0.10, outlier_mult=(2.0, 5.0), crash_rate=0.05),
+    "spikes": Scenario("spikes", "(v7) log-normal median .004 sigma .2, no shift; 30% of bad runs spike x4-8",
+                       kind="lognormal", good=(0.004, 0.2), bad=(1.0, 1.0), labels=1, spike_rate=0.3,
+                       threshold=0.01),
 }
 SETS = {"main": SCENARIOS, "heldout": HELDOUT, "variants": VARIANTS}
 
@@ -253,12 +267,14 @@ MODEL_KEYS = {
     "outliers": "share of runs multiplied by outlier-mult",
     "outlier-mult": "lo,hi of the outlier factor",
     "crashes": "share of runs with no value",
+    "spikes": "share of BAD runs multiplied by spike-mult (a regression seen as spikes)",
+    "spike-mult": "lo,hi of the spike factor",
     "threshold": "CI threshold for plain, maj5 and git-bayesect (default: where a good run "
                  "fails 6% of the time, for lognormal; between the sides' maxima, for uniform)",
     "untestable": "lo,hi length of the build-broken stretch before the culprit",
 }
 
-NUMBER_KEYS = ("labels", "outliers", "crashes", "threshold")     # the rest but name and kind are lo,hi
+NUMBER_KEYS = ("labels", "outliers", "crashes", "threshold", "spikes")     # the rest but name and kind are lo,hi
 
 
 def random_model(k: int, seed: int) -> str:
@@ -326,6 +342,7 @@ def parse_model(spec: str) -> Scenario:
                     outlier_rate=fields.get("outliers", 0.0),
                     outlier_mult=fields.get("outlier-mult", (3.0, 10.0)),
                     crash_rate=fields.get("crashes", 0.0), threshold=threshold,
+                    spike_rate=fields.get("spikes", 0.0), spike_mult=fields.get("spike-mult", (4.0, 8.0)),
                     untestable=fields.get("untestable", (0, 0)))
 
 
