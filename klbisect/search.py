@@ -182,7 +182,7 @@ def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
 def _rate_parts(k: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, float]:
     """(log P(counts | two rates, B=b) for b = 1..N, log P(counts | one
     shared rate)), with the rates integrated out."""
-    lg = np.array([math.lgamma(i) for i in range(1, int(m.sum()) + 3)])  # lg[j] = log Gamma(j + 1)
+    lg = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1.0, m.sum() + 2)))])  # lg[j] = log j!
 
     def betaln(a, b):   # B(a + 1, b + 1) for integer a, b >= 0
         return lg[a] + lg[b] - lg[a + b + 1]
