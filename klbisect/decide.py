@@ -217,11 +217,13 @@ class Model:
         model one 10x outlier would outweigh twenty ordinary runs, and a
         regression that shows only as spikes is seen best as a rate. A
         fence set by a spread the spikes inflated would let them all in."""
-        # a model stored before ``mad`` was recorded keeps its old fence
-        unit = self.mad or max(self.scale_good or self.scale, self.scale_bad or self.scale)
-        # An overlapping bad side whose centre sits this far out is a mix
-        # whose median landed on its spikes: measure from its bulk instead.
-        reach = min(abs(self.mu_bad - self.mu_good), FENCE_CENTRE_REACH * unit)
+        gap = abs(self.mu_bad - self.mu_good)
+        if self.mad:
+            # An overlapping bad side whose centre sits this far out is a mix
+            # whose median landed on its spikes: measure from its bulk instead.
+            unit, reach = self.mad, min(gap, FENCE_CENTRE_REACH * self.mad)
+        else:   # a model stored before ``mad`` was recorded keeps its old fence
+            unit, reach = max(self.scale_good or self.scale, self.scale_bad or self.scale), gap
         inner = self.mu_good
         lo, hi = (inner - reach, inner) if self.mu_bad < self.mu_good else (inner, inner + reach)
         lo, hi = lo - spreads * unit, hi + spreads * unit

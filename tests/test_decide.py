@@ -411,3 +411,19 @@ def test_a_run_above_every_run_seen_counts_for_less_than_one_among_them(model):
     down = Model.fit(BADV, GOODV)
     assert down.log_lr([0.011])[0] == pytest.approx(-CAP)
     assert -math.log(RUN_LR_CAP / (len(BADV) + 1)) - 1e-9 <= down.log_lr([0.014])[0] < 0
+
+
+def test_a_model_stored_before_the_robust_spread_keeps_its_old_fence():
+    """A session saved by an older klbisect has no ``mad``: its fence stays
+    four of the wider side's spreads past the outer centre, so resuming it
+    judges the runs already stored as it did."""
+    rng = np.random.default_rng(3)
+    m = Model.fit(list(np.exp(-6 + 0.25 * rng.standard_normal(10))),
+                  list(np.exp(-5.2 + 0.25 * rng.standard_normal(10))))   # 3 spreads apart
+    old = m.to_dict()
+    del old["mad"]
+    lo, hi = Model.from_dict(old).fence()
+    s = 4 * max(m.scale_good, m.scale_bad)
+    assert math.log(lo) == pytest.approx(min(m.mu_good, m.mu_bad) - s)
+    assert math.log(hi) == pytest.approx(max(m.mu_good, m.mu_bad) + s)
+    assert Model.from_dict(m.to_dict()).fence() == m.fence() != (lo, hi)
