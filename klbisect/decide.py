@@ -38,6 +38,8 @@ STRAY_SHARE = 0.15       # ... once this share of each side's runs (at least one
 CAP_PRIOR_RUNS = 20.0    # the 1/RUN_LR_CAP stray rate counts as this many runs (Model.fit)
 FENCE_SPREADS = 4.0      # Model.fence: runs this far past both centres are outliers to the integrated search
 FENCE_CENTRE_REACH = 2.0  # ... the bad centre counted at most this many spreads from the good one
+PAIR_SPREAD_FLOOR = 0.7   # Model.mad is at least this share of _pair_spread
+PAIR_SPREAD_MOST = 200    # _pair_spread: runs per side it compares pairwise (200 -> 19,900 pairs)
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 
@@ -92,9 +94,9 @@ class Model:
     bad_cap: float = 0.0
     good_cap: float = 0.0
     # The runs' median absolute deviation from their own side's centre (as
-    # a normal's sigma), both sides pooled: what the fence is measured in,
-    # since spikes or outliers in a handful of runs inflate a standard
-    # deviation. 0: not recorded.
+    # a normal's sigma), both sides pooled, floored by PAIR_SPREAD_FLOOR of
+    # _pair_spread: what the fence is measured in, since spikes or outliers
+    # in a handful of runs inflate a standard deviation. 0: not recorded.
     mad: float = 0.0
 
     @classmethod
@@ -126,9 +128,14 @@ class Model:
         if disjoint:
             bad_cap = _stray_cap(np.sum((tg >= b_range[0]) & (tg <= b_range[1])), len(tg), cap)
             good_cap = _stray_cap(np.sum((tb >= g_range[0]) & (tb <= g_range[1])), len(tb), cap)
-        # floored at a tiny spread only: the gap floor would let spikes that
-        # pulled the bad median out widen the fence around them
-        mad = max(1.4826 * float(np.median(np.abs(resid))), 1e-3 if log_space else 1e-12)
+        # Not floored by the gap: spikes that pulled the bad median out would
+        # widen the fence around them. The residuals' MAD of six runs a side
+        # falls under 0.3 of the true spread in 2.4% of draws (the middle
+        # two runs' residuals are small by construction), putting the fence
+        # inside the bulk and stalling the search; the pairs' spread, which
+        # spikes inflate more, floors it (0.5% of draws).
+        mad = max(1.4826 * float(np.median(np.abs(resid))), PAIR_SPREAD_FLOOR * _pair_spread(tg, tb),
+                  1e-3 if log_space else 1e-12)
         return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
                    cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range,
                    bad_cap, good_cap, mad)
@@ -343,6 +350,24 @@ def _pooled_scale(resid: np.ndarray, dof: int) -> float:
         r = r[:-1]  # one outlier among endpoint runs must not inflate the spread
     dof = max(dof, 1)
     return float(math.sqrt(np.sum(r ** 2) / dof))
+
+
+def _pair_spread(tg: np.ndarray, tb: np.ndarray, most: int = PAIR_SPREAD_MOST) -> float:
+    """Robust spread (as a normal's sigma) from the differences between two
+    runs of the same side, both sides' pairs pooled: their median, as in
+    Shamos's estimator. Unlike the residuals' MAD it needs no centre, so it
+    does not collapse on six runs, whose median sits between the middle
+    two. 0 when no side has two runs. Sides are thinned evenly to ``most``
+    runs."""
+    diffs = []
+    for t in (tg, tb):
+        if t.size > most:
+            t = t[np.linspace(0, t.size - 1, most).round().astype(int)]
+        i, j = np.triu_indices(t.size, 1)
+        diffs.append(np.abs(t[i] - t[j]))
+    d = np.concatenate(diffs)
+    # |x - y| of two normal runs is sqrt(2) sigma |Z|, whose median is 0.6745
+    return float(np.median(d)) / (math.sqrt(2) * 0.6744897501960817) if d.size else 0.0
 
 
 @dataclass

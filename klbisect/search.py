@@ -415,6 +415,10 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         return s
 
     fence = model.fence() if isinstance(model, Model) else None
+    if fence is not None and len(commits[0].values) + len(commits[n].values) > model.n_good + model.n_bad:
+        # the search runs the endpoints again when they are worth it: their
+        # runs since calibration sharpen the fence
+        fence = Model.fit(commits[0].values, commits[n].values).fence()
     integrated = None
     # When good and bad overlap, plugging in the endpoint estimates over-trusts
     # every run (they are shared by all runs, and a lucky early separation

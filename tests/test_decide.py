@@ -427,3 +427,17 @@ def test_a_model_stored_before_the_robust_spread_keeps_its_old_fence():
     assert math.log(lo) == pytest.approx(min(m.mu_good, m.mu_bad) - s)
     assert math.log(hi) == pytest.approx(max(m.mu_good, m.mu_bad) + s)
     assert Model.from_dict(m.to_dict()).fence() == m.fence() != (lo, hi)
+
+
+def test_runs_whose_middle_values_nearly_tie_do_not_shrink_the_fence_into_the_bulk():
+    """Six runs a side put each median between the middle two, so when
+    those nearly tie, most residuals are tiny and their MAD says the runs
+    barely vary. The differences between runs of a side still see the
+    spread, and keep the fence past the bulk."""
+    z = np.array([-1.5, -0.06, -0.02, 0.02, 0.06, 1.5])        # in units of 0.25 log
+    good, bad = np.exp(-5.5 + 0.25 * z), np.exp(-5.5 + math.log(2) + 0.25 * z)
+    resid_mad = 1.4826 * np.median(np.abs(np.concatenate([0.25 * z, 0.25 * z])))
+    m = Model.fit(list(good), list(bad))
+    assert resid_mad < 0.05 and 0.2 < m.mad < 0.4
+    lo, hi = m.fence()
+    assert lo < good.min() and hi > bad.max() * math.exp(0.4)

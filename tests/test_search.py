@@ -569,3 +569,24 @@ def test_simulated_spike_only_regression_names_the_culprit(seed):
         return v * rng.uniform(4, 8) if i >= c and rng.random() < 0.3 else v
     block, runs = simulate_bisect(n, run)
     assert block == [c], (c, block, runs)
+
+
+def test_endpoint_runs_that_bunch_up_do_not_stall_the_search():
+    """A 2x log-normal regression whose first six runs at each endpoint
+    happened to bunch (their residuals' MAD is under a fifth of the true
+    spread): the fence sat inside the bulk, and this search once spent its
+    600-run budget without an answer. Now the fence is floored by the
+    spread between runs and re-measured as the endpoints get more runs."""
+    rng = np.random.default_rng(1330)
+    good = list(np.exp(np.log(0.004) + 0.25 * rng.standard_normal(6)))
+    bad = list(np.exp(np.log(0.008) + 0.25 * rng.standard_normal(6)))
+    n = 200
+    c = int(rng.integers(1, n + 1))
+    first = {0: good, n: bad}
+
+    def run(i):
+        if first.get(i):
+            return first[i].pop(0)
+        return float(np.exp(np.log(0.004 if i < c else 0.008) + 0.25 * rng.standard_normal()))
+    block, runs = simulate_bisect(n, run, max_total_runs=600)
+    assert block == [c] and runs < 150, (c, block, runs)
