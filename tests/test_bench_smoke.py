@@ -115,3 +115,17 @@ def test_known_noise_search_weighs_runs_by_the_true_likelihood_ratio():
     assert r.returncode == 0, r.stderr[-2000:]
     row = next(ln.split() for ln in r.stdout.splitlines() if ln.split()[:3] == ["seed", "1,000", "known"])
     assert row[4] == "100.0%" and 9.0 <= float(row[5]) <= 11.0     # one decisive run per halving
+
+
+def test_fence_spread_script_measures_the_fence_unit_and_runs_searches():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "fence_spread.py"), "--draws", "300",
+                        "--bisects", "2", "--commits", "50"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {(ln.split()[0], ln.split()[1]): ln.split()[2:] for ln in r.stdout.splitlines()
+            if ln.split()[1:2] in (["resid-MAD"], ["pairs"], ["Model.mad"])}
+    assert len(rows) == 9
+    # the floor never lowers the unit: Model.mad collapses no more often than the MAD alone
+    for spiking in ("0%", "30%", "50%"):
+        assert float(rows[spiking, "Model.mad"][1].rstrip("%")) <= float(rows[spiking, "resid-MAD"][1].rstrip("%"))
+    assert r.stdout.count("culprit") == 2 and "right" in r.stdout.splitlines()[-1]
