@@ -415,9 +415,11 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         return s
 
     fence = model.fence() if isinstance(model, Model) else None
-    if fence is not None and len(commits[0].values) + len(commits[n].values) > model.n_good + model.n_bad:
+    if fence is not None and model.mad and (len(commits[0].values) + len(commits[n].values)
+                                            > model.n_good + model.n_bad):
         # the search runs the endpoints again when they are worth it: their
-        # runs since calibration sharpen the fence
+        # runs since calibration sharpen the fence (a model stored before
+        # ``mad`` keeps its old fence, so a resumed session judges alike)
         fence = Model.fit(commits[0].values, commits[n].values).fence()
     integrated = None
     # When good and bad overlap, plugging in the endpoint estimates over-trusts
