@@ -474,6 +474,16 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         max_runs = OVERLAP_MAX_RUNS if integrated is not None else runs_per_commit(model)
     exhausted = np.array([len(c.values) >= max_runs or c.crashes >= max_runs + crash_limit
                           for c in commits], bool)
+    if done is None and integrated is not None:
+        # The stricter mark guards against a few dozen runs that fell high or
+        # low by chance. Once both commits the answer rests on hold all the
+        # runs they may get, more runs elsewhere cannot settle it: the
+        # search would spend the rest on an endpoint. The user's mark is met.
+        user = decided(post, confidence)
+        if user:
+            before = max((i for i in range(user.first) if not untestable[i]), default=0)
+            if all(exhausted[i] or i in (0, n) for i in (before, user.last)):
+                done = user
     nxt: list[int] = []
     if done and boundary_runs > 1:
         # The answer rests on the commits either side of the boundary: each

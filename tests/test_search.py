@@ -590,3 +590,29 @@ def test_endpoint_runs_that_bunch_up_do_not_stall_the_search():
         return float(np.exp(np.log(0.004 if i < c else 0.008) + 0.25 * rng.standard_normal()))
     block, runs = simulate_bisect(n, run, max_total_runs=600)
     assert block == [c] and runs < 150, (c, block, runs)
+
+
+def overlapping_history(seed, n=10, culprit=5, deep=100):
+    """Log-normal runs, x1.18 from ``culprit`` on: 40 runs at each endpoint,
+    ``deep`` at the two commits beside the boundary, 3 elsewhere."""
+    rng = np.random.default_rng(seed)
+    runs = {0: 40, n: 40, culprit - 1: deep, culprit: deep}
+    return [CommitRuns(list(np.exp(np.log(0.003) + (np.log(1.18) if i >= culprit else 0.0)
+                                   + 0.2 * rng.standard_normal(runs.get(i, 3)))))
+            for i in range(n + 1)]
+
+
+def test_an_answer_whose_boundary_commits_hold_all_their_runs_meets_the_users_mark():
+    """Overlapping values: the integrated model must reach a stricter mark
+    than --confidence, but once both commits beside the boundary hold
+    OVERLAP_MAX_RUNS runs, no run elsewhere can settle it (a search once
+    spent 387 runs on the good endpoint and stopped at 2,000). The user's
+    0.99 is then enough; one run short, the search asks for it instead."""
+    commits = overlapping_history(127)
+    model = Model.fit(commits[0].values[:6], commits[-1].values[:6])
+    pl = plan(commits, model, 0.99)
+    assert pl.integrated and pl.done and pl.done.indices == [5]
+    assert 0.99 <= pl.posterior.top().mass < 0.9997
+    commits[5].values.pop()
+    pl = plan(commits, model, 0.99)
+    assert pl.done is None and pl.next == [5]
