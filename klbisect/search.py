@@ -480,16 +480,13 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         # runs they may get, more runs elsewhere cannot settle it: the
         # search would spend the rest on an endpoint. The user's mark is met.
         user = decided(post, confidence)
-        if user:
-            before = max((i for i in range(user.first) if not untestable[i]), default=0)
-            if all(exhausted[i] or i in (0, n) for i in (before, user.last)):
-                done = user
+        if user and all(exhausted[i] or i in (0, n) for i in _resting_on(user, untestable)):
+            done = user
     nxt: list[int] = []
     if done and boundary_runs > 1:
         # The answer rests on the commits either side of the boundary: each
         # must have been seen more than once, so one outlier cannot decide it.
-        before = max((i for i in range(done.first) if not untestable[i]), default=0)
-        thin = [i for i in (before, done.last) if 0 < i < n and len(commits[i].values) < boundary_runs
+        thin = [i for i in _resting_on(done, untestable) if 0 < i < n and len(commits[i].values) < boundary_runs
                 and not exhausted[i]]
         if thin:
             done, nxt = None, [i for i in thin if i not in pending][:k]
@@ -504,6 +501,13 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             nxt = _most_informative(commits, post, nxt, k, exhausted, untestable, pending,
                                     endpoint_max=max(4 * max_runs, 40), fence=fence)
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None)
+
+
+def _resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
+    """The two commits an answer rests on: the last testable one before the
+    block (good) and the block's last (bad)."""
+    before = max((i for i in range(block.first) if not untestable[i]), default=0)
+    return before, block.last
 
 
 # Per-commit chance of calling a commit untestable because of flaky crashes
