@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import replace
 
 import numpy as np
 
-from klbisect.decide import FENCE_CENTRE_REACH, FENCE_SPREADS, Model, _pair_spread
+from klbisect.decide import Model, _pair_spread
 from klbisect.simulate import simulate_bisect
 
 SIGMA = 0.2
@@ -41,9 +42,14 @@ SPIKE_MULT = (4.0, 8.0)
 
 
 def fence_high(model: Model, unit: float) -> float:
-    """Model.fence's upper end (log space) for a given spread unit."""
-    gap = abs(model.mu_bad - model.mu_good)
-    return model.mu_good + min(gap, FENCE_CENTRE_REACH * unit) + FENCE_SPREADS * unit
+    """Model.fence's upper end (log space), measured in ``unit`` instead."""
+    return math.log(replace(model, mad=unit).fence()[1])
+
+
+def resid_mad(g: np.ndarray, b: np.ndarray) -> float:
+    """The residuals' MAD, both sides pooled, as a normal's sigma: the
+    fence's unit before the floor."""
+    return 1.4826 * float(np.median(np.abs(np.concatenate([g - np.median(g), b - np.median(b)]))))
 
 
 def spikes_past(high: float, mu: float) -> float:
@@ -75,8 +81,7 @@ def bisects(k: int, n: int, sigma: float = 0.25, collapsed: float = 0.28, stop: 
         rng = np.random.default_rng(seed)
         g = np.log(0.004) + sigma * rng.standard_normal(6)
         b = np.log(0.008) + sigma * rng.standard_normal(6)
-        resid = np.concatenate([g - np.median(g), b - np.median(b)])
-        if 1.4826 * float(np.median(np.abs(resid))) < collapsed * sigma:
+        if resid_mad(g, b) < collapsed * sigma:
             c = int(rng.integers(1, n + 1))
             first = {0: list(np.exp(g)), n: list(np.exp(b))}
 
@@ -105,9 +110,7 @@ def spreads(a: argparse.Namespace) -> None:
             b = mu + SIGMA * rng.standard_normal(a.runs)
             b = b + np.where(rng.random(a.runs) < rate, np.log(rng.uniform(*SPIKE_MULT, a.runs)), 0.0)
             m = Model.fit(list(np.exp(g)), list(np.exp(b)))
-            resid = np.concatenate([g - np.median(g), b - np.median(b)])
-            units = (("resid-MAD", 1.4826 * float(np.median(np.abs(resid)))), ("pairs", _pair_spread(g, b)),
-                     ("Model.mad", m.mad))
+            units = (("resid-MAD", resid_mad(g, b)), ("pairs", _pair_spread(g, b)), ("Model.mad", m.mad))
             for name, unit in units:
                 rows[name].append((unit / SIGMA, spikes_past(fence_high(m, unit), mu)))
         for name, r in rows.items():

@@ -125,7 +125,8 @@ def test_fence_spread_script_measures_the_fence_unit_and_runs_searches():
     rows = {(ln.split()[0], ln.split()[1]): ln.split()[2:] for ln in r.stdout.splitlines()
             if ln.split()[1:2] in (["resid-MAD"], ["pairs"], ["Model.mad"])}
     assert len(rows) == 9
-    # the floor never lowers the unit: Model.mad collapses no more often than the MAD alone
-    for spiking in ("0%", "30%", "50%"):
-        assert float(rows[spiking, "Model.mad"][1].rstrip("%")) <= float(rows[spiking, "resid-MAD"][1].rstrip("%"))
+    def under(spiking, name):   # share of draws whose unit fell under 0.3 of the true spread
+        return float(rows[spiking, name][1].rstrip("%"))
+    # without spikes the floor rescues most draws whose residuals' MAD collapsed
+    assert under("0%", "Model.mad") < under("0%", "resid-MAD") / 2
     assert r.stdout.count("culprit") == 2 and "right" in r.stdout.splitlines()[-1]
