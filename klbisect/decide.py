@@ -130,7 +130,7 @@ class Model:
             good_cap = _stray_cap(np.sum((tb >= g_range[0]) & (tb <= g_range[1])), len(tb), cap)
         # Not floored by the gap: spikes that pulled the bad median out would
         # widen the fence around them. The residuals' MAD of six runs a side
-        # falls under 0.3 of the true spread in 2.4% of draws (the middle
+        # falls under 0.3 of the true spread in 2.3% of draws (the middle
         # two runs' residuals are small by construction), putting the fence
         # inside the bulk and stalling the search; the pairs' spread, which
         # spikes inflate more, floors it (0.5% of draws).
