@@ -134,7 +134,11 @@ class Model:
         # two runs' residuals are small by construction), putting the fence
         # inside the bulk and stalling the search; the pairs' spread, which
         # spikes inflate more, floors it (0.5% of draws).
-        mad = max(1.4826 * float(np.median(np.abs(resid))), PAIR_SPREAD_FLOOR * _pair_spread(tg, tb),
+        # The good side is clean of the regression by definition: where the
+        # bad side's spikes widen the pooled spread, the good side's own
+        # (floored by its pairs) caps it, so the spikes land past the fence.
+        own_good = max(1.4826 * float(np.median(np.abs(tg - mu_g))), PAIR_SPREAD_FLOOR * _pair_spread(tg, tg[:0]))
+        mad = max(min(1.4826 * float(np.median(np.abs(resid))), own_good), PAIR_SPREAD_FLOOR * _pair_spread(tg, tb),
                   1e-3 if log_space else 1e-12)
         return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
                    cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range,

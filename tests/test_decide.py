@@ -441,3 +441,15 @@ def test_runs_whose_middle_values_nearly_tie_do_not_shrink_the_fence_into_the_bu
     assert resid_mad < 0.05 and 0.2 < m.mad < 0.4
     lo, hi = m.fence()
     assert lo < good.min() and hi > bad.max() * math.exp(0.4)
+
+
+def test_half_of_six_bad_endpoint_runs_spiking_stay_past_the_fence():
+    """Three of six bad endpoint runs spiked x6-8, so the bad side's
+    residuals are half spikes and its spread says little about the bulk.
+    The good side, clean of the regression, caps the fence's unit: every
+    spike lies past the fence and every ordinary run inside it (measured
+    in the pooled spread, the fence reached 0.18 and held all three)."""
+    good = [0.0036, 0.0040, 0.0043, 0.0038, 0.0045, 0.0041]
+    bad = [0.0039, 0.0044, 0.0037, 0.024, 0.028, 0.030]
+    lo, hi = Model.fit(good, bad).fence()
+    assert lo < min(good + bad) and max(good + bad[:3]) * 1.5 < hi < min(bad[3:])
