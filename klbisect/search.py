@@ -173,7 +173,7 @@ def _fenced(values: Sequence[Sequence[float]], fence: tuple[float, float] | None
 def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
     """log P(outside counts | B=b) for b = 1..N, up to a constant: the two
     sides throw runs past the fence at one shared unknown rate or at two
-    (even odds, uniform priors, integrated out). Outliers that both sides
+    (even odds, Jeffreys priors, integrated out). Outliers that both sides
     throw alike move nothing; a regression that shows as spikes does."""
     two, shared = _rate_parts(k, m)
     return np.logaddexp(two, shared)
@@ -181,11 +181,19 @@ def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 def _rate_parts(k: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, float]:
     """(log P(counts | two rates, B=b) for b = 1..N, log P(counts | one
-    shared rate)), with the rates integrated out."""
-    lg = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1.0, m.sum() + 2)))])  # lg[j] = log j!
+    shared rate)), with the rates integrated out under Jeffreys's
+    Beta(1/2, 1/2), as git-bayesect does. Unlike a uniform prior it keeps
+    real mass near a rate of 0: a good side that never spikes is the usual
+    case, and a uniform prior charged every spike-free run at a good
+    commit as if spikes were common there (v7 spikes: 178 runs a search,
+    145 with Jeffreys)."""
+    j = np.arange(0.0, m.sum() + 2)
+    lg = np.concatenate([[0.0], np.cumsum(np.log(j[1:]))])                     # lg[j] = log j!
+    lh = np.concatenate([[0.5 * math.log(math.pi)], 0.5 * math.log(math.pi) + np.cumsum(np.log(j[:-1] + 0.5))])
+    # lh[j] = log Gamma(j + 1/2)
 
-    def betaln(a, b):   # B(a + 1, b + 1) for integer a, b >= 0
-        return lg[a] + lg[b] - lg[a + b + 1]
+    def betaln(a, b):   # log B(a + 1/2, b + 1/2) / B(1/2, 1/2) for integer a, b >= 0
+        return lh[a] + lh[b] - lg[a + b] - math.log(math.pi)
 
     K, M = int(k.sum()), int(m.sum())
     kg, mg = np.cumsum(k)[:-1], np.cumsum(m)[:-1]
@@ -196,14 +204,14 @@ def _side_rates(k: np.ndarray, m: np.ndarray, post: np.ndarray) -> tuple[float, 
     """Each side's predictive chance that its next run lands past the fence
     (counts ``k`` of ``m`` runs per commit), averaged over the posterior of
     B and over the shared-or-two-rates question, so a side with ten runs
-    and none past is not credited a Laplace 1 in 12."""
+    and none past is not credited a Jeffreys 1 in 22."""
     two, shared = _rate_parts(k, m)
     w = 1.0 / (1.0 + np.exp(np.clip(shared - two, -700, 700)))    # P(two rates | counts, B=b)
     K, M = float(k.sum()), float(m.sum())
     kg, mg = np.cumsum(k)[:-1], np.cumsum(m)[:-1]
-    one = (K + 1) / (M + 2)
-    good = w * (kg + 1) / (mg + 2) + (1 - w) * one
-    bad = w * (K - kg + 1) / (M - mg + 2) + (1 - w) * one
+    one = (K + 0.5) / (M + 1)
+    good = w * (kg + 0.5) / (mg + 1) + (1 - w) * one
+    bad = w * (K - kg + 0.5) / (M - mg + 1) + (1 - w) * one
     return float(np.sum(post * good)), float(np.sum(post * bad))
 
 
@@ -226,6 +234,15 @@ def integrated_loglik(values: Sequence[Sequence[float]],
     outlier at a good commit next to the boundary costs the answer a little,
     not the twenty ordinary runs it outweighs on squared distances.
     """
+    parts = integrated_parts(values, fence)
+    return None if parts is None else parts[0] + parts[1]
+
+
+def integrated_parts(values: Sequence[Sequence[float]],
+                     fence: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray | float] | None:
+    """integrated_loglik in its two channels: (the runs inside the fence,
+    by their normal scores; the counts past it, 0.0 without a fence). The
+    stopping rule trusts them differently (``tempered``)."""
     split = _fenced(values, fence)
     if split is not None:
         values = split[0]
@@ -235,9 +252,25 @@ def integrated_loglik(values: Sequence[Sequence[float]],
         return None
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
     ll = _changepoint_loglik(cn, c1, c2, n, s1.sum(), s2.sum(), _ss_floor(z))
-    if split is not None:
-        ll = ll + _outside_loglik(*split[1:])
-    return ll
+    return ll, (_outside_loglik(*split[1:]) if split is not None else 0.0)
+
+
+def tempered(parts: tuple[np.ndarray, np.ndarray | float], confidence: float,
+             untestable: Sequence[bool] | None = None) -> Posterior:
+    """The integrated posterior the stopping rule reads at ``confidence``:
+    the values' channel raised to a power under 1, the counts' as it is.
+
+    The values' channel is a normal model of rank scores with one common
+    spread: with a few dozen runs, neighbouring commits whose samples ran
+    high or low by chance can lend a wrong boundary 99.9% of it. Its
+    evidence is discounted (a power posterior) so that, on its own, it must
+    reach 1 - (1 - confidence) * INTEGRATED_STRICTNESS (0.9997 for 0.99).
+    The counts past the fence are Bernoulli trials with their rates
+    integrated out, exact for exchangeable runs, so a regression that
+    shows only as spikes is held to the user's mark."""
+    ll_in, ll_out = parts
+    power = _logit(confidence) / _logit(1 - (1 - confidence) * INTEGRATED_STRICTNESS)
+    return Posterior(np.zeros(len(ll_in) + 1), untestable, log_prior=power * ll_in + ll_out)
 
 
 def _outside_loglik(below: np.ndarray, above: np.ndarray, m: np.ndarray) -> np.ndarray | float:
@@ -245,6 +278,10 @@ def _outside_loglik(below: np.ndarray, above: np.ndarray, m: np.ndarray) -> np.n
     low tail and a bad side's high one are evidence, where pooled they
     would cancel. A channel no run has reached yet adds nothing."""
     return sum((_rate_loglik(k, m) for k in (below, above) if k.any()), 0.0)
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
 
 
 def _ss_floor(z: np.ndarray) -> float:
@@ -421,14 +458,15 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         # runs since calibration sharpen the fence (a model stored before
         # ``mad`` keeps its old fence, so a resumed session judges alike)
         fence = Model.fit(commits[0].values, commits[n].values).fence()
-    integrated = None
+    integrated = None     # the integrated model's two channels, once it judges
+    values = [c.values for c in commits]
     # When good and bad overlap, plugging in the endpoint estimates over-trusts
     # every run (they are shared by all runs, and a lucky early separation
     # inflates them): integrate the unknown distributions out instead.
     if isinstance(model, Model) and not model.decisive:
-        integrated = integrated_loglik([c.values for c in commits], fence)
+        integrated = integrated_parts(values, fence)
     if integrated is not None:
-        post = Posterior(np.zeros(n + 1), untestable, log_prior=integrated)
+        post = Posterior(np.zeros(n + 1), untestable, log_prior=sum(integrated))
     else:
         post = Posterior(evidence(model), untestable)
     if refine and isinstance(model, Model):
@@ -445,16 +483,15 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             # Interior runs can show what lucky endpoint samples hid: the
             # sides overlap after all. Then no single run is near-decisive.
             if integrated is None and not model.decisive:
-                integrated = integrated_loglik([c.values for c in commits], fence)
+                integrated = integrated_parts(values, fence)
                 if integrated is not None:
-                    post = Posterior(np.zeros(n + 1), untestable, log_prior=integrated)
+                    post = Posterior(np.zeros(n + 1), untestable, log_prior=sum(integrated))
             if integrated is None:
                 post = Posterior(evidence(model), untestable)
     # The integrated posterior is exact only under its flat priors: with a
     # few dozen runs, endpoint samples that ran high or low by chance can
-    # lend a wrong boundary 99%. It must reach a stricter mark.
-    strict = 1 - (1 - confidence) * INTEGRATED_STRICTNESS
-    done = decided(post, confidence if integrated is None else strict)
+    # lend a wrong boundary 99%. Its values' channel must reach a stricter mark.
+    done = decided(post, confidence) if integrated is None else _integrated_done(integrated, post, confidence)
     if done and integrated is None and isinstance(model, Model):
         # Endpoint runs of an overlapping regression can look separated by
         # chance, and the plug-in model then names a confident wrong commit,
@@ -462,14 +499,14 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         # So a plug-in answer needs runs of its own on both sides, and a
         # second opinion that assumes nothing of the values' shape must give
         # it a chance; otherwise the integrated model takes over.
-        second = integrated_loglik([c.values for c in commits], fence)
+        second = integrated_parts(values, fence)
         sides = (sum(len(commits[i].values) for i in range(1, done.first)),
                  sum(len(commits[i].values) for i in range(done.first, n)))
         if second is not None:
-            alt = Posterior(np.zeros(n + 1), untestable, log_prior=second)
+            alt = Posterior(np.zeros(n + 1), untestable, log_prior=sum(second))
             if float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION or min(sides) < MIN_SIDE_RUNS:
                 integrated, post = second, alt
-                done = decided(post, strict)
+                done = _integrated_done(integrated, post, confidence)
     if max_runs is None:
         max_runs = OVERLAP_MAX_RUNS if integrated is not None else runs_per_commit(model)
     exhausted = np.array([len(c.values) >= max_runs or c.crashes >= max_runs + crash_limit
@@ -503,6 +540,17 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None)
 
 
+def _integrated_done(parts: tuple[np.ndarray, np.ndarray | float], post: Posterior,
+                     confidence: float) -> Block | None:
+    """The integrated model's answer: its posterior at the stricter mark,
+    or at the user's once the values' channel is discounted (``tempered``),
+    which on the values alone is never looser (a power under 1 of a sum is
+    at most the sum of the powers) but lets the counts past the fence
+    decide at the user's mark."""
+    return (decided(post, 1 - (1 - confidence) * INTEGRATED_STRICTNESS)
+            or decided(tempered(parts, confidence, post.untestable), confidence))
+
+
 def _resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
     """The two commits an answer rests on: the last testable one before the
     block (good) and the block's last (bad)."""
@@ -514,7 +562,7 @@ def _resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
 # alone: anywhere, and where the answer would rest on it.
 GIVE_UP_FALSE_ALARM = 3e-3
 ANSWER_FALSE_ALARM = 1e-4
-# The integrated posterior must reach 1 - (1 - confidence) * this.
+# The integrated posterior's values' channel must reach 1 - (1 - confidence) * this.
 INTEGRATED_STRICTNESS = 0.03
 # A plug-in answer stands only if the integrated model gives it at least this
 # much, and at least MIN_SIDE_RUNS interior runs sit on each side of it.

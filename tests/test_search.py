@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from klbisect.decide import Model, ThresholdModel, endpoint_step
-from klbisect.search import (Block, CommitRuns, Posterior, crashes_to_give_up, decided, information_gain,
-                             integrated_loglik, plan)
+from klbisect.search import (INTEGRATED_STRICTNESS, Block, CommitRuns, Posterior, _integrated_done,
+                             _rate_parts, crashes_to_give_up, decided, information_gain, integrated_loglik,
+                             plan, tempered)
 from klbisect.simulate import simulate_bisect
 
 CAP = math.log(40)
@@ -532,6 +533,52 @@ def test_spikes_that_pulled_the_bad_median_out_stay_past_the_fence():
     lo, hi = model.fence()
     assert max(good + bad[6:]) < hi and lo < min(good + bad)
     assert sum(x > hi for x in spikes) >= 4
+
+
+def test_spike_counts_integrate_their_rates_under_jeffreys_prior():
+    """log P(counts) with each rate ~ Beta(1/2, 1/2) integrated out, against
+    scipy's Beta function: a good side that never spikes costs little
+    (git-bayesect's prior), where a uniform prior charged it heavily."""
+    from scipy.special import betaln
+
+    def ref(k, m):
+        return betaln(k + 0.5, m - k + 0.5) - betaln(0.5, 0.5)
+    k, m = np.array([0, 0, 0, 4, 0, 2, 3]), np.array([10, 12, 9, 10, 11, 8, 10])
+    two, shared = _rate_parts(k, m)
+    kg, mg = np.cumsum(k)[:-1], np.cumsum(m)[:-1]
+    assert np.allclose(two, ref(kg, mg) + ref(k.sum() - kg, m.sum() - mg))
+    assert shared == pytest.approx(ref(k.sum(), m.sum()))
+    assert int(np.argmax(two)) == 2          # the split before the first spike (b = 3)
+
+
+def test_the_values_channel_alone_is_held_to_the_stricter_mark():
+    """Discounting the values' channel never lets it answer at a looser mark
+    than 1 - (1 - confidence) * INTEGRATED_STRICTNESS: whenever the
+    tempered posterior holds the user's 0.99, the plain one holds 0.9997."""
+    rng = np.random.default_rng(21)
+    strict = 1 - 0.01 * INTEGRATED_STRICTNESS
+    answered = 0
+    for _ in range(3000):
+        n = int(rng.integers(3, 40))
+        ll = rng.normal(0, 4, n)
+        ll[rng.integers(n)] += rng.uniform(5, 14)
+        if decided(tempered((ll, 0.0), 0.99), 0.99):
+            answered += 1
+            assert decided(Posterior(np.zeros(n + 1), log_prior=ll), strict)
+    assert answered > 100
+
+
+def test_spike_counts_answer_at_the_users_mark():
+    """The counts past the fence are exact Bernoulli evidence: where they
+    carry the answer, 99% is enough; the same odds from the values'
+    channel are not."""
+    n, c = 30, 12
+    ll = np.zeros(n)
+    ll[c - 1] = math.log(0.995 / 0.005 * (n - 1))   # 99.5% on commit c
+    post = Posterior(np.zeros(n + 1), log_prior=ll)
+    assert 0.99 < post.top().mass < 0.9997
+    assert _integrated_done((np.zeros(n), ll), post, 0.99).indices == [c]
+    assert _integrated_done((ll, 0.0), post, 0.99) is None
 
 
 def spiky_history(rng, n, culprit, probed, runs=6, end_runs=12):
