@@ -269,8 +269,18 @@ def tempered(parts: tuple[np.ndarray, np.ndarray | float], confidence: float,
     integrated out, exact for exchangeable runs, so a regression that
     shows only as spikes is held to the user's mark."""
     ll_in, ll_out = parts
-    power = _logit(confidence) / _logit(1 - (1 - confidence) * INTEGRATED_STRICTNESS)
+    power = _logit(confidence) / _logit(_strict(confidence))
     return Posterior(np.zeros(len(ll_in) + 1), untestable, log_prior=power * ll_in + ll_out)
+
+
+def _parts_posterior(parts: tuple[np.ndarray, np.ndarray | float], untestable: Sequence[bool]) -> Posterior:
+    """The integrated posterior itself, both channels at full weight."""
+    return Posterior(np.zeros(len(parts[0]) + 1), untestable, log_prior=parts[0] + parts[1])
+
+
+def _strict(confidence: float) -> float:
+    """The mark the values' channel must reach for ``confidence``."""
+    return 1 - (1 - confidence) * INTEGRATED_STRICTNESS
 
 
 def _outside_loglik(below: np.ndarray, above: np.ndarray, m: np.ndarray) -> np.ndarray | float:
@@ -466,7 +476,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     if isinstance(model, Model) and not model.decisive:
         integrated = integrated_parts(values, fence)
     if integrated is not None:
-        post = Posterior(np.zeros(n + 1), untestable, log_prior=sum(integrated))
+        post = _parts_posterior(integrated, untestable)
     else:
         post = Posterior(evidence(model), untestable)
     if refine and isinstance(model, Model):
@@ -485,7 +495,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             if integrated is None and not model.decisive:
                 integrated = integrated_parts(values, fence)
                 if integrated is not None:
-                    post = Posterior(np.zeros(n + 1), untestable, log_prior=sum(integrated))
+                    post = _parts_posterior(integrated, untestable)
             if integrated is None:
                 post = Posterior(evidence(model), untestable)
     # The integrated posterior is exact only under its flat priors: with a
@@ -503,7 +513,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         sides = (sum(len(commits[i].values) for i in range(1, done.first)),
                  sum(len(commits[i].values) for i in range(done.first, n)))
         if second is not None:
-            alt = Posterior(np.zeros(n + 1), untestable, log_prior=sum(second))
+            alt = _parts_posterior(second, untestable)
             if float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION or min(sides) < MIN_SIDE_RUNS:
                 integrated, post = second, alt
                 done = _integrated_done(integrated, post, confidence)
@@ -547,7 +557,7 @@ def _integrated_done(parts: tuple[np.ndarray, np.ndarray | float], post: Posteri
     which on the values alone is never looser (a power under 1 of a sum is
     at most the sum of the powers) but lets the counts past the fence
     decide at the user's mark."""
-    return (decided(post, 1 - (1 - confidence) * INTEGRATED_STRICTNESS)
+    return (decided(post, _strict(confidence))
             or decided(tempered(parts, confidence, post.untestable), confidence))
 
 
