@@ -12,8 +12,10 @@ and prints, against the true sigma:
 
 ``resid-MAD`` is the residuals' MAD alone (the fence's unit before the
 floor), ``pairs`` the spread between runs of a side alone
-(``decide._pair_spread``), and ``Model.mad`` what klbisect uses now: the
-larger of the first and 0.7 of the second.
+(``decide._pair_spread``), ``floored`` the larger of the first and 0.7 of
+the second (the unit before the good side's cap), and ``Model.mad`` what
+klbisect uses now: the residuals' MAD capped by the good side's own
+spread, then floored by 0.7 of the pairs.
 
 With ``--bisects K`` it then runs K whole searches (``klbisect.simulate``,
 ``--commits`` commits, a 2x log-normal regression, sigma_log 0.25) whose
@@ -34,7 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from klbisect.decide import Model, _pair_spread
+from klbisect.decide import PAIR_SPREAD_FLOOR, Model, _pair_spread
 from klbisect.simulate import simulate_bisect
 
 SIGMA = 0.2
@@ -104,13 +106,15 @@ def spreads(a: argparse.Namespace) -> None:
     print(f"{a.runs} runs a side, sigma_log {SIGMA}, {a.draws} draws; spread in units of the true sigma")
     print(f"{'spiking':>8}  {'spread':>10}  {'median':>6}  {'<0.3':>7}  {'<0.4':>7}  {'spikes past fence':>17}")
     for rate in (0.0, 0.3, 0.5):
-        rows: dict[str, list[tuple[float, float]]] = {"resid-MAD": [], "pairs": [], "Model.mad": []}
+        rows: dict[str, list[tuple[float, float]]] = {"resid-MAD": [], "pairs": [], "floored": [],
+                                                      "Model.mad": []}
         for _ in range(a.draws):
             g = mu + SIGMA * rng.standard_normal(a.runs)
             b = mu + SIGMA * rng.standard_normal(a.runs)
             b = b + np.where(rng.random(a.runs) < rate, np.log(rng.uniform(*SPIKE_MULT, a.runs)), 0.0)
             m = Model.fit(list(np.exp(g)), list(np.exp(b)))
-            units = (("resid-MAD", resid_mad(g, b)), ("pairs", _pair_spread(g, b)), ("Model.mad", m.mad))
+            units = (("resid-MAD", resid_mad(g, b)), ("pairs", _pair_spread(g, b)),
+                     ("floored", max(resid_mad(g, b), PAIR_SPREAD_FLOOR * _pair_spread(g, b))), ("Model.mad", m.mad))
             for name, unit in units:
                 rows[name].append((unit / SIGMA, spikes_past(fence_high(m, unit), mu)))
         for name, r in rows.items():

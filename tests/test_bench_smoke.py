@@ -123,10 +123,14 @@ def test_fence_spread_script_measures_the_fence_unit_and_runs_searches():
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {(ln.split()[0], ln.split()[1]): ln.split()[2:] for ln in r.stdout.splitlines()
-            if ln.split()[1:2] in (["resid-MAD"], ["pairs"], ["Model.mad"])}
-    assert len(rows) == 9
+            if ln.split()[1:2] in (["resid-MAD"], ["pairs"], ["floored"], ["Model.mad"])}
+    assert len(rows) == 12
     def under(spiking, name):   # share of draws whose unit fell under 0.3 of the true spread
         return float(rows[spiking, name][1].rstrip("%"))
     # without spikes the floor rescues most draws whose residuals' MAD collapsed
     assert under("0%", "Model.mad") < under("0%", "resid-MAD") / 2
+    # when half the bad runs spike, the good side's cap keeps far more of them past the fence
+    def past(spiking, name):
+        return float(rows[spiking, name][3].rstrip("%"))
+    assert past("50%", "Model.mad") > past("50%", "floored") + 10
     assert r.stdout.count("culprit") == 2 and "right" in r.stdout.splitlines()[-1]
