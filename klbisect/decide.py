@@ -137,8 +137,8 @@ class Model:
         # The good side is clean of the regression by definition: where the
         # bad side's spikes widen the pooled spread, the good side's own
         # (floored by its pairs) caps it, so the spikes land past the fence.
-        own_good = max(1.4826 * float(np.median(np.abs(tg - mu_g))), PAIR_SPREAD_FLOOR * _pair_spread(tg, tg[:0]))
-        mad = max(min(1.4826 * float(np.median(np.abs(resid))), own_good), PAIR_SPREAD_FLOOR * _pair_spread(tg, tb),
+        own_good = max(_resid_sd(tg - mu_g), PAIR_SPREAD_FLOOR * _pair_spread(tg))
+        mad = max(min(_resid_sd(resid), own_good), PAIR_SPREAD_FLOOR * _pair_spread(tg, tb),
                   1e-3 if log_space else 1e-12)
         return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
                    cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range,
@@ -216,7 +216,7 @@ class Model:
         """Good and bad barely overlap, and enough runs show it that the
         estimate is not a lucky draw: then one run nearly decides a commit and
         the learned distributions can be plugged in. Otherwise the search
-        integrates them out (search.integrated_loglik)."""
+        integrates them out (search.integrated_parts)."""
         return (self.disjoint and min(self.n_good, self.n_bad) >= MIN_ENDPOINT_RUNS
                 and self.effect >= DECISIVE_EFFECT)
 
@@ -224,7 +224,7 @@ class Model:
         """(low, high) values beyond which a run is far outside both sides'
         bulk: ``spreads`` robust spreads (``mad``) past the outer centre.
         The integrated search counts such runs only by how often each side
-        throws them (search.integrated_loglik), since on a squared-distance
+        throws them (search.integrated_parts), since on a squared-distance
         model one 10x outlier would outweigh twenty ordinary runs, and a
         regression that shows only as spikes is seen best as a rate. A
         fence set by a spread the spikes inflated would let them all in."""
@@ -356,15 +356,21 @@ def _pooled_scale(resid: np.ndarray, dof: int) -> float:
     return float(math.sqrt(np.sum(r ** 2) / dof))
 
 
-def _pair_spread(tg: np.ndarray, tb: np.ndarray, most: int = PAIR_SPREAD_MOST) -> float:
+def _resid_sd(resid: np.ndarray) -> float:
+    """Residuals' median absolute size (from centres already taken out), as
+    a normal's sigma."""
+    return 1.4826 * float(np.median(np.abs(resid)))
+
+
+def _pair_spread(*sides: np.ndarray, most: int = PAIR_SPREAD_MOST) -> float:
     """Robust spread (as a normal's sigma) from the differences between two
-    runs of the same side, both sides' pairs pooled: their median, as in
+    runs of the same side, the given sides' pairs pooled: their median, as in
     Shamos's estimator. Unlike the residuals' MAD it needs no centre, so it
     does not collapse on six runs, whose median sits between the middle
     two. 0 when no side has two runs. Sides are thinned evenly to ``most``
     runs."""
     diffs = []
-    for t in (tg, tb):
+    for t in sides:
         if t.size > most:
             t = t[np.linspace(0, t.size - 1, most).round().astype(int)]
         i, j = np.triu_indices(t.size, 1)

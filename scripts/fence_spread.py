@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from klbisect.decide import PAIR_SPREAD_FLOOR, Model, _pair_spread
+from klbisect.decide import PAIR_SPREAD_FLOOR, Model, _pair_spread, _resid_sd
 from klbisect.simulate import simulate_bisect
 
 SIGMA = 0.2
@@ -51,7 +51,7 @@ def fence_high(model: Model, unit: float) -> float:
 def resid_mad(g: np.ndarray, b: np.ndarray) -> float:
     """The residuals' MAD, both sides pooled, as a normal's sigma: the
     fence's unit before the floor."""
-    return 1.4826 * float(np.median(np.abs(np.concatenate([g - np.median(g), b - np.median(b)]))))
+    return _resid_sd(np.concatenate([g - np.median(g), b - np.median(b)]))
 
 
 def spikes_past(high: float, mu: float) -> float:
