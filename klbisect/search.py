@@ -145,9 +145,9 @@ def _scored(values: Sequence[Sequence[float]]):
 
 
 def _changepoint_loglik(cn, c1, c2, n, t1, t2, floor):
-    """The closed form of integrated_loglik from prefix sums (cn, c1, c2 at
-    b - 1 for b = 1..N: the good group's count, sum and sum of squares) and
-    totals; broadcasts over leading axes (the information gain asks many
+    """The closed form of integrated_parts's values channel from prefix
+    sums (cn, c1, c2 at b - 1 for b = 1..N: the good group's count, sum and
+    sum of squares) and totals; broadcasts over leading axes (the information gain asks many
     what-ifs at once)."""
     bn, b1, b2 = n - cn, t1 - c1, t2 - c2
     ss = (c2 - c1 ** 2 / cn) + (b2 - b1 ** 2 / bn)
@@ -215,34 +215,30 @@ def _side_rates(k: np.ndarray, m: np.ndarray, post: np.ndarray) -> tuple[float, 
     return float(np.sum(post * good)), float(np.sum(post * bad))
 
 
-def integrated_loglik(values: Sequence[Sequence[float]],
-                      fence: tuple[float, float] | None = None) -> np.ndarray | None:
-    """log P(all runs | B=b) for b = 1..N with good and bad each a normal
-    distribution of the runs' normal scores whose means and common spread
-    are unknown and integrated out (flat priors on the means, 1/sigma on
-    the spread), as git-bayesect integrates out its failure rates.
+def integrated_parts(values: Sequence[Sequence[float]],
+                     fence: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray | float] | None:
+    """log P(all runs | B=b) for b = 1..N, in its two channels: (the runs
+    inside the fence, by their normal scores; the counts past it, 0.0
+    without a fence). Their sum is the integrated model's log likelihood
+    (``_parts_posterior``); the stopping rule trusts them differently
+    (``tempered``).
 
-    Nothing is plugged in, so nothing is over-trusted: with few runs the
-    unknown centres keep the evidence modest, and as runs accumulate at
-    interior commits they sharpen both sides (the endpoint calibration is
-    refined by every run). Closed form:
-    ``-1/2 log(n_G n_B) - (n-2)/2 log(SS_within(b))``.
+    Inside the fence, good and bad are each a normal distribution of the
+    runs' normal scores whose means and common spread are unknown and
+    integrated out (flat priors on the means, 1/sigma on the spread), as
+    git-bayesect integrates out its failure rates. Nothing is plugged in,
+    so nothing is over-trusted: with few runs the unknown centres keep the
+    evidence modest, and as runs accumulate at interior commits they
+    sharpen both sides (the endpoint calibration is refined by every run).
+    Closed form: ``-1/2 log(n_G n_B) - (n-2)/2 log(SS_within(b))``.
     Returns None until both endpoints have a value and n >= 4.
 
     With a ``fence`` (decide.Model.fence) the runs beyond it are scored
-    apart, by how often each side throws them past each end (_rate_loglik), so that an
-    outlier at a good commit next to the boundary costs the answer a little,
-    not the twenty ordinary runs it outweighs on squared distances.
+    apart, by how often each side throws them past each end
+    (_rate_loglik), so that an outlier at a good commit next to the
+    boundary costs the answer a little, not the twenty ordinary runs it
+    outweighs on squared distances.
     """
-    parts = integrated_parts(values, fence)
-    return None if parts is None else parts[0] + parts[1]
-
-
-def integrated_parts(values: Sequence[Sequence[float]],
-                     fence: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray | float] | None:
-    """integrated_loglik in its two channels: (the runs inside the fence,
-    by their normal scores; the counts past it, 0.0 without a fence). The
-    stopping rule trusts them differently (``tempered``)."""
     split = _fenced(values, fence)
     if split is not None:
         values = split[0]
@@ -273,7 +269,8 @@ def tempered(parts: tuple[np.ndarray, np.ndarray | float], confidence: float,
     return Posterior(np.zeros(len(ll_in) + 1), untestable, log_prior=power * ll_in + ll_out)
 
 
-def _parts_posterior(parts: tuple[np.ndarray, np.ndarray | float], untestable: Sequence[bool]) -> Posterior:
+def _parts_posterior(parts: tuple[np.ndarray, np.ndarray | float],
+                     untestable: Sequence[bool] | None = None) -> Posterior:
     """The integrated posterior itself, both channels at full weight."""
     return Posterior(np.zeros(len(parts[0]) + 1), untestable, log_prior=parts[0] + parts[1])
 

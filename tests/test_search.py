@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from klbisect.decide import Model, ThresholdModel, endpoint_step
-from klbisect.search import (INTEGRATED_STRICTNESS, Block, CommitRuns, Posterior, _integrated_done,
-                             _rate_parts, crashes_to_give_up, decided, information_gain, integrated_loglik,
+from klbisect.search import (INTEGRATED_STRICTNESS, Block, CommitRuns, Posterior, _integrated_done, _parts_posterior,
+                             _rate_parts, crashes_to_give_up, decided, information_gain, integrated_parts,
                              plan, tempered)
 from klbisect.simulate import simulate_bisect
 
@@ -465,7 +465,7 @@ def test_crash_limit_rises_with_flaky_crashes_at_working_commits():
 
 
 def fenced_posterior(values, fence):
-    return Posterior(np.zeros(len(values)), log_prior=integrated_loglik(values, fence))
+    return _parts_posterior(integrated_parts(values, fence))
 
 
 def test_an_outlier_beside_the_boundary_moves_the_integrated_answer_little():
