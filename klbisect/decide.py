@@ -220,14 +220,16 @@ class Model:
         return (self.disjoint and min(self.n_good, self.n_bad) >= MIN_ENDPOINT_RUNS
                 and self.effect >= DECISIVE_EFFECT)
 
-    def fence(self, spreads: float = FENCE_SPREADS) -> tuple[float, float]:
+    def fence(self, spreads: float | None = None) -> tuple[float, float]:
         """(low, high) values beyond which a run is far outside both sides'
         bulk: ``spreads`` robust spreads (``mad``) past the outer centre.
         The integrated search counts such runs only by how often each side
         throws them (search.integrated_parts), since on a squared-distance
         model one 10x outlier would outweigh twenty ordinary runs, and a
         regression that shows only as spikes is seen best as a rate. A
-        fence set by a spread the spikes inflated would let them all in."""
+        fence set by a spread the spikes inflated would let them all in.
+        ``spreads`` defaults to FENCE_SPREADS, read at the call."""
+        spreads = FENCE_SPREADS if spreads is None else spreads
         gap = abs(self.mu_bad - self.mu_good)
         if self.mad:
             # An overlapping bad side whose centre sits this far out is a mix
@@ -362,13 +364,14 @@ def _resid_sd(resid: np.ndarray) -> float:
     return 1.4826 * float(np.median(np.abs(resid)))
 
 
-def _pair_spread(*sides: np.ndarray, most: int = PAIR_SPREAD_MOST) -> float:
+def _pair_spread(*sides: np.ndarray, most: int | None = None) -> float:
     """Robust spread (as a normal's sigma) from the differences between two
     runs of the same side, the given sides' pairs pooled: their median, as in
     Shamos's estimator. Unlike the residuals' MAD it needs no centre, so it
     does not collapse on six runs, whose median sits between the middle
     two. 0 when no side has two runs. Sides are thinned evenly to ``most``
-    runs."""
+    runs (PAIR_SPREAD_MOST by default)."""
+    most = PAIR_SPREAD_MOST if most is None else most
     diffs = []
     for t in sides:
         if t.size > most:

@@ -429,7 +429,7 @@ class Plan:
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
          max_runs: int | None = None, crash_limit: int = 2, pending: Sequence[int] = (),
-         refine: bool = True, boundary_runs: int = 2) -> Plan:
+         refine: bool = True, boundary_runs: int | None = None) -> Plan:
     """One step of the search, from everything seen so far.
 
     ``commits[0]`` and ``commits[-1]`` are the endpoints: their runs define
@@ -439,6 +439,8 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     search goes.
     """
     from .decide import OVERLAP_MAX_RUNS, Model, runs_per_commit  # pure; imported here to keep the module graph flat
+
+    boundary_runs = BOUNDARY_RUNS if boundary_runs is None else boundary_runs
 
     n = len(commits) - 1
     # A commit the answer would have to include as "untestable" gets more
@@ -569,6 +571,8 @@ def _resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
 # alone: anywhere, and where the answer would rest on it.
 GIVE_UP_FALSE_ALARM = 3e-3
 ANSWER_FALSE_ALARM = 1e-4
+# Runs each commit beside an answer's boundary must have (plan).
+BOUNDARY_RUNS = 2
 # The integrated posterior's values' channel must reach 1 - (1 - confidence) * this.
 INTEGRATED_STRICTNESS = 0.03
 # A plug-in answer stands only if the integrated model gives it at least this

@@ -47,6 +47,8 @@ Usage::
         --strategies klbisect                      # 20 models nobody chose
     python scripts/bench_bisect.py --commits 1000 --model \
         "name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 crashes=0.02"   # your own
+    python scripts/bench_bisect.py --commits 1000 --models overlap --strategies klbisect \
+        --constant search.INTEGRATED_STRICTNESS=1  # what one guard costs (an ablation)
     python scripts/bench_bisect.py --trials 3 --commits 100 --models seed \
         --strategies klbisect,plain                # smoke test
 """
@@ -72,7 +74,7 @@ from scipy import special
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from klbisect import decide  # noqa: E402
+from klbisect import decide, search  # noqa: E402
 from klbisect.search import Posterior, decided  # noqa: E402
 from klbisect.simulate import simulate_bisect  # noqa: E402
 
@@ -508,8 +510,35 @@ def run_known(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: floa
 STRATEGIES = ("plain", "maj5", "bayesect", "klbisect", "known")
 
 
+TUNABLE = {"decide": decide, "search": search}
+
+
+def parse_constant(spec: str) -> tuple[str, str, float]:
+    """``module.NAME=VALUE`` for --constant: one of klbisect.decide's or
+    klbisect.search's numeric module constants."""
+    name, sep, value = spec.partition("=")
+    mod, _, attr = name.partition(".")
+    if not sep or mod not in TUNABLE or not attr.isupper() or not isinstance(
+            getattr(TUNABLE[mod], attr, None), (int, float)):
+        raise ValueError(f"--constant {spec!r}: give decide.NAME=VALUE or search.NAME=VALUE "
+                         "for a numeric constant of that module, e.g. search.INTEGRATED_STRICTNESS=1")
+    try:
+        return mod, attr, float(value)
+    except ValueError:
+        raise ValueError(f"--constant {spec!r}: {value!r} is not a number") from None
+
+
+def apply_constants(constants) -> None:
+    """Set the ablation's constants in this process (each worker does it
+    too, whatever the start method)."""
+    for mod, attr, value in constants:
+        old = getattr(TUNABLE[mod], attr)
+        setattr(TUNABLE[mod], attr, type(old)(value) if isinstance(old, int) and value.is_integer() else value)
+
+
 def _job(args):
     sc, mi, si, n, strat, trial, seed, opts = args
+    apply_constants(opts.get("constants", ()))
     truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, si]))
     rng = np.random.default_rng([seed, mi, n, trial, si, 1 + STRATEGIES.index(strat)])
     t0 = time.perf_counter()
@@ -575,6 +604,10 @@ def main(argv=None) -> int:
     ap.add_argument("--endpoint-runs", type=int, default=None,
                     help="klbisect endpoint runs before the separation check "
                          "(default: decide.MIN_ENDPOINT_RUNS, the BisectConfig default)")
+    ap.add_argument("--constant", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="an ablation: run klbisect with one of klbisect.decide's or "
+                         "klbisect.search's constants changed, e.g. search.INTEGRATED_STRICTNESS=1; "
+                         "repeatable; named in the table's header")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--write-docs", metavar="RST", default=None,
                     help="write the table (and the command) into this .rst file")
@@ -590,6 +623,11 @@ def main(argv=None) -> int:
             ap.error("--model: give each model its own name=")
         SETS["custom"] = {sc.key: sc for sc in custom}
         a.set_name = "custom"
+    try:
+        constants = [parse_constant(spec) for spec in a.constant]
+    except ValueError as e:
+        ap.error(str(e))
+    apply_constants(constants)
     table = SETS[a.set_name]
     models = [m for m in (a.models or ",".join(table)).split(",") if m]
     commits = [int(x) for x in a.commits.split(",") if x]
@@ -604,7 +642,7 @@ def main(argv=None) -> int:
     tmp = tempfile.mkdtemp(prefix="klb-bench-")
     opts = dict(tmp=tmp, bayesect_repos=a.bayesect_repos, bayesect_confidence=a.bayesect_confidence,
                 bayesect_max_runs=a.bayesect_max_runs, bayesect_trials=a.bayesect_trials,
-                endpoint_runs=a.endpoint_runs, confidence=a.confidence)
+                endpoint_runs=a.endpoint_runs, confidence=a.confidence, constants=constants)
     jobs = []
     for m in models:
         for n in commits:
@@ -636,6 +674,8 @@ def main(argv=None) -> int:
               f"{elapsed:.0f} s; decide.RUN_LR_CAP={decide.RUN_LR_CAP:g}, "
               f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}; confidence {a.confidence:g} "
               f"(git-bayesect {a.bayesect_confidence:g})")
+    if constants:
+        header += "\nablation: " + ", ".join(f"{m}.{k}={getattr(TUNABLE[m], k):g}" for m, k, _ in constants)
     print(header)
     print("\n".join(lines))
     if a.write_docs:

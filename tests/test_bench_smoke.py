@@ -134,3 +134,26 @@ def test_fence_spread_script_measures_the_fence_unit_and_runs_searches():
         return float(rows[spiking, name][3].rstrip("%"))
     assert past("50%", "Model.mad") > past("50%", "floored") + 10
     assert r.stdout.count("culprit") == 2 and "right" in r.stdout.splitlines()[-1]
+
+
+def test_bench_constant_is_an_ablation_the_workers_see():
+    """--constant changes one of klbisect's constants in every worker and says so in the
+    header: without the stricter mark an overlapping search stops sooner."""
+    def mean_runs(*extra):
+        r = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "2", "--commits", "100",
+             "--models", "overlap", "--strategies", "klbisect", "--jobs", "2", *extra],
+            capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-2000:]
+        row = next(ln.split() for ln in r.stdout.splitlines() if ln.startswith("overlap "))
+        return float(row[5]), r.stdout
+
+    base, text = mean_runs()
+    assert "ablation:" not in text
+    loose, text = mean_runs("--constant", "search.INTEGRATED_STRICTNESS=1")
+    assert "ablation: search.INTEGRATED_STRICTNESS=1" in text
+    assert loose < base
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"),
+                          "--constant", "search.NO_SUCH=1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "--constant 'search.NO_SUCH=1'" in bad.stderr
+    assert "Traceback" not in bad.stderr
