@@ -475,14 +475,15 @@ def run_bayesect(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: f
 def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs: int | None = None,
                  max_endpoint_runs: int | None = None, confidence: float = CONFIDENCE,
                  max_runs: int | None = None, crash_limit: int = 2,
-                 max_total_runs: int = decide.MAX_TOTAL_RUNS):
-    """session.run_bisect with one slot, step for step (klbisect.simulate)."""
+                 max_total_runs: int | None = None):
+    """session.run_bisect with one slot, step for step (klbisect.simulate).
+    Every default is read from ``decide`` at the call, so --constant reaches it."""
     o = Oracle(sc, t, rng)
     return simulate_bisect(
         t.n, o.run, t.untestable, confidence,
         decide.MIN_ENDPOINT_RUNS if endpoint_runs is None else endpoint_runs,
         decide.MAX_ENDPOINT_RUNS if max_endpoint_runs is None else max_endpoint_runs,
-        max_runs, crash_limit, max_total_runs)
+        max_runs, crash_limit, decide.MAX_TOTAL_RUNS if max_total_runs is None else max_total_runs)
 
 
 def run_known(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: float = CONFIDENCE):
