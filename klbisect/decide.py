@@ -364,18 +364,17 @@ def _resid_sd(resid: np.ndarray) -> float:
     return 1.4826 * float(np.median(np.abs(resid)))
 
 
-def _pair_spread(*sides: np.ndarray, most: int | None = None) -> float:
+def _pair_spread(*sides: np.ndarray) -> float:
     """Robust spread (as a normal's sigma) from the differences between two
     runs of the same side, the given sides' pairs pooled: their median, as in
     Shamos's estimator. Unlike the residuals' MAD it needs no centre, so it
     does not collapse on six runs, whose median sits between the middle
-    two. 0 when no side has two runs. Sides are thinned evenly to ``most``
-    runs (PAIR_SPREAD_MOST by default)."""
-    most = PAIR_SPREAD_MOST if most is None else most
+    two. 0 when no side has two runs. Sides are thinned evenly to
+    PAIR_SPREAD_MOST runs."""
     diffs = []
     for t in sides:
-        if t.size > most:
-            t = t[np.linspace(0, t.size - 1, most).round().astype(int)]
+        if t.size > PAIR_SPREAD_MOST:
+            t = t[np.linspace(0, t.size - 1, PAIR_SPREAD_MOST).round().astype(int)]
         i, j = np.triu_indices(t.size, 1)
         diffs.append(np.abs(t[i] - t[j]))
     d = np.concatenate(diffs)

@@ -429,7 +429,7 @@ class Plan:
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
          max_runs: int | None = None, crash_limit: int = 2, pending: Sequence[int] = (),
-         refine: bool = True, boundary_runs: int | None = None) -> Plan:
+         refine: bool = True) -> Plan:
     """One step of the search, from everything seen so far.
 
     ``commits[0]`` and ``commits[-1]`` are the endpoints: their runs define
@@ -439,8 +439,6 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     search goes.
     """
     from .decide import OVERLAP_MAX_RUNS, Model, runs_per_commit  # pure; imported here to keep the module graph flat
-
-    boundary_runs = BOUNDARY_RUNS if boundary_runs is None else boundary_runs
 
     n = len(commits) - 1
     # A commit the answer would have to include as "untestable" gets more
@@ -529,10 +527,10 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         if user and all(exhausted[i] or i in (0, n) for i in _resting_on(user, untestable)):
             done = user
     nxt: list[int] = []
-    if done and boundary_runs > 1:
+    if done and BOUNDARY_RUNS > 1:
         # The answer rests on the commits either side of the boundary: each
         # must have been seen more than once, so one outlier cannot decide it.
-        thin = [i for i in _resting_on(done, untestable) if 0 < i < n and len(commits[i].values) < boundary_runs
+        thin = [i for i in _resting_on(done, untestable) if 0 < i < n and len(commits[i].values) < BOUNDARY_RUNS
                 and not exhausted[i]]
         if thin:
             done, nxt = None, [i for i in thin if i not in pending][:k]
