@@ -514,7 +514,7 @@ STRATEGIES = ("plain", "maj5", "bayesect", "klbisect", "known")
 TUNABLE = {"decide": decide, "search": search}
 
 
-def parse_constant(spec: str) -> tuple[str, str, float]:
+def parse_constant(spec: str) -> tuple[str, str, int | float]:
     """``module.NAME=VALUE`` for --constant: one of klbisect.decide's or
     klbisect.search's numeric module constants."""
     name, sep, value = spec.partition("=")
@@ -524,17 +524,21 @@ def parse_constant(spec: str) -> tuple[str, str, float]:
         raise ValueError(f"--constant {spec!r}: give decide.NAME=VALUE or search.NAME=VALUE "
                          "for a numeric constant of that module, e.g. search.INTEGRATED_STRICTNESS=1")
     try:
-        return mod, attr, float(value)
+        number = float(value)
     except ValueError:
         raise ValueError(f"--constant {spec!r}: {value!r} is not a number") from None
+    if isinstance(getattr(TUNABLE[mod], attr), int):
+        if not number.is_integer():
+            raise ValueError(f"--constant {spec!r}: {mod}.{attr} counts something; give a whole number")
+        number = int(number)
+    return mod, attr, number
 
 
 def apply_constants(constants) -> None:
     """Set the ablation's constants in this process (each worker does it
     too, whatever the start method)."""
     for mod, attr, value in constants:
-        old = getattr(TUNABLE[mod], attr)
-        setattr(TUNABLE[mod], attr, type(old)(value) if isinstance(old, int) and value.is_integer() else value)
+        setattr(TUNABLE[mod], attr, value)
 
 
 def _job(args):

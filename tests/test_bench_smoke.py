@@ -157,3 +157,7 @@ def test_bench_constant_is_an_ablation_the_workers_see():
                           "--constant", "search.NO_SUCH=1"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "--constant 'search.NO_SUCH=1'" in bad.stderr
     assert "Traceback" not in bad.stderr
+    half = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"),
+                           "--constant", "decide.MIN_ENDPOINT_RUNS=4.5"], capture_output=True, text=True, timeout=60,
+                          cwd=ROOT)
+    assert half.returncode == 2 and "give a whole number" in half.stderr
