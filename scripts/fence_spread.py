@@ -113,8 +113,9 @@ def spreads(a: argparse.Namespace) -> None:
             b = mu + SIGMA * rng.standard_normal(a.runs)
             b = b + np.where(rng.random(a.runs) < rate, np.log(rng.uniform(*SPIKE_MULT, a.runs)), 0.0)
             m = Model.fit(list(np.exp(g)), list(np.exp(b)))
-            units = (("resid-MAD", resid_mad(g, b)), ("pairs", _pair_spread(g, b)),
-                     ("floored", max(resid_mad(g, b), PAIR_SPREAD_FLOOR * _pair_spread(g, b))), ("Model.mad", m.mad))
+            mad, pairs = resid_mad(g, b), _pair_spread(g, b)
+            units = (("resid-MAD", mad), ("pairs", pairs), ("floored", max(mad, PAIR_SPREAD_FLOOR * pairs)),
+                     ("Model.mad", m.mad))
             for name, unit in units:
                 rows[name].append((unit / SIGMA, spikes_past(fence_high(m, unit), mu)))
         for name, r in rows.items():
