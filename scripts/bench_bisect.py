@@ -34,9 +34,12 @@ bad commit ``c`` in 1..N) under several noise models, and five strategies:
                runs beyond it are the price of learning the noise.
 
 The lower bound is Fano's ((1 - delta) log2 N - 1) / C with delta = 0.01 and
-C the mutual information (bits) between one run's outcome (value, or crash)
-and good-vs-bad at P(bad) = 1/2, computed by Monte Carlo from the TRUE
-distributions (a fine histogram of log values; C = 1 when they never overlap).
+C the capacity (bits) of one run: the mutual information between its
+outcome (value, or crash) and good-vs-bad, maximised over P(bad), computed
+by Monte Carlo from the TRUE distributions (a fine histogram of log values;
+C = 1 when they never overlap). It equals the information at P(bad) = 1/2
+on every model whose sides share one shape; on the spike model it is 4.6%
+above it.
 
 Usage::
 
@@ -69,7 +72,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import special
+from scipy import optimize, special
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -188,7 +191,12 @@ class Scenario:
         return one
 
     def bits_per_run(self, n: int = 2_000_000, seed: int = 12345) -> float:
-        """I(outcome; good-vs-bad) at P(bad) = 1/2 from the true distributions."""
+        """The channel capacity C: I(outcome; good-vs-bad) from the true
+        distributions, maximised over P(bad). A search picks the commit, so it
+        picks P(bad); Fano's bound holds with the maximum, not with I at 1/2.
+        The two agree when both sides have one shape; they part only where
+        the sides differ in kind (spikes: 0.177 at P(bad) = 0.39 against
+        0.169 at 1/2)."""
         rng = np.random.default_rng(seed)
         params = {"factor": float(np.mean(self.bad))} if self.kind == "lognormal" else {}
         g = self.draw(rng, False, params, n)
@@ -198,12 +206,17 @@ class Scenario:
         edges = np.linspace(lo, hi + 1e-12, 2001)
         hg = np.append(np.histogram(lg, edges)[0], np.isnan(g).sum()) / n
         hb = np.append(np.histogram(lb, edges)[0], np.isnan(b).sum()) / n
-        m = 0.5 * (hg + hb)
 
-        def kl(p: np.ndarray) -> float:
-            k = p > 0
-            return float(np.sum(p[k] * np.log2(p[k] / m[k])))
-        return 0.5 * (kl(hg) + kl(hb))
+        def info(p_bad: float) -> float:
+            m = (1 - p_bad) * hg + p_bad * hb
+
+            def kl(h: np.ndarray) -> float:
+                k = h > 0
+                return float(np.sum(h[k] * np.log2(h[k] / m[k])))
+            return (1 - p_bad) * kl(hg) + p_bad * kl(hb)
+        best = optimize.minimize_scalar(lambda p: -info(p), bounds=(0.01, 0.99), method="bounded",
+                                        options={"xatol": 1e-4})
+        return max(info(0.5), -float(best.fun))
 
 
 LOGN_SIGMA = math.log(1.5) / 1.555     # P(good > 0.003) = 6%, P(good > 0.005) = 2e-4
