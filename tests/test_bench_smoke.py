@@ -161,3 +161,52 @@ def test_bench_constant_is_an_ablation_the_workers_see():
                            "--constant", "decide.MIN_ENDPOINT_RUNS=4.5"], capture_output=True, text=True, timeout=60,
                           cwd=ROOT)
     assert half.returncode == 2 and "give a whole number" in half.stderr
+
+
+def test_bound_uses_the_capacity_where_the_sides_differ_in_kind():
+    """A search picks P(bad) by picking the commit, so Fano's C is the maximum over it:
+    equal to I at 1/2 when both sides share a shape, above it for a spike regression."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bisect as bb
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert abs(bb.SCENARIOS["overlap"].bits_per_run(n=200_000) - 0.1207) < 0.005
+    spikes = bb.VARIANTS["spikes"].bits_per_run(n=200_000)
+    # a Z-channel: good never spikes, bad spikes 30% of the time -> capacity 0.177, I(1/2) 0.169
+    assert 0.173 < spikes < 0.181
+
+
+def test_target_floor_says_which_targets_no_method_can_meet(tmp_path):
+    """On the spike model a quarter of git-bayesect's runs is under Fano's bound;
+    on a clean separated model the told search meets it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import target_floor as tf
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert tf.verdict(50.0, 33.0, 64.0) == "under the bound"
+    assert tf.verdict(50.0, 60.0, 64.0) == "under known"
+    assert tf.verdict(9.0, 19.0, 10.0) == "open"
+    assert tf.cheapest_sure({0.99: ([1] * 98 + [0] * 2, [60] * 100),
+                             0.999: ([1] * 100, [70] * 100)}) == (0.999, 70.0, 1.0)
+    out = tmp_path / "floor.rst"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "target_floor.py"), "--sets", "variants",
+         "--models", "spikes,seed-tight", "--known-trials", "6", "--bayesect-trials", "3", "--jobs", "1",
+         "--write-docs", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {ln.split()[1]: ln for ln in r.stdout.splitlines() if ln.startswith("variants ")}
+    assert rows["spikes"].endswith("under the bound") and rows["seed-tight"].endswith("open")
+    assert out.read_text().startswith("command: python scripts/target_floor.py")
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "target_floor.py"), "--sets", "nope"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown set 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    mine = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "target_floor.py"), "--model",
+         "name=mine good=0.003,0.006 bad=0.007,0.013 labels=3", "--known-trials", "4", "--bayesect-trials", "2",
+         "--jobs", "1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert mine.returncode == 0, mine.stderr[-2000:]
+    row = next(ln.split() for ln in mine.stdout.splitlines() if ln.startswith("custom "))
+    assert row[1] == "mine" and row[2] == "8.9" and row[-1] == "open"      # the seed case as a user's model
