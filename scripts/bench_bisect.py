@@ -58,6 +58,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import math
 import multiprocessing as mp
@@ -387,15 +388,29 @@ def make_truth(sc: Scenario, n: int, rng: np.random.Generator) -> Truth:
 
 
 class Oracle:
-    """Draws runs at commit i and counts them."""
+    """Draws runs at commit i and counts them, in all and per commit."""
 
     def __init__(self, sc: Scenario, truth: Truth, rng: np.random.Generator):
         self.sc, self.t, self.rng = sc, truth, rng
         self.runs = 0
+        self.at: collections.Counter = collections.Counter()
+
+    def count(self, i: int) -> None:
+        self.runs += 1
+        self.at[i] += 1
+
+    def roles(self) -> tuple[int, ...]:
+        """Runs on (the good endpoint, the bad endpoint, the last good commit,
+        the first bad one, every other commit): where a strategy spends."""
+        seen, out = set(), []
+        for i in (0, self.t.n, self.t.block[0] - 1, self.t.culprit):
+            out.append(0 if i in seen else self.at[i])      # culprit 1: the last good IS the endpoint
+            seen.add(i)
+        return (*out, self.runs - sum(out))
 
     def run(self, i: int) -> float | None:
         """One probe run; None = crashed (no value). Untestable commits are not asked."""
-        self.runs += 1
+        self.count(i)
         v = float(self.sc.draw(self.rng, i >= self.t.culprit, self.t.params)[0])
         return None if math.isnan(v) else v
 
@@ -408,8 +423,8 @@ class Oracle:
 # ---------------------------------------------------------------------------
 # strategies: each returns (answer block or None, runs)
 
-def run_plain(sc: Scenario, t: Truth, rng: np.random.Generator, votes: int = 1):
-    o = Oracle(sc, t, rng)
+def run_plain(o: Oracle, votes: int = 1):
+    t = o.t
     lo, hi = 0, t.n
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -439,7 +454,7 @@ def _bayesect_loop(bis, t: Truth, o: Oracle, to_chain, confidence: float, max_ru
         rel = bis.select()
         i = to_chain(rel)
         if i in t.untestable:          # `git bayesect run`: the build+probe command failed
-            o.runs += 1
+            o.count(i)
             fail = True
         else:
             fail = o.fails(i)
@@ -449,10 +464,9 @@ def _bayesect_loop(bis, t: Truth, o: Oracle, to_chain, confidence: float, max_ru
     return [to_chain(best)], o.runs
 
 
-def run_bayesect(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: float,
-                 repo_dir: Path | None, max_runs: int, seed: int):
+def run_bayesect(o: Oracle, confidence: float, repo_dir: Path | None, max_runs: int, seed: int):
     import git_bayesect as gb
-    o = Oracle(sc, t, rng)
+    sc, t = o.sc, o.t
     if repo_dir is None:
         # the package's pure Bisector over N+1 commits, index 0 = newest
         bis = gb.Bisector(np.ones(t.n + 1))
@@ -485,13 +499,13 @@ def run_bayesect(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: f
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs: int | None = None,
+def run_klbisect(o: Oracle, endpoint_runs: int | None = None,
                  max_endpoint_runs: int | None = None, confidence: float = CONFIDENCE,
                  max_runs: int | None = None, crash_limit: int = 2,
                  max_total_runs: int | None = None):
     """session.run_bisect with one slot, step for step (klbisect.simulate).
     Every default is read from ``decide`` at the call, so --constant reaches it."""
-    o = Oracle(sc, t, rng)
+    t = o.t
     return simulate_bisect(
         t.n, o.run, t.untestable, confidence,
         decide.MIN_ENDPOINT_RUNS if endpoint_runs is None else endpoint_runs,
@@ -499,14 +513,14 @@ def run_klbisect(sc: Scenario, t: Truth, rng: np.random.Generator, endpoint_runs
         max_runs, crash_limit, decide.MAX_TOTAL_RUNS if max_total_runs is None else max_total_runs)
 
 
-def run_known(sc: Scenario, t: Truth, rng: np.random.Generator, confidence: float = CONFIDENCE):
+def run_known(o: Oracle, confidence: float = CONFIDENCE):
     """klbisect's search with the noise KNOWN: every run weighs the true log
     likelihood ratio, no endpoint runs, no refit, no guards. Not a strategy
     anyone can run; it measures what the search alone costs against Fano's
     bound, so the rest of klbisect's runs are the price of learning the
     noise from the endpoints."""
-    o = Oracle(sc, t, rng)
-    llr = sc.log_lr(t.params)
+    t = o.t
+    llr = o.sc.log_lr(t.params)
     s = np.zeros(t.n + 1)
     unt = np.array([i in t.untestable for i in range(t.n + 1)], bool)
     while True:
@@ -560,20 +574,21 @@ def _job(args):
     truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, si]))
     rng = np.random.default_rng([seed, mi, n, trial, si, 1 + STRATEGIES.index(strat)])
     t0 = time.perf_counter()
+    o = Oracle(sc, truth, rng)
     if strat == "plain":
-        ans, runs = run_plain(sc, truth, rng, 1)
+        ans, runs = run_plain(o, 1)
     elif strat == "maj5":
-        ans, runs = run_plain(sc, truth, rng, 5)
+        ans, runs = run_plain(o, 5)
     elif strat == "bayesect":
         repo_dir = Path(opts["tmp"]) if (opts["bayesect_repos"] and n == 1000) else None
-        ans, runs = run_bayesect(sc, truth, rng, opts["bayesect_confidence"], repo_dir,
+        ans, runs = run_bayesect(o, opts["bayesect_confidence"], repo_dir,
                                  opts["bayesect_max_runs"], seed * 100003 + trial * 7 + mi + n)
     elif strat == "known":
-        ans, runs = run_known(sc, truth, rng, opts["confidence"])
+        ans, runs = run_known(o, opts["confidence"])
     else:
-        ans, runs = run_klbisect(sc, truth, rng, opts["endpoint_runs"], confidence=opts["confidence"],
+        ans, runs = run_klbisect(o, opts["endpoint_runs"], confidence=opts["confidence"],
                                   max_runs=sc.max_runs)
-    return (sc.key, n, strat, ans == truth.block, runs, time.perf_counter() - t0)
+    return (sc.key, n, strat, ans == truth.block, runs, time.perf_counter() - t0, o.roles())
 
 
 def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, opts: dict) -> tuple:
@@ -626,6 +641,9 @@ def main(argv=None) -> int:
                     help="an ablation: run klbisect with one of klbisect.decide's or "
                          "klbisect.search's constants changed, e.g. search.INTEGRATED_STRICTNESS=1; "
                          "repeatable; named in the table's header")
+    ap.add_argument("--where", action="store_true",
+                    help="also tabulate where each strategy spends its runs: each endpoint, the "
+                         "commits either side of the boundary, every other commit")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--write-docs", metavar="RST", default=None,
                     help="write the table (and the command) into this .rst file")
@@ -679,12 +697,15 @@ def main(argv=None) -> int:
             out = [_job(j) for j in jobs]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for m, n, s, ok, runs, dt in out:
-        results.setdefault((m, n, s), []).append((ok, runs, dt))
+    for m, n, s, ok, runs, dt, roles in out:
+        results.setdefault((m, n, s), []).append((ok, runs, dt, roles))
     elapsed = time.time() - t0
 
     bits = {m: table[m].bits_per_run() for m in models}
     lines = render(models, commits, strats, results, bits, table)
+    if a.where:
+        lines += ["", "where the runs go (mean per trial; last good = the commit before the named block):",
+                  *render_where(models, commits, strats, results)]
     cmd = "python scripts/bench_bisect.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     header = (f"command: {cmd.strip()}\n"
               f"date: {datetime.date.today().isoformat()}, machine: {os.cpu_count()}-core CPU "
@@ -699,6 +720,32 @@ def main(argv=None) -> int:
     if a.write_docs:
         Path(a.write_docs).write_text(header + "\n\n" + "\n".join(lines) + "\n")
     return 0
+
+
+def _grid(cols: list[str], rows: list[list[str]]) -> list[str]:
+    """An rst simple table."""
+    w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
+    sep = "  ".join("=" * x for x in w)
+    return [sep, "  ".join(c.ljust(x) for c, x in zip(cols, w)).rstrip(), sep,
+            *("  ".join(v.ljust(x) for v, x in zip(r, w)).rstrip() for r in rows), sep]
+
+
+def render_where(models, commits, strats, results) -> list[str]:
+    """Mean runs per trial by role (``Oracle.roles``): the endpoints' share is
+    what learning the noise costs up front; the two boundary commits, what
+    proving the answer costs."""
+    rows = []
+    for m in models:
+        for n in commits:
+            for s in strats:
+                r = results.get((m, n, s))
+                if not r:
+                    continue
+                roles = np.mean([x[3] for x in r], axis=0)
+                rows.append([m, f"{n:,}", s, *(f"{v:.1f}" for v in roles),
+                             f"{100 * (roles[0] + roles[1]) / max(roles.sum(), 1e-9):.0f}%"])
+    return _grid(["model", "N", "strategy", "good end", "bad end", "last good", "first bad", "elsewhere",
+                  "endpoints"], rows)
 
 
 def render(models, commits, strats, results, bits, table) -> list[str]:
@@ -718,12 +765,7 @@ def render(models, commits, strats, results, bits, table) -> list[str]:
                 rows.append([m, f"{n:,}", s, str(len(r)), f"{100 * ok.mean():.1f}%",
                              f"{runs.mean():.1f}", f"{np.percentile(runs, 95):.0f}",
                              f"{bound:.1f}", f"{runs.mean() / bound:.2f}x", f"{dt:.2f}"])
-    w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    sep = "  ".join("=" * x for x in w)
-    out = [sep, "  ".join(c.ljust(x) for c, x in zip(cols, w)), sep]
-    out += ["  ".join(v.ljust(x) for v, x in zip(r, w)) for r in rows]
-    out.append(sep)
-    out.append("")
+    out = [*_grid(cols, rows), ""]
     out.append("per-run information C (bits, Monte Carlo from the true distributions):")
     for m in models:
         out.append(f"  {m}: C = {bits[m]:.3f}  -- {table[m].title}")

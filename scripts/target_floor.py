@@ -91,12 +91,8 @@ def rows_for(results: dict, bits: dict, n: int) -> list[list[str]]:
 
 
 def render(rows: list[list[str]]) -> list[str]:
-    cols = ["set", "model", "bound", "bayesect", "right", "4x target", "known", "mark",
-            "right", "known/bound", "verdict"]
-    w = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(cols)]
-    sep = "  ".join("=" * x for x in w)
-    return [sep, "  ".join(c.ljust(x) for c, x in zip(cols, w)).rstrip(), sep,
-            *("  ".join(v.ljust(x) for v, x in zip(r, w)).rstrip() for r in rows), sep]
+    return bench._grid(["set", "model", "bound", "bayesect", "right", "4x target", "known", "mark", "right",
+                        "known/bound", "verdict"], rows)
 
 
 def main(argv=None) -> int:
@@ -153,7 +149,7 @@ def main(argv=None) -> int:
     elapsed = time.time() - t0
 
     results: dict = {}
-    for (s, m, strat, mark), (_, _, _, ok, runs, _) in zip(tags, out):
+    for (s, m, strat, mark), (_, _, _, ok, runs, _, _) in zip(tags, out):
         r = results.setdefault((s, m), {"bayesect": ([], []), "known": {}})
         ok_runs = r["bayesect"] if strat == "bayesect" else r["known"].setdefault(mark, ([], []))
         ok_runs[0].append(ok)

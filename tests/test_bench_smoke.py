@@ -210,3 +210,32 @@ def test_target_floor_says_which_targets_no_method_can_meet(tmp_path):
     assert mine.returncode == 0, mine.stderr[-2000:]
     row = next(ln.split() for ln in mine.stdout.splitlines() if ln.startswith("custom "))
     assert row[1] == "mine" and row[2] == "8.9" and row[-1] == "open"      # the seed case as a user's model
+
+
+def test_where_the_runs_go_adds_up_and_shows_the_endpoint_runs():
+    """--where splits each row's runs by commit: klbisect's six runs per endpoint
+    before any search, none for the search told the noise; the parts add up."""
+    import numpy as np
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bisect as bb
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    # a culprit at commit 1: the last good commit is the good endpoint, counted once
+    o = bb.Oracle(bb.SCENARIOS["seed"], bb.Truth(10, 1, frozenset(), {}), np.random.default_rng(0))
+    for i in (0, 0, 1, 5, 10):
+        o.run(i)
+    assert o.roles() == (2, 1, 0, 1, 1)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "3", "--commits", "1000",
+         "--models", "seed", "--strategies", "klbisect,known", "--jobs", "1", "--where"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    main, where = r.stdout.split("where the runs go")
+    mean = {ln.split()[2]: float(ln.split()[5]) for ln in main.splitlines() if ln.startswith("seed ")}
+    parts = {ln.split()[2]: [float(x) for x in ln.split()[3:8]] for ln in where.splitlines()
+             if ln.startswith("seed ")}
+    for strat in ("klbisect", "known"):
+        assert abs(sum(parts[strat]) - mean[strat]) < 0.11
+    assert parts["klbisect"][0] >= 6 and parts["klbisect"][1] >= 6
+    assert parts["known"][:2] == [0.0, 0.0]
