@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from . import repo as gitrepo
-from .decide import (MAX_TOTAL_RUNS, Model, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
-                     runs_lower_bound, separation, summarize)
+from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_upper_bound, exceedances,
+                     info_per_run, recommend_threshold, runs_lower_bound, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
@@ -32,6 +32,9 @@ class LabelStats:
     exceedances: list[dict]
     recommended: float | None
     recommended_how: str
+    # a bad commit's label: how often it fails the good commit's recommended
+    # threshold, i.e. how often one CI run would catch the regression
+    catch: dict | None = None
 
 
 @dataclass
@@ -76,17 +79,32 @@ def default_thresholds(values: list[float]) -> list[float]:
 
 
 def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate: float,
-                confidence: float) -> list[LabelStats]:
+                confidence: float, good: list[LabelStats] | None = None) -> list[LabelStats]:
+    """Per label: percentiles, exceedances and a recommended threshold; with
+    ``good`` (the good commit's labels) these are a bad commit's runs, so
+    instead of a threshold of their own they get how often they fail the
+    good commit's, with a lower bound on that rate."""
     labels = sorted({k for d in values_by_run for k in d})
+    recommended = {ls.label: ls.recommended for ls in good or []}
     out = []
     for lab in labels:
         vals = [d[lab] for d in values_by_run if lab in d]
         ths = thresholds or default_thresholds(vals)
         ex = [{"threshold": t, "above": k, "runs": n,
-               "rate_upper_bound": exceedance_upper_bound(k, n, confidence)}
+               "rate_upper_bound": exceedance_upper_bound(k, n, confidence),
+               "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
               for t, k, n in exceedances(vals, ths)]
-        rec, how = recommend_threshold(vals, rate, confidence)
-        out.append(LabelStats(lab, summarize(vals), ex, rec, how))
+        if good is None:
+            rec, how = recommend_threshold(vals, rate, confidence)
+            out.append(LabelStats(lab, summarize(vals), ex, rec, how))
+            continue
+        t = recommended.get(lab)
+        catch = None
+        if t is not None:
+            (_, k, n), = exceedances(vals, [t])
+            catch = {"threshold": t, "above": k, "runs": n,
+                     "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
+        out.append(LabelStats(lab, summarize(vals), ex, None, "a bad commit's runs", catch))
     return out
 
 
@@ -157,7 +175,7 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
                 bad_runs = [r for r in ws.store.runs(probe.key, [bad_sha]) if r.value is not None][-runs:]
                 res.bad_sha = bad_sha
                 res.bad_labels = label_stats([r.values for r in bad_runs], thresholds, false_fail_rate,
-                                             confidence)
+                                             confidence, good=res.labels)
                 gv = [r.value for r in with_values]
                 bv = [r.value for r in bad_runs]
                 if len(gv) >= 2 and len(bv) >= 2:
@@ -174,23 +192,31 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
 def format_calibration(c: Calibration) -> str:
     lines = [f"Calibration of {c.rev} ({c.sha[:12]}): {c.runs} runs with values, {c.crashes} without"]
 
-    def block(title: str, labs: list[LabelStats]) -> None:
+    def block(title: str, labs: list[LabelStats], bad: bool = False) -> None:
         lines.append(title)
         for ls in labs:
             s = ls.summary
             lines.append(f"  [{ls.label}] n={s['n']} min {s['min']:.4g}  p5 {s['p5']:.4g}  p25 {s['p25']:.4g}  "
                          f"median {s['median']:.4g}  p75 {s['p75']:.4g}  p95 {s['p95']:.4g}  max {s['max']:.4g}")
             for e in ls.exceedances:
+                bound = (f">= {e['rate_lower_bound']:.3g}" if bad else f"<= {e['rate_upper_bound']:.3g}")
                 lines.append(f"      {e['above']}/{e['runs']} runs at or above {e['threshold']:g} "
-                             f"(true rate <= {e['rate_upper_bound']:.3g} at {c.confidence:.0%} confidence)")
-            if ls.recommended is not None:
+                             f"(true rate {bound} at {c.confidence:.0%} confidence)")
+            if bad:
+                k = ls.catch
+                lines.append("      no recommended threshold to try: the good commit had none for this label"
+                             if k is None else
+                             f"      fails the recommended {k['threshold']:.4g} in {k['above']}/{k['runs']} runs "
+                             f"(true rate >= {k['rate_lower_bound']:.3g} at {c.confidence:.0%} confidence): "
+                             "how often one CI run catches this regression")
+            elif ls.recommended is not None:
                 lines.append(f"      recommended threshold for <= {c.false_fail_rate:g} false failures: "
                              f"{ls.recommended:.4g} ({ls.recommended_how})")
             else:
                 lines.append(f"      no threshold recommended: {ls.recommended_how}")
     block("Per label:", c.labels)
     if c.bad_sha:
-        block(f"Bad commit {c.bad_sha[:12]}:", c.bad_labels)
+        block(f"Bad commit {c.bad_sha[:12]}:", c.bad_labels, bad=True)
     if c.bad_sha and not c.cost:
         lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: no bisect could tell them apart "
                      "with these runs")

@@ -569,6 +569,14 @@ def exceedance_upper_bound(k: int, n: int, confidence: float = 0.95) -> float:
     return float(_stats().beta.ppf(confidence, k + 1, n - k))
 
 
+def exceedance_lower_bound(k: int, n: int, confidence: float = 0.95) -> float:
+    """Clopper-Pearson lower bound on the true exceedance rate after k of n:
+    how often, at least, a bad commit fails a threshold."""
+    if n == 0 or k <= 0:
+        return 0.0
+    return float(_stats().beta.ppf(1.0 - confidence, k, n - k + 1))
+
+
 def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
                         confidence: float = 0.95) -> tuple[float | None, str]:
     """Smallest threshold whose false-failure rate is at most ``false_fail_rate``

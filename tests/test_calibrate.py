@@ -23,6 +23,24 @@ def test_calibrate_reports_labels_thresholds_and_bisect_cost(history):
     assert 0 < above_01["rate_upper_bound"] < 1
     bad_moving = next(ls for ls in res["bad_labels"] if ls["label"] == "prefill_cache_hit")
     assert bad_moving["summary"]["min"] > s["max"]                     # the moving label separates
+    # a bad commit gets no threshold of its own: how often it fails the good commit's
+    catch = bad_moving["catch"]
+    assert bad_moving["recommended"] is None and catch["threshold"] == moving["recommended"]
+    bad_values = [json.loads(r["vals"])["prefill_cache_hit"]
+                  for r in db_query(h.path, "SELECT vals FROM runs WHERE sha = ?", (h.bad,))]
+    assert catch["runs"] == 8 == len(bad_values)
+    assert catch["above"] == sum(v >= catch["threshold"] for v in bad_values)
+    assert 0 <= catch["rate_lower_bound"] <= catch["above"] / 8
+    # 30 good runs (22 more, the 8 reused) narrow it: one CI run catches the regression often
+    # (19-29 times in 30 over ten tries; a third is asked)
+    more = klb("calibrate", "--rev", h.good, "--runs", "30", "--bad-rev", h.bad, "--commits", "200",
+               "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert more.returncode == 0, more.stderr
+    bad_part = more.stdout.split("Bad commit")[1]
+    assert "recommended threshold for" not in bad_part
+    line = next(ln for ln in bad_part.split("[prefill_cache_hit]")[1].splitlines() if "fails the recommended" in ln)
+    k = int(line.split(" in ")[1].split("/")[0])
+    assert k >= 10 and "/30 runs (true rate >= 0." in line and "how often one CI run catches" in line
     # the cost of a bisect replays the real search on resampled runs
     cost = res["cost"]
     assert cost["commits"] == 200 and cost["simulated_accuracy"] >= 0.9

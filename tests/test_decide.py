@@ -9,7 +9,8 @@ import pytest
 
 from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOOD, OVERLAP_MAX_RUNS, OVERLAP_P,
                              RUN_LR_CAP, SKIP,
-                             UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step, exceedance_upper_bound,
+                             UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step, exceedance_lower_bound,
+                             exceedance_upper_bound,
                              exceedances, info_per_run, judge, recommend_threshold, runs_lower_bound,
                              runs_per_commit, separation, summarize)
 
@@ -317,6 +318,10 @@ def test_exceedances_and_bounds():
     ub = exceedance_upper_bound(0, 100)
     assert 0 < ub < 0.05
     assert exceedance_upper_bound(1, 100) > ub
+    # a bad commit that failed all 40 runs fails at least 0.05 ** (1/40) = 92.8% of the time
+    assert exceedance_lower_bound(40, 40) == pytest.approx(0.05 ** (1 / 40))
+    assert exceedance_lower_bound(0, 40) == 0.0 == exceedance_lower_bound(0, 0)
+    assert exceedance_lower_bound(26, 40) < 26 / 40 < exceedance_upper_bound(26, 40)
 
 
 def test_recommend_threshold():
