@@ -64,6 +64,15 @@ class Calibration:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, d: dict) -> "Calibration":
+        """The stored result back (``status`` shows the latest calibration)."""
+        d = dict(d)
+        d["labels"] = [LabelStats(**x) for x in d["labels"]]
+        d["bad_labels"] = [LabelStats(**x) for x in d.get("bad_labels") or []]
+        d["cost"] = CostEstimate(**d["cost"]) if d.get("cost") else None
+        return cls(**d)
+
 
 def default_thresholds(values: list[float]) -> list[float]:
     """Round numbers around the observed upper tail (0.003, 0.005, ...)."""
@@ -199,16 +208,17 @@ def format_calibration(c: Calibration) -> str:
             lines.append(f"  [{ls.label}] n={s['n']} min {s['min']:.4g}  p5 {s['p5']:.4g}  p25 {s['p25']:.4g}  "
                          f"median {s['median']:.4g}  p75 {s['p75']:.4g}  p95 {s['p95']:.4g}  max {s['max']:.4g}")
             for e in ls.exceedances:
-                bound = (f">= {e['rate_lower_bound']:.3g}" if bad else f"<= {e['rate_upper_bound']:.3g}")
+                bound = (f">= {e['rate_lower_bound']:.3g}" if bad and "rate_lower_bound" in e
+                         else f"<= {e['rate_upper_bound']:.3g}")
                 lines.append(f"      {e['above']}/{e['runs']} runs at or above {e['threshold']:g} "
                              f"(true rate {bound} at {c.confidence:.0%} confidence)")
-            if bad:
-                k = ls.catch
-                lines.append("      no recommended threshold to try: the good commit had none for this label"
-                             if k is None else
-                             f"      fails the recommended {k['threshold']:.4g} in {k['above']}/{k['runs']} runs "
+            k = ls.catch
+            if bad and k is not None:
+                lines.append(f"      fails the recommended {k['threshold']:.4g} in {k['above']}/{k['runs']} runs "
                              f"(true rate >= {k['rate_lower_bound']:.3g} at {c.confidence:.0%} confidence): "
                              "how often one CI run catches this regression")
+            elif bad and ls.recommended is None:
+                lines.append("      no recommended threshold to try: the good commit had none for this label")
             elif ls.recommended is not None:
                 lines.append(f"      recommended threshold for <= {c.false_fail_rate:g} false failures: "
                              f"{ls.recommended:.4g} ({ls.recommended_how})")

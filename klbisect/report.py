@@ -5,6 +5,7 @@ import math
 import re
 import textwrap
 
+from .calibrate import Calibration, format_calibration
 from .decide import Model
 from .session import Result
 
@@ -60,9 +61,9 @@ def format_result(res: Result | dict) -> str:
 def format_status(st: dict) -> str:
     if not st.get("session"):
         return "No klbisect session in this repository."
+    commits = f"{st['n_commits']} candidate commits, " if "n_commits" in st else ""
     lines = [f"Session {st['session']} ({st['kind']}, {st['state']}): good {str(st['good'])[:12]} "
-             f"bad {str(st['bad'])[:12]}, {st.get('n_commits', '?')} candidate commits, "
-             f"{st.get('probe_runs', 0)} probe runs"]
+             f"bad {str(st['bad'])[:12]}, {commits}{st.get('probe_runs', 0)} probe runs"]
     m = st.get("model")
     if m and m.get("kind") == "learned":
         f = math.exp if m["log_space"] else (lambda x: x)
@@ -89,6 +90,8 @@ def format_status(st: dict) -> str:
     if st.get("result"):
         lines.append("")
         lines.append(format_result(st["result"]))
+    if st.get("calibration"):
+        lines += ["", format_calibration(Calibration.from_json(st["calibration"]))]
     return "\n".join(lines)
 
 

@@ -753,6 +753,10 @@ def status(path: str | Path | None) -> dict:
             return {"session": None}
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config}
+        if sess.kind == "calibrate":
+            out["probe_runs"] = len(st.session_runs(sess.id))
+            out["calibration"] = sess.result          # None until it finishes; rerun it to resume
+            return out
         if sess.kind not in ("run", "gitbisect"):
             return out
         analysis = current_analysis(ws, sess)

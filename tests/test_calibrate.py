@@ -59,6 +59,11 @@ def test_calibrate_resumes_from_the_run_store(history):
     assert len(db_query(h.path, "SELECT * FROM runs")) == 6          # two new runs, four reused
     assert "6 runs with values" in again.stdout
     assert "log-normal tail fit" in again.stdout                       # beyond six runs' reach
+    # status shows the latest calibration, not an empty bisect
+    st = klb("status", cwd=h.path)
+    assert st.returncode == 0, st.stderr
+    assert "(calibrate, done)" in st.stdout and "2 probe runs" in st.stdout and "candidate" not in st.stdout
+    assert "6 runs with values" in st.stdout and "runs at or above" in st.stdout
 
 
 def test_calibrate_unknown_revision_is_one_clear_line(history):
