@@ -52,6 +52,8 @@ Usage::
         "name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 crashes=0.02"   # your own
     python scripts/bench_bisect.py --commits 1000 --models overlap --strategies klbisect \
         --constant search.INTEGRATED_STRICTNESS=1  # what one guard costs (an ablation)
+    python scripts/bench_bisect.py --commits 1000 --strategies klbisect,known \
+        --where                                    # where each strategy spends its runs
     python scripts/bench_bisect.py --trials 3 --commits 100 --models seed \
         --strategies klbisect,plain                # smoke test
 """
