@@ -423,7 +423,7 @@ class Oracle:
 
 
 # ---------------------------------------------------------------------------
-# strategies: each returns (answer block or None, runs)
+# strategies: each returns the answer block (or None); the Oracle counts the runs
 
 def run_plain(o: Oracle, votes: int = 1):
     t = o.t
@@ -445,7 +445,7 @@ def run_plain(o: Oracle, votes: int = 1):
             hi = mid
         else:
             lo = mid
-    return list(range(lo + 1, hi + 1)), o.runs
+    return list(range(lo + 1, hi + 1))
 
 
 def _bayesect_loop(bis, t: Truth, o: Oracle, to_chain, confidence: float, max_runs: int):
@@ -463,7 +463,7 @@ def _bayesect_loop(bis, t: Truth, o: Oracle, to_chain, confidence: float, max_ru
         bis.record(rel, fail)
         from_rel[rel] = i
     best = int(np.argmax(bis.distribution))
-    return [to_chain(best)], o.runs
+    return [to_chain(best)]
 
 
 def run_bayesect(o: Oracle, confidence: float, repo_dir: Path | None, max_runs: int, seed: int):
@@ -512,7 +512,7 @@ def run_klbisect(o: Oracle, endpoint_runs: int | None = None,
         t.n, o.run, t.untestable, confidence,
         decide.MIN_ENDPOINT_RUNS if endpoint_runs is None else endpoint_runs,
         decide.MAX_ENDPOINT_RUNS if max_endpoint_runs is None else max_endpoint_runs,
-        max_runs, crash_limit, decide.MAX_TOTAL_RUNS if max_total_runs is None else max_total_runs)
+        max_runs, crash_limit, decide.MAX_TOTAL_RUNS if max_total_runs is None else max_total_runs)[0]
 
 
 def run_known(o: Oracle, confidence: float = CONFIDENCE):
@@ -530,7 +530,7 @@ def run_known(o: Oracle, confidence: float = CONFIDENCE):
         done = decided(post, confidence)
         nxt = post.choose(1)
         if done or not nxt:
-            return (list(done.indices) if done else None), o.runs
+            return list(done.indices) if done else None
         s[nxt[0]] += llr(o.run(nxt[0]))
 
 
@@ -578,19 +578,18 @@ def _job(args):
     t0 = time.perf_counter()
     o = Oracle(sc, truth, rng)
     if strat == "plain":
-        ans, runs = run_plain(o, 1)
+        ans = run_plain(o, 1)
     elif strat == "maj5":
-        ans, runs = run_plain(o, 5)
+        ans = run_plain(o, 5)
     elif strat == "bayesect":
         repo_dir = Path(opts["tmp"]) if (opts["bayesect_repos"] and n == 1000) else None
-        ans, runs = run_bayesect(o, opts["bayesect_confidence"], repo_dir,
-                                 opts["bayesect_max_runs"], seed * 100003 + trial * 7 + mi + n)
+        ans = run_bayesect(o, opts["bayesect_confidence"], repo_dir,
+                           opts["bayesect_max_runs"], seed * 100003 + trial * 7 + mi + n)
     elif strat == "known":
-        ans, runs = run_known(o, opts["confidence"])
+        ans = run_known(o, opts["confidence"])
     else:
-        ans, runs = run_klbisect(o, opts["endpoint_runs"], confidence=opts["confidence"],
-                                  max_runs=sc.max_runs)
-    return (sc.key, n, strat, ans == truth.block, runs, time.perf_counter() - t0, o.roles())
+        ans = run_klbisect(o, opts["endpoint_runs"], confidence=opts["confidence"], max_runs=sc.max_runs)
+    return (sc.key, n, strat, ans == truth.block, o.runs, time.perf_counter() - t0, o.roles())
 
 
 def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, opts: dict) -> tuple:
@@ -598,6 +597,41 @@ def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, op
     table = SETS[set_name]
     si = list(SETS).index(set_name)
     return (table[model], list(table).index(model), si, n, strat, trial, seed, opts)
+
+
+def register_custom(specs: list[str]) -> None:
+    """--model specs as the "custom" set; ValueError says what is wrong with one."""
+    custom = [parse_model(spec) for spec in specs]
+    if len({sc.key for sc in custom}) < len(custom):
+        raise ValueError("--model: give each model its own name=")
+    SETS["custom"] = {sc.key: sc for sc in custom}
+
+
+def run_jobs(jobs: list, workers: int, tmp: str) -> list:
+    """Every job's result, in the jobs' order; ``tmp`` (git-bayesect's
+    generated repositories) is removed afterwards."""
+    try:
+        if workers > 1:
+            with mp.Pool(workers) as pool:
+                return pool.map(_job, jobs, chunksize=4)
+        return [_job(j) for j in jobs]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def machine_header(script: str, argv, workers: int, elapsed: float) -> str:
+    """The command and the machine a table came from: its first two lines."""
+    cmd = f"python scripts/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return (f"command: {cmd.strip()}\n"
+            f"date: {datetime.date.today().isoformat()}, machine: {os.cpu_count()}-core CPU "
+            f"({platform.processor() or platform.machine()}), {workers} worker(s), {elapsed:.0f} s")
+
+
+def emit(header: str, lines: list[str], write_docs: str | None) -> None:
+    print(header)
+    print("\n".join(lines))
+    if write_docs:
+        Path(write_docs).write_text(header + "\n\n" + "\n".join(lines) + "\n")
 
 
 def trials_for(strat: str, n: int, base: int, opts, model: str = "") -> int:
@@ -654,12 +688,9 @@ def main(argv=None) -> int:
     a.custom += [random_model(k, a.seed) for k in range(a.random_models)]
     if a.custom:
         try:
-            custom = [parse_model(spec) for spec in a.custom]
+            register_custom(a.custom)
         except ValueError as e:
             ap.error(str(e))
-        if len({sc.key for sc in custom}) < len(custom):
-            ap.error("--model: give each model its own name=")
-        SETS["custom"] = {sc.key: sc for sc in custom}
         a.set_name = "custom"
     try:
         constants = [parse_constant(spec) for spec in a.constant]
@@ -690,15 +721,8 @@ def main(argv=None) -> int:
     # long jobs first, so the two workers finish together
     jobs.sort(key=lambda j: -(j[3] * (50 if j[4] == "bayesect" else 1) * (5 if j[0].kind == "lognormal" else 1)))
     t0 = time.time()
+    out = run_jobs(jobs, a.jobs, tmp)
     results: dict = {}
-    try:
-        if a.jobs > 1:
-            with mp.Pool(a.jobs) as pool:
-                out = list(pool.imap_unordered(_job, jobs, chunksize=4))
-        else:
-            out = [_job(j) for j in jobs]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     for m, n, s, ok, runs, dt, roles in out:
         results.setdefault((m, n, s), []).append((ok, runs, dt, roles))
     elapsed = time.time() - t0
@@ -708,19 +732,13 @@ def main(argv=None) -> int:
     if a.where:
         lines += ["", "where the runs go (mean per trial; last good = the commit before the named block):",
                   *render_where(models, commits, strats, results)]
-    cmd = "python scripts/bench_bisect.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    header = (f"command: {cmd.strip()}\n"
-              f"date: {datetime.date.today().isoformat()}, machine: {os.cpu_count()}-core CPU "
-              f"({platform.processor() or platform.machine()}), {a.jobs} worker(s), "
-              f"{elapsed:.0f} s; decide.RUN_LR_CAP={decide.RUN_LR_CAP:g}, "
+    header = (machine_header("bench_bisect.py", argv, a.jobs, elapsed)
+              + f"; decide.RUN_LR_CAP={decide.RUN_LR_CAP:g}, "
               f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}; confidence {a.confidence:g} "
               f"(git-bayesect {a.bayesect_confidence:g})")
     if constants:
         header += "\nablation: " + ", ".join(f"{m}.{k}={getattr(TUNABLE[m], k):g}" for m, k, _ in constants)
-    print(header)
-    print("\n".join(lines))
-    if a.write_docs:
-        Path(a.write_docs).write_text(header + "\n\n" + "\n".join(lines) + "\n")
+    emit(header, lines, a.write_docs)
     return 0
 
 

@@ -32,12 +32,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import multiprocessing as mp
 import os
-import platform
-import shlex
-import shutil
 import sys
 import tempfile
 import time
@@ -80,12 +75,10 @@ def rows_for(results: dict, bits: dict, n: int) -> list[list[str]]:
         bay_ok, bay_runs = r["bayesect"]
         target = float(np.mean(bay_runs)) / 4
         known = cheapest_sure(r["known"])
+        told = ["-"] * 4 if known is None else [f"{known[1]:.1f}", f"{known[0]:g}", f"{100 * known[2]:.1f}%",
+                                               f"{known[1] / bound:.2f}x"]
         rows.append([set_name, model, f"{bound:.1f}", f"{np.mean(bay_runs):.1f}",
-                     f"{100 * np.mean(bay_ok):.1f}%", f"{target:.1f}",
-                     "-" if known is None else f"{known[1]:.1f}",
-                     "-" if known is None else f"{known[0]:g}",
-                     "-" if known is None else f"{100 * known[2]:.1f}%",
-                     "-" if known is None else f"{known[1] / bound:.2f}x",
+                     f"{100 * np.mean(bay_ok):.1f}%", f"{target:.1f}", *told,
                      verdict(bound, target, None if known is None else known[1])])
     return rows
 
@@ -111,10 +104,9 @@ def main(argv=None) -> int:
     sets = [s for s in a.sets.split(",") if s]
     if a.custom:
         try:
-            custom = [bench.parse_model(spec) for spec in a.custom]
+            bench.register_custom(a.custom)
         except ValueError as e:
             ap.error(str(e))
-        bench.SETS["custom"] = {sc.key: sc for sc in custom}
         sets = ["custom"]
     for s in sets:
         if s not in bench.SETS or (s == "custom" and not a.custom):
@@ -138,14 +130,7 @@ def main(argv=None) -> int:
                 jobs.append(bench.job(s, m, a.commits, "known", t, a.seed, opts))
                 tags.append((s, m, "known", mark))
     t0 = time.time()
-    try:
-        if a.jobs > 1:
-            with mp.Pool(a.jobs) as pool:
-                out = pool.map(bench._job, jobs, chunksize=4)
-        else:
-            out = [bench._job(j) for j in jobs]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    out = bench.run_jobs(jobs, a.jobs, tmp)
     elapsed = time.time() - t0
 
     results: dict = {}
@@ -156,16 +141,10 @@ def main(argv=None) -> int:
         ok_runs[1].append(runs)
     bits = {k: bench.SETS[k[0]][k[1]].bits_per_run() for k in keys}
     lines = render(rows_for(results, bits, a.commits))
-    cmd = "python scripts/target_floor.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    header = (f"command: {cmd.strip()}\n"
-              f"date: {datetime.date.today().isoformat()}, machine: {os.cpu_count()}-core CPU "
-              f"({platform.processor() or platform.machine()}), {a.jobs} worker(s), {elapsed:.0f} s; "
-              f"N = {a.commits:,}; git-bayesect at 0.99, {a.bayesect_trials} trials; "
+    header = (bench.machine_header("target_floor.py", argv, a.jobs, elapsed)
+              + f"; N = {a.commits:,}; git-bayesect at 0.99, {a.bayesect_trials} trials; "
               f"known at {', '.join(f'{m:g}' for m in MARKS)}, {a.known_trials} trials")
-    print(header)
-    print("\n".join(lines))
-    if a.write_docs:
-        Path(a.write_docs).write_text(header + "\n\n" + "\n".join(lines) + "\n")
+    bench.emit(header, lines, a.write_docs)
     return 0
 
 
