@@ -54,6 +54,10 @@ Usage::
         --constant search.INTEGRATED_STRICTNESS=1  # what one guard costs (an ablation)
     python scripts/bench_bisect.py --commits 1000 --strategies klbisect,known \
         --where                                    # where each strategy spends its runs
+    python scripts/bench_bisect.py --set variants --models overlap-small --commits 1000 \
+        --strategies klbisect --wrong              # which trials were wrong ...
+    python scripts/bench_bisect.py --set variants --models overlap-small --commits 1000 \
+        --strategies klbisect --trial 111          # ... and one of them again, same seeds
     python scripts/bench_bisect.py --trials 3 --commits 100 --models seed \
         --strategies klbisect,plain                # smoke test
 """
@@ -72,6 +76,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 from pathlib import Path
 
 import numpy as np
@@ -570,7 +575,23 @@ def apply_constants(constants) -> None:
         setattr(TUNABLE[mod], attr, value)
 
 
-def _job(args):
+class Outcome(NamedTuple):
+    """One trial of one row: what the tables count, and what ``--wrong``
+    prints to replay it (``--trial``)."""
+
+    model: str
+    n: int
+    strat: str
+    ok: bool
+    runs: int
+    seconds: float
+    roles: tuple
+    trial: int
+    block: list          # the right answer
+    named: list | None   # the strategy's answer; None when it gave up
+
+
+def _job(args) -> Outcome:
     sc, mi, si, n, strat, trial, seed, opts = args
     apply_constants(opts.get("constants", ()))
     truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, si]))
@@ -589,7 +610,8 @@ def _job(args):
         ans = run_known(o, opts["confidence"])
     else:
         ans = run_klbisect(o, opts["endpoint_runs"], confidence=opts["confidence"], max_runs=sc.max_runs)
-    return (sc.key, n, strat, ans == truth.block, o.runs, time.perf_counter() - t0, o.roles())
+    return Outcome(sc.key, n, strat, ans == truth.block, o.runs, time.perf_counter() - t0, o.roles(),
+                   trial, truth.block, None if ans is None else list(ans))
 
 
 def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, opts: dict) -> tuple:
@@ -680,6 +702,12 @@ def main(argv=None) -> int:
     ap.add_argument("--where", action="store_true",
                     help="also tabulate where each strategy spends its runs: each endpoint, the "
                          "commits either side of the boundary, every other commit")
+    ap.add_argument("--wrong", action="store_true",
+                    help="also list every wrong trial (model, N, strategy, trial number, the right "
+                         "block, the answer, runs by commit) to replay with --trial")
+    ap.add_argument("--trial", type=int, action="append", default=[], metavar="T",
+                    help="run only trial number T of each row (repeatable): replays a trial "
+                         "that --wrong listed, with the same seeds")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--write-docs", metavar="RST", default=None,
                     help="write the table (and the command) into this .rst file")
@@ -717,14 +745,19 @@ def main(argv=None) -> int:
         for n in commits:
             for s in strats:
                 for tr in range(trials_for(s, n, a.trials, opts, m)):
+                    if a.trial and tr not in a.trial:
+                        continue
                     jobs.append(job(a.set_name, m, n, s, tr, a.seed, opts))
+    if a.trial and not jobs:
+        ap.error(f"--trial {' '.join(map(str, a.trial))}: no row has that trial; they are numbered "
+                 "from 0 to the row's trials minus 1 (--trials, --bayesect-trials)")
     # long jobs first, so the two workers finish together
     jobs.sort(key=lambda j: -(j[3] * (50 if j[4] == "bayesect" else 1) * (5 if j[0].kind == "lognormal" else 1)))
     t0 = time.time()
     out = run_jobs(jobs, a.jobs, tmp)
     results: dict = {}
-    for m, n, s, ok, runs, dt, roles in out:
-        results.setdefault((m, n, s), []).append((ok, runs, dt, roles))
+    for o in out:
+        results.setdefault((o.model, o.n, o.strat), []).append((o.ok, o.runs, o.seconds, o.roles))
     elapsed = time.time() - t0
 
     bits = {m: table[m].bits_per_run() for m in models}
@@ -732,6 +765,8 @@ def main(argv=None) -> int:
     if a.where:
         lines += ["", "where the runs go (mean per trial; last good = the commit before the named block):",
                   *render_where(models, commits, strats, results)]
+    if a.wrong:
+        lines += ["", *render_wrong(out)]
     header = (machine_header("bench_bisect.py", argv, a.jobs, elapsed)
               + f"; decide.RUN_LR_CAP={decide.RUN_LR_CAP:g}, "
               f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}; confidence {a.confidence:g} "
@@ -766,6 +801,30 @@ def render_where(models, commits, strats, results) -> list[str]:
                              f"{100 * (roles[0] + roles[1]) / max(roles.sum(), 1e-9):.0f}%"])
     return _grid(["model", "N", "strategy", "good end", "bad end", "last good", "first bad", "elsewhere",
                   "endpoints"], rows)
+
+
+def render_wrong(out: list[Outcome], most: int = 20) -> list[str]:
+    """The wrong trials of each row, at most ``most`` a row, in trial order."""
+    rows: dict = {}
+    for o in sorted(out, key=lambda o: o.trial):
+        if not o.ok:
+            rows.setdefault((o.model, o.n, o.strat), []).append(o)
+    if not rows:
+        return ["wrong trials: none"]
+    lines = ["wrong trials (replay one: the same command with --models M --commits N --strategies S "
+             "--trial T; runs: good end, bad end, last good, first bad, elsewhere):"]
+    for (m, n, s), wrong in rows.items():
+        for o in wrong[:most]:
+            named = "gave up" if o.named is None else f"named {_span(o.named)}"
+            lines.append(f"  {m} N={n:,} {s} trial {o.trial}: culprit {_span(o.block)}, {named}, "
+                         f"{o.runs} runs {tuple(int(x) for x in o.roles)}")
+        if len(wrong) > most:
+            lines.append(f"  {m} N={n:,} {s}: and {len(wrong) - most} more")
+    return lines
+
+
+def _span(block: list) -> str:
+    return str(block[0]) if len(block) == 1 else f"{block[0]}..{block[-1]}"
 
 
 def render(models, commits, strats, results, bits, table) -> list[str]:

@@ -134,11 +134,11 @@ def main(argv=None) -> int:
     elapsed = time.time() - t0
 
     results: dict = {}
-    for (s, m, strat, mark), (_, _, _, ok, runs, _, _) in zip(tags, out):
+    for (s, m, strat, mark), o in zip(tags, out):
         r = results.setdefault((s, m), {"bayesect": ([], []), "known": {}})
         ok_runs = r["bayesect"] if strat == "bayesect" else r["known"].setdefault(mark, ([], []))
-        ok_runs[0].append(ok)
-        ok_runs[1].append(runs)
+        ok_runs[0].append(o.ok)
+        ok_runs[1].append(o.runs)
     bits = {k: bench.SETS[k[0]][k[1]].bits_per_run() for k in keys}
     lines = render(rows_for(results, bits, a.commits))
     header = (bench.machine_header("target_floor.py", argv, a.jobs, elapsed)

@@ -239,3 +239,33 @@ def test_where_the_runs_go_adds_up_and_shows_the_endpoint_runs():
         assert abs(sum(parts[strat]) - mean[strat]) < 0.11
     assert parts["klbisect"][0] >= 6 and parts["klbisect"][1] >= 6
     assert parts["known"][:2] == [0.0, 0.0]
+
+
+def _bench(*args: str) -> str:
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--commits", "100",
+                        "--models", "seed", "--jobs", "1", *args],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+def test_wrong_lists_the_trials_that_replay_alike():
+    """--wrong names each wrong trial; --trial T runs that trial alone, with
+    the same answer and runs, so a miss in a table can be traced."""
+    text = _bench("--strategies", "plain,klbisect", "--trials", "8", "--wrong")
+    wrong = [ln.strip() for ln in text.splitlines() if ln.startswith("  seed N=100 ")]
+    assert wrong and all(" plain trial " in ln for ln in wrong)   # git bisect at the threshold misses
+    assert len(wrong) == 8 - round(8 * float(next(
+        ln.split()[4] for ln in text.splitlines() if ln.split()[:3] == ["seed", "100", "plain"]).rstrip("%")) / 100)
+    first = wrong[0]
+    trial = first.split(" trial ")[1].split(":")[0]
+    again = _bench("--strategies", "plain", "--trials", "8", "--trial", trial, "--wrong")
+    assert first in [ln.strip() for ln in again.splitlines()]
+    row = next(ln.split() for ln in again.splitlines() if ln.split()[:3] == ["seed", "100", "plain"])
+    assert row[3] == "1" and row[4] == "0.0%"
+    right = _bench("--strategies", "klbisect", "--trials", "3", "--wrong")
+    assert "wrong trials: none" in right
+    none = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--commits", "100",
+                           "--models", "seed", "--strategies", "klbisect", "--trials", "3", "--trial", "5"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert none.returncode == 2 and "--trial 5: no row has that trial" in none.stderr
