@@ -17,7 +17,7 @@ import numpy as np
 from . import repo as gitrepo
 from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_upper_bound, exceedances,
                      info_per_run, recommend_threshold, runs_lower_bound, separation, summarize)
-from .errors import EXIT_NO_SIGNAL, KlbisectError
+from .errors import EXIT_NO_SIGNAL, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
 from .simulate import simulate_bisect
@@ -140,11 +140,27 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
                         float(np.percentile(runs_used, 95)), right / trials, trials)
 
 
+def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int) -> None:
+    """Before the first run: a bad option found after N probe runs wastes them."""
+    if runs < 1:
+        raise KlbisectError(f"--runs {runs}: give at least 1 run to collect (30 or more for a threshold)",
+                            EXIT_USAGE)
+    if not 0 < false_fail_rate < 1:
+        raise KlbisectError(f"--false-fail-rate {false_fail_rate:g}: give a rate between 0 and 1 (e.g. 0.01)",
+                            EXIT_USAGE)
+    if not 0 < confidence < 1:
+        raise KlbisectError(f"--confidence {confidence:g}: give a level between 0 and 1 (e.g. 0.95)", EXIT_USAGE)
+    if commits < 2:
+        raise KlbisectError(f"--commits {commits}: give the size of the range a bisect would search, "
+                            "at least 2", EXIT_USAGE)
+
+
 def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
               bad_rev: str | None = None, thresholds: list[float] | None = None,
               false_fail_rate: float = 0.01, confidence: float = 0.95, commits: int = 1000,
               progress=lambda m: print(m, file=sys.stderr, flush=True)) -> Calibration:
     cfg.validate()
+    _check_options(runs, false_fail_rate, confidence, commits)
     ws = Workspace(path)
     try:
         with ws.locked():

@@ -71,3 +71,16 @@ def test_calibrate_unknown_revision_is_one_clear_line(history):
     p = klb("calibrate", "--rev", "no-such-rev", "--probe-cmd", probe_cmd(), cwd=h.path)
     line = error_line(p, 151)                                        # EXIT_REVISION
     assert "no-such-rev" in line
+
+
+def test_calibrate_bad_options_are_refused_before_any_run(history):
+    """A rate or size out of range used to surface as an internal error after
+    every probe run had been spent; now it is one line, before the first."""
+    h = history(n_commits=20, seed=11)
+    for opts, words in ((["--runs", "0"], "--runs 0"),
+                        (["--false-fail-rate", "2"], "--false-fail-rate 2"),
+                        (["--confidence", "1.5"], "--confidence 1.5"),
+                        (["--bad-rev", h.bad, "--commits", "1"], "--commits 1")):
+        p = klb("calibrate", "--rev", h.good, "--runs", "3", *opts, "--probe-cmd", probe_cmd(), cwd=h.path)
+        assert words in error_line(p, 150)                             # EXIT_USAGE
+    assert db_query(h.path, "SELECT * FROM runs") == []
