@@ -176,7 +176,7 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
                     if target is None:
                         continue
                     while True:
-                        cr = commit_runs(ws, probe.key, build_key, [target])[target]
+                        cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
                         err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key, cr,
                                                 cfg.crash_limit)
                         if err:

@@ -197,7 +197,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     progress(f"nightly {night}: {opts.branch} at {head[:12]} {subj[:60]} (session {sid})")
 
     baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
-    base_runs = commit_runs(ws, probe_key, build_key, baseline_shas) if baseline_shas else {}
+    base_runs = commit_runs(ws, probe_key, build_key, baseline_shas, cfg.timeout) if baseline_shas else {}
     baseline = [v for s in baseline_shas for v in base_runs[s].values]
 
     slot = None
@@ -206,7 +206,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     cap_values = max(cfg.max_runs or DEFAULT_MAX_RUNS, opts.runs)
     try:
         while True:
-            cr = commit_runs(ws, probe_key, build_key, [head])[head]
+            cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
             mine = st.session_runs(sid)
             mine_crashes = sum(1 for r in mine if r.value is None)
             cmp = compare(cr.values, baseline, opts.alpha, opts.min_effect, opts.min_baseline)
@@ -237,7 +237,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         if slot is not None and slot.checkout.exists():
             gitrepo.worktree_remove(ws.repo, slot.checkout)
 
-    cr = commit_runs(ws, probe_key, build_key, [head])[head]
+    cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
     cmp = compare(cr.values, baseline, opts.alpha, opts.min_effect, opts.min_baseline)
     verdict = cmp.verdict
     rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
@@ -251,7 +251,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         openr = _open_regression(ws, probe_key, head, sid)
         if openr is not None:
             prev_head = openr["head"]
-            prev_vals = commit_runs(ws, probe_key, build_key, [prev_head])[prev_head].values
+            prev_vals = commit_runs(ws, probe_key, build_key, [prev_head], cfg.timeout)[prev_head].values
             again = compare(cr.values, prev_vals, opts.alpha, opts.min_effect, opts.min_baseline)
             if again.verdict == "regressed":
                 rec["notes"].append(f"worse again than the open regression of {openr['night']} "

@@ -29,7 +29,7 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_ST
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import scalar
-from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, CommandProbe, Slot
+from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
 from .proc import log_tail, reap_stale
 from .search import CommitRuns, plan
 from .store import Run, SessionRow, Store
@@ -91,6 +91,9 @@ class BisectConfig:
             raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
         if self.probe not in ("cmd", "sglang"):
             raise KlbisectError(f"unknown --probe {self.probe!r}; use cmd or sglang", EXIT_USAGE)
+        if self.timeout is not None and not self.timeout > 0:
+            raise KlbisectError(f"--timeout {self.timeout:g}: give the seconds one probe run may take "
+                                f"(default {DEFAULT_TIMEOUT:g})", EXIT_USAGE)
         if not 0.5 < self.confidence < 1:
             raise KlbisectError("--confidence must be between 0.5 and 1 (e.g. 0.99)", EXIT_USAGE)
         if (self.max_runs is not None and self.max_runs < 1) or self.parallel < 1 or self.votes < 1:
@@ -196,11 +199,17 @@ def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None
                r.values, value, r.log_path, outcome.slot)
 
 
-def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str]) -> dict[str, CommitRuns]:
+def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
+                timeout: float | None = None) -> dict[str, CommitRuns]:
     """Everything known per commit, from every session that used this probe:
-    a rerun of the same question reuses finished runs."""
+    a rerun of the same question reuses finished runs. With ``timeout`` (the
+    --timeout in force now), a run that timed out sooner than that says
+    nothing about a crash: the user who raised --timeout after every run
+    timed out gets new runs, not the old timeouts counted as crashes."""
     out = {s: CommitRuns([]) for s in shas}
     for r in ws.store.runs(probe_key, shas):
+        if _cut_short(r, timeout):
+            continue
         c = out[r.sha]
         if r.value is not None:
             c.values.append(r.value)
@@ -211,6 +220,17 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
             if ws.store.failed_build(build_key, s):
                 out[s].build_failed = True
     return out
+
+
+def _question_of(config: dict) -> dict:
+    """A stored session config without what a rerun may change (--timeout)."""
+    return {k: v for k, v in config.items() if k != "timeout"}
+
+
+def _cut_short(run, timeout: float | None) -> bool:
+    """A run stopped by a shorter --timeout than the one in force now."""
+    return (timeout is not None and run.status == STATUS_TIMEOUT and run.duration is not None
+            and run.duration < 0.99 * timeout)
 
 
 def _model_from(d: dict):
@@ -233,6 +253,11 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
             return KlbisectError(f"the probe command was not found (exit 127) at the {which} endpoint "
                                  f"{sha[:12]}; check --probe-cmd; log: {last.log_path}", EXIT_PROBE_MISSING,
                                  detail=log_tail(last.log_path or ""))
+        if last and last.status == STATUS_TIMEOUT:
+            return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs, "
+                                 f"the last stopped by --timeout after {last.duration or 0:.0f} s; raise "
+                                 f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
+                                 EXIT_NO_SIGNAL, detail=log_tail(last.log_path or ""))
         return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs "
                              f"(expected avg_kl_div=... lines, or set --metric-regex); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL,
@@ -247,7 +272,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
     ``width``: parallel slots, so each round asks for that many runs."""
     per_side = max(1, width // 2)
     while True:
-        runs = commit_runs(ws, probe_key, build_key, [good, bad])
+        runs = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
         g, b = runs[good], runs[bad]
         for which, sha, cr in (("good", good, g), ("bad", bad, b)):
             err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, cfg.crash_limit)
@@ -476,7 +501,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                                         width=ex.slots)
             st.update_session(sid, model=model.to_dict(), state="bisecting")
         while True:
-            runs = commit_runs(ws, probe_key, build_key, shas)
+            runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
             commits = [runs[s] for s in shas]
             pending = [shas.index(s) for s in ex.in_flight()]
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
@@ -541,13 +566,20 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             gitrepo.ensure_clean(ws.repo)
             good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
             active = ws.store.active_session("gitbisect")
-            if active and (active.good, active.bad, active.config) != (good, bad, cfg.question()):
+            if active and (active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question()):
                 raise KlbisectError(f"a klbisect session ({active.id}) is already active here; "
                                     "run `klbisect reset` first", EXIT_REPO_STATE)
             cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
             probe, builder = make_probe(cfg), make_builder(cfg)
-            sid = active.id if active else ws.store.create_session(
-                "gitbisect", good, bad, probe.key, cfg.question(), cands)
+            # `klbisect probe` has no options of its own: it runs with the
+            # --timeout given here (the latest `start`), which is not part of
+            # the question, so raising it resumes the same session.
+            config = {**cfg.question(), "timeout": cfg.timeout}
+            if active:
+                sid = active.id
+                ws.store.update_session(sid, config=config)
+            else:
+                sid = ws.store.create_session("gitbisect", good, bad, probe.key, config, cands)
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
             slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
             build_key = builder.key if builder else None
@@ -603,7 +635,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
             measurer.last_built[0] = last or None
             while True:
-                cr = commit_runs(ws, probe.key, build_key, [sha])[sha]
+                cr = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha]
                 if cr.build_failed:
                     v = HeadVerdict(sha, SKIP, 125, "build failed", [])
                     break
@@ -636,7 +668,7 @@ def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key
     verdicts = ws.store.verdicts(sess.id)
     goods = [s for s, v in verdicts.items() if v["verdict"] == GOOD] + [sess.good]
     bads = [s for s, v in verdicts.items() if v["verdict"] == BAD] + [sess.bad]
-    runs = commit_runs(ws, probe_key, build_key, list(dict.fromkeys(goods + bads)))
+    runs = commit_runs(ws, probe_key, build_key, list(dict.fromkeys(goods + bads)), cfg.timeout)
     g = [x for s in goods for x in runs[s].values]
     b = [x for s in bads for x in runs[s].values]
     return Model.fit(g, b) if g and b else model
@@ -651,7 +683,8 @@ def current_analysis(ws: Workspace, sess: SessionRow):
     shas = [c[0] for c in cands]
     probe, builder = make_probe(cfg), make_builder(cfg)
     build_key = builder.key if builder else None
-    runs = commit_runs(ws, probe.key, build_key, shas)
+    # a `run` session does not store its --timeout: count every timeout, as it did
+    runs = commit_runs(ws, probe.key, build_key, shas, sess.config.get("timeout"))
     model = _model_from(sess.model) if sess.model else None
     pl = None
     if model is not None:

@@ -467,6 +467,31 @@ def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
     assert worktrees(small.path) == [str(small.path)]
 
 
+def test_timeouts_at_an_endpoint_then_a_longer_timeout_resumes(small, tmp_path):
+    """Every endpoint run hits --timeout: one line says to raise it; the rerun
+    with a longer one resumes the session and runs the endpoints again,
+    instead of counting the cut-short runs as crashes and stopping at once."""
+    slow = tmp_path / "slow"
+    slow.touch()
+    cmd = f"if [ -e {slow} ]; then sleep 5; fi; {probe_cmd()}"
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, "--timeout", "0.5",
+            cwd=small.path)
+    line = error_line(p, 154)
+    assert "stopped by --timeout" in line and "raise --timeout" in line
+    cut = len(db_query(small.path, "SELECT * FROM runs WHERE status='timeout'"))
+    assert cut >= 2
+    slow.unlink()          # the probe now fits in the new limit
+    again = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, "--timeout", "60",
+                cwd=small.path)
+    assert again.returncode == 0, again.stderr
+    assert "resuming session" in again.stderr
+    assert small.culprit in again.stdout
+    assert len(db_query(small.path, "SELECT * FROM runs WHERE status='timeout'")) == cut
+    bad = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, "--timeout", "0",
+              cwd=small.path)
+    assert "--timeout 0" in error_line(bad, 150)
+
+
 def test_probe_command_not_found(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "no-such-probe-klb --flag",
             cwd=small.path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,34 @@ def test_probe_exit_codes(history, tmp_path):
     assert len(db_query(repo, "SELECT * FROM runs")) == n
     assert klb("reset", cwd=repo).returncode == 0
     assert git(repo, "rev-parse", "HEAD").strip() == h.bad
+
+
+def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
+    """`klbisect probe` has no options of its own: a hung run at a commit is
+    stopped by `start --timeout`, not by the 30-minute default."""
+    h = history(n_commits=30, seed=3, noise=SEPARATED, culprit_index=20)
+    slow = tmp_path / "slow"
+    cmd = f"if [ -e {slow} ]; then sleep 30; fi; {probe_cmd()}"
+    st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--timeout", "1", cwd=h.path)
+    assert st.returncode == 0, st.stderr
+    slow.touch()
+    git(h.path, "checkout", "-q", h.shas[10])
+    t0 = time.monotonic()
+    p = klb("probe", cwd=h.path, timeout=120)
+    assert p.returncode == 125, p.stderr                      # crashes: skip, never bad
+    assert time.monotonic() - t0 < 25
+    assert "no value (timeout)" in p.stderr
+    # started again with a longer --timeout, the runs it cut short no longer
+    # count as crashes: the commit is measured and judged
+    slow.unlink()
+    assert klb("reset", cwd=h.path).returncode == 0
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--timeout", "60",
+               cwd=h.path).returncode == 0
+    git(h.path, "checkout", "-q", h.shas[10])
+    again = klb("probe", cwd=h.path)
+    assert again.returncode == 0, again.stderr
+    assert f"{h.shas[10][:12]} is GOOD" in again.stderr
+    assert klb("reset", cwd=h.path).returncode == 0
 
 
 def test_probe_without_session_exits_150_and_git_aborts(history):
