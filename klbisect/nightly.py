@@ -148,6 +148,15 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     opts = opts or NightlyOptions()
     if opts.runs < 1:
         raise KlbisectError("--runs must be at least 1", EXIT_USAGE)
+    if opts.baseline_nights < 1:
+        # with none, every night would be a baseline night and nothing is ever compared
+        raise KlbisectError(f"--baseline-nights {opts.baseline_nights}: give at least 1 earlier good night "
+                            "to compare with (default 5)", EXIT_USAGE)
+    if not 0 < opts.alpha < 1:
+        raise KlbisectError(f"--alpha {opts.alpha:g}: give a test level between 0 and 1 (e.g. 0.001)", EXIT_USAGE)
+    if opts.min_effect < 0:
+        raise KlbisectError(f"--min-effect {opts.min_effect:g}: give how much higher the head's median must be, "
+                            "0 or more (0.1 = 10%)", EXIT_USAGE)
     if opts.report_format not in ("md", "html", "json"):
         raise KlbisectError("--format must be md, html or json", EXIT_USAGE)
     target = _post_target(path, opts) if (opts.post_to or opts.post_issue) else None
