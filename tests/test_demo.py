@@ -65,6 +65,15 @@ def test_refuses_non_empty_directory(tmp_path: Path) -> None:
     assert (tmp_path / "x").read_text() == "keep me"
 
 
+def test_klbisect_demo_bad_options_leave_no_repository(tmp_path: Path) -> None:
+    for opts, words in ((["--device", "tpu"], "--device"), (["--parallel", "0"], "--parallel 0")):
+        where = tmp_path / opts[0].strip("-")
+        p = subprocess.run([sys.executable, "-m", "klbisect", "demo", "--dir", str(where), *opts],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 150 and p.stderr.startswith(f"klbisect: error: {words}"), p.stderr
+        assert "Traceback" not in p.stderr and not where.exists()
+
+
 def parse(output: str) -> dict[str, tuple[list[float], float]]:
     """label -> (kl_divs, avg_kl_div); the three lines must follow each other."""
     lines = output.splitlines()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import EXIT_USAGE, KlbisectError
 from ..session import BisectConfig, Result, run_bisect
-from . import DemoRepo, HistoryError, create_demo_repo
+from . import DemoRepo, HistoryError, create_demo_repo, probe_command
 
 
 @dataclass
@@ -47,6 +47,13 @@ class DemoOutcome:
 def run_demo(directory: str | None, device: str = "cpu", seed: int = 0, parallel: int = 2,
              progress=None) -> DemoOutcome:
     t0 = time.monotonic()
+    # bad options first, so no repository is left behind for them
+    try:
+        probe_command(device)
+    except ValueError as e:
+        raise KlbisectError(f"--device: {e}", EXIT_USAGE) from None
+    if parallel < 1:
+        raise KlbisectError(f"--parallel {parallel}: give at least 1 probe at a time", EXIT_USAGE)
     path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="klbisect-demo-"))
     try:
         demo = create_demo_repo(path, seed=seed, device=device)
