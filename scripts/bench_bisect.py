@@ -355,6 +355,18 @@ def parse_model(spec: str) -> Scenario:
         raise ValueError("--model: good and bad take lo,hi with 0 < lo < hi")
     if kind == "lognormal" and not (good[0] > 0 and good[1] > 0 and 0 < bad[0] <= bad[1]):
         raise ValueError("--model: lognormal takes good=median,sigma and bad=factor lo,hi, all > 0")
+    for key in ("outliers", "crashes", "spikes"):
+        if not 0 <= fields.get(key, 0.0) < 1:
+            raise ValueError(f"--model: {key}={fields[key]:g} is a share of runs: give 0 <= {key} < 1")
+    if fields.get("labels", 1) < 1:
+        raise ValueError(f"--model: labels={fields['labels']}: a run has at least 1 label")
+    for key in ("outlier-mult", "spike-mult"):
+        if key in fields and not 0 < fields[key][0] <= fields[key][1]:
+            raise ValueError(f"--model: {key} takes a factor lo,hi with 0 < lo <= hi")
+    if "untestable" in fields and not 0 <= fields["untestable"][0] <= fields["untestable"][1]:
+        raise ValueError("--model: untestable takes a length lo,hi with 0 <= lo <= hi")
+    if fields.get("threshold", 1.0) <= 0:
+        raise ValueError("--model: threshold takes a KL value > 0")
     threshold = fields.get("threshold")
     if threshold is None:
         threshold = (good[0] * math.exp(1.555 * good[1]) if kind == "lognormal"

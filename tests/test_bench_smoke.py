@@ -70,7 +70,9 @@ def test_bench_own_model_as_a_new_user_would():
     klb = next(ln.split() for ln in r.stdout.splitlines() if ln.split()[:3] == ["mine", "100", "klbisect"])
     assert klb[3] == "2" and klb[4] == "100.0%"
     for spec, says in (("good=1", "good takes two numbers"), ("kind=gamma", "kind=gamma is not"),
-                       ("colour=red", "not key=value"), ("good=0.006,0.003", "0 < lo < hi")):
+                       ("colour=red", "not key=value"), ("good=0.006,0.003", "0 < lo < hi"),
+                       ("crashes=1.5", "0 <= crashes < 1"), ("labels=0", "at least 1 label"),
+                       ("untestable=5,2", "0 <= lo <= hi"), ("outliers=0.1 outlier-mult=3,2", "0 < lo <= hi")):
         bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--model", spec],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
