@@ -633,6 +633,24 @@ def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, op
     return (table[model], list(table).index(model), si, n, strat, trial, seed, opts)
 
 
+MIN_COMMITS = 10   # room for an untestable stretch and a culprit after it
+
+
+def check_options(ap: argparse.ArgumentParser, checks: list[tuple[str, bool, str]]) -> None:
+    """One line and exit 2 for the first option out of range, before any trial."""
+    for flag, ok, what in checks:
+        if not ok:
+            ap.error(f"{flag}: {what}")
+
+
+def check_room(ap: argparse.ArgumentParser, scenarios, n: int) -> None:
+    """Each model's untestable stretch and its culprit fit in N commits."""
+    for sc in scenarios:
+        if sc.untestable[1] + 2 > n:
+            ap.error(f"--commits {n}: model {sc.key} puts up to {sc.untestable[1]} untestable commits "
+                     f"before the culprit; give at least {sc.untestable[1] + 2} commits")
+
+
 def register_custom(specs: list[str]) -> None:
     """--model specs as the "custom" set; ValueError says what is wrong with one."""
     custom = [parse_model(spec) for spec in specs]
@@ -739,11 +757,24 @@ def main(argv=None) -> int:
     apply_constants(constants)
     table = SETS[a.set_name]
     models = [m for m in (a.models or ",".join(table)).split(",") if m]
-    commits = [int(x) for x in a.commits.split(",") if x]
+    try:
+        commits = [int(x) for x in a.commits.split(",") if x]
+    except ValueError:
+        ap.error(f"--commits {a.commits!r}: give history sizes separated by commas, e.g. 100,1000")
+    check_options(ap, [
+        ("--commits", bool(commits) and min(commits) >= MIN_COMMITS, f"give sizes of at least {MIN_COMMITS}"),
+        ("--trials", a.trials >= 1, "give at least 1 trial per row"),
+        ("--bayesect-trials", a.bayesect_trials >= 1, "give at least 1 trial per row"),
+        ("--jobs", a.jobs >= 1, "give at least 1 worker"),
+        ("--confidence", 0.5 < a.confidence < 1, "give a posterior mass between 0.5 and 1, e.g. 0.99"),
+        ("--bayesect-confidence", 0.5 < a.bayesect_confidence < 1, "give a mass between 0.5 and 1, e.g. 0.95"),
+        ("--endpoint-runs", a.endpoint_runs is None or a.endpoint_runs >= 2, "give at least 2 runs per endpoint"),
+    ])
     strats = [s for s in a.strategies.split(",") if s]
     for m in models:
         if m not in table:
             ap.error(f"unknown model {m!r}; choose from {','.join(table)}")
+    check_room(ap, [table[m] for m in models], min(commits))
     for s in strats:
         if s not in STRATEGIES:
             ap.error(f"unknown strategy {s!r}; choose from {','.join(STRATEGIES)}")

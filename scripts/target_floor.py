@@ -101,6 +101,12 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--write-docs", metavar="RST", default=None)
     a = ap.parse_args(argv)
+    bench.check_options(ap, [
+        ("--commits", a.commits >= bench.MIN_COMMITS, f"give a size of at least {bench.MIN_COMMITS}"),
+        ("--known-trials", a.known_trials >= 1, "give at least 1 trial per mark"),
+        ("--bayesect-trials", a.bayesect_trials >= 1, "give at least 1 trial per model"),
+        ("--jobs", a.jobs >= 1, "give at least 1 worker"),
+    ])
     sets = [s for s in a.sets.split(",") if s]
     if a.custom:
         try:
@@ -115,6 +121,7 @@ def main(argv=None) -> int:
     keys = [(s, m) for s in sets for m in bench.SETS[s] if wanted is None or m in wanted]
     if not keys:
         ap.error(f"no model named {a.models!r} in {a.sets}")
+    bench.check_room(ap, [bench.SETS[s][m] for s, m in keys], a.commits)
 
     tmp = tempfile.mkdtemp(prefix="klb-floor-")
     base = dict(tmp=tmp, bayesect_repos=True, bayesect_confidence=0.99, bayesect_max_runs=3000,

@@ -271,3 +271,20 @@ def test_wrong_lists_the_trials_that_replay_alike():
                            "--models", "seed", "--strategies", "klbisect", "--trials", "3", "--trial", "5"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert none.returncode == 2 and "--trial 5: no row has that trial" in none.stderr
+
+
+def test_out_of_range_options_are_one_line_before_any_trial():
+    """Sizes, counts and marks a new user might mistype: exit 2 and one line
+    naming the option, from both scripts, never a traceback."""
+    cases = [("bench_bisect.py", ["--trials", "0"], "--trials"),
+             ("bench_bisect.py", ["--commits", "x"], "--commits 'x'"),
+             ("bench_bisect.py", ["--commits", "5"], "at least 10"),
+             ("bench_bisect.py", ["--confidence", "1.2"], "--confidence"),
+             ("bench_bisect.py", ["--commits", "12", "--model", "name=x untestable=0,20"], "at least 22 commits"),
+             ("target_floor.py", ["--known-trials", "0"], "--known-trials"),
+             ("target_floor.py", ["--commits", "12", "--model", "name=x untestable=0,20"], "at least 22 commits")]
+    for script, args, says in cases:
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *args],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and says in r.stderr.splitlines()[-1], (script, args, r.stderr[-500:])
+        assert "Traceback" not in r.stderr
