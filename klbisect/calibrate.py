@@ -22,7 +22,7 @@ from .executors import make_slots
 from .measure import Measurer
 from .simulate import simulate_bisect
 from .session import (BisectConfig, Workspace, _endpoint_problem, commit_runs, make_builder, make_probe,
-                      record)
+                      record, since)
 
 
 @dataclass
@@ -175,14 +175,18 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
                 for which, target in (("", sha), ("bad ", bad_sha)):
                     if target is None:
                         continue
+                    before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
+                    rebuild = before.build_failed      # failed in an earlier command: try once more
                     while True:
                         cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
-                        err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key, cr,
-                                                cfg.crash_limit)
+                        err = None if rebuild else _endpoint_problem(
+                            ws, f"{which}calibration", target, probe.key, build_key, since(cr, before),
+                            cfg.crash_limit)
                         if err:
                             raise err
-                        if len(cr.values) >= runs:
+                        if len(cr.values) >= runs and not rebuild:
                             break
+                        rebuild = False
                         out = measurer.measure(target, slot)
                         r = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
                         progress(f"{which}{target[:12]} run {len(cr.values) + 1}/{runs}: "

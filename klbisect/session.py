@@ -207,7 +207,9 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     nothing about a crash: the user who raised --timeout after every run
     timed out gets new runs, not the old timeouts counted as crashes."""
     out = {s: CommitRuns([]) for s in shas}
+    last_run: dict[str, float] = {}
     for r in ws.store.runs(probe_key, shas):
+        last_run[r.sha] = max(last_run.get(r.sha, 0.0), r.started)
         if _cut_short(r, timeout):
             continue
         c = out[r.sha]
@@ -217,7 +219,10 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
             c.crashes += 1
     if build_key:
         for s in shas:
-            if ws.store.failed_build(build_key, s):
+            failed = ws.store.failed_build(build_key, s)
+            # a probe run after the failed build (a checkout that needed no
+            # rebuild) shows the commit can be tested after all
+            if failed and last_run.get(s, 0.0) <= failed["started"]:
                 out[s].build_failed = True
     return out
 
@@ -238,6 +243,15 @@ def _model_from(d: dict):
 
 
 # ---- endpoint calibration ------------------------------------------------------
+
+def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
+    """An endpoint's runs with the crashes of earlier commands left out: an
+    endpoint that never printed a value then was most likely a probe set up
+    wrong (a missing environment variable, a wrong path), and once the user
+    fixes it the same command must measure again, not stop on the old
+    crashes."""
+    return CommitRuns(now.values, now.crashes - before.crashes, now.build_failed)
+
 
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
                       cr: CommitRuns, crash_limit: int) -> KlbisectError | None:
@@ -271,11 +285,21 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
     are described well enough to judge other commits. Returns the model.
     ``width``: parallel slots, so each round asks for that many runs."""
     per_side = max(1, width // 2)
+    before = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
+    # an endpoint whose build failed in an earlier command is built once more
+    # (the user may have fixed the environment, not the command)
+    rebuild = [sha for sha in (good, bad) if before[sha].build_failed]
     while True:
+        if rebuild:
+            sha = rebuild.pop(0)
+            progress(f"building the {'good' if sha == good else 'bad'} endpoint {sha[:12]} again: "
+                     "its build failed in an earlier command")
+            execute([sha])
+            continue
         runs = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
         g, b = runs[good], runs[bad]
         for which, sha, cr in (("good", good, g), ("bad", bad, b)):
-            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, cfg.crash_limit)
+            err = _endpoint_problem(ws, which, sha, probe_key, build_key, since(cr, before[sha]), cfg.crash_limit)
             if err:
                 raise err
         need = []

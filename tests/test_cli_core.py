@@ -492,6 +492,54 @@ def test_timeouts_at_an_endpoint_then_a_longer_timeout_resumes(small, tmp_path):
     assert "--timeout 0" in error_line(bad, 150)
 
 
+def test_a_probe_fixed_after_it_failed_at_the_endpoints_measures_again(small, tmp_path):
+    """The first try of a new user often fails at the endpoints (a variable not
+    set, a path wrong). Once the environment is fixed, the same command must
+    measure again and finish; it used to stop at once on the stored crashes."""
+    broken = tmp_path / "broken"
+    broken.touch()
+    cmd = f"if [ -e {broken} ]; then echo MODEL_PATH is not set >&2; exit 1; fi; {probe_cmd()}"
+    first = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, cwd=small.path)
+    assert "printed no metric value" in error_line(first, 154)
+    assert "MODEL_PATH is not set" in first.stderr
+    mid = small.shas[3]
+    cal = klb("calibrate", "--rev", mid, "--runs", "3", "--probe-cmd", cmd, cwd=small.path)
+    assert "printed no metric value" in error_line(cal, 154)
+    broken.unlink()
+    again = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, cwd=small.path)
+    assert again.returncode == 0, again.stderr
+    assert small.culprit in again.stdout
+    cal = klb("calibrate", "--rev", mid, "--runs", "3", "--probe-cmd", cmd, cwd=small.path)
+    assert cal.returncode == 0 and "3 runs with values" in cal.stdout, cal.stderr
+
+
+def test_an_endpoint_build_fixed_outside_klbisect_is_built_again(small, tmp_path):
+    """A build that failed for the environment (a compiler missing) is retried
+    by the next command, once, instead of stopping on the stored failure."""
+    broken = tmp_path / "no-compiler"
+    broken.touch()
+    build = f"if [ -e {broken} ]; then echo cc: not found >&2; exit 1; fi; {PY} build.py"
+    first = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--build-cmd", build,
+                cwd=small.path)
+    assert "does not build" in error_line(first, 154)
+    still = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--build-cmd", build,
+                cwd=small.path)
+    assert "does not build" in error_line(still, 154)
+    assert "building the good endpoint" in still.stderr             # it did try again
+    mid = small.shas[3]
+    cal = klb("calibrate", "--rev", mid, "--runs", "2", "--probe-cmd", probe_cmd(), "--build-cmd", build,
+              cwd=small.path)
+    assert "does not build" in error_line(cal, 154)
+    broken.unlink()
+    cal = klb("calibrate", "--rev", mid, "--runs", "2", "--probe-cmd", probe_cmd(), "--build-cmd", build,
+              cwd=small.path)
+    assert cal.returncode == 0 and "2 runs with values" in cal.stdout, cal.stderr
+    again = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--build-cmd", build,
+                cwd=small.path)
+    assert again.returncode == 0, again.stderr
+    assert small.culprit in again.stdout
+
+
 def test_probe_command_not_found(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "no-such-probe-klb --flag",
             cwd=small.path)
