@@ -245,12 +245,15 @@ def _model_from(d: dict):
 # ---- endpoint calibration ------------------------------------------------------
 
 def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
-    """An endpoint's runs with the crashes of earlier commands left out: an
-    endpoint that never printed a value then was most likely a probe set up
-    wrong (a missing environment variable, a wrong path), and once the user
-    fixes it the same command must measure again, not stop on the old
-    crashes."""
-    return CommitRuns(now.values, now.crashes - before.crashes, now.build_failed)
+    """A commit's runs as this command judges them: a commit that had printed
+    no value when the command started gets a fresh crash budget. Its
+    earlier crashes were most likely the environment (a probe set up wrong,
+    a full disk, a missing variable), and once the user fixes it the same
+    command must measure again, not stop on the old crashes or call the
+    commit untestable. Crashes mixed with values are kept: they are the
+    probe's own flakiness."""
+    old = before.crashes if not before.values else 0
+    return CommitRuns(now.values, now.crashes - old, now.build_failed)
 
 
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
@@ -524,9 +527,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe_key, build_key, progress,
                                         width=ex.slots)
             st.update_session(sid, model=model.to_dict(), state="bisecting")
+        before = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
         while True:
             runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
-            commits = [runs[s] for s in shas]
+            commits = [since(runs[s], before[s]) for s in shas]
             pending = [shas.index(s) for s in ex.in_flight()]
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
                       crash_limit=cfg.crash_limit, pending=pending)

@@ -540,6 +540,31 @@ def test_an_endpoint_build_fixed_outside_klbisect_is_built_again(small, tmp_path
     assert small.culprit in again.stdout
 
 
+def test_interior_commits_that_crashed_for_the_environment_are_measured_again(small, tmp_path):
+    """The environment breaks mid-bisect (a full disk, a lost GPU): every
+    interior commit crashes and the search cannot finish. After the fix, the
+    same command resumes and measures those commits again instead of
+    treating them as untestable."""
+    full = tmp_path / "disk-full"
+    full.touch()
+    ends = f"{small.good} {git(small.path, 'rev-parse', 'main').strip()}"
+    cmd = (f'h=$(git rev-parse HEAD); if [ -e {full} ] && ! echo "{ends}" | grep -q "$h"; then '
+           f'echo "No space left on device" >&2; exit 1; fi; {probe_cmd()}')
+    # the user sees crash after crash and stops it (here: at 20 runs)
+    first = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, "--max-total-runs", "20",
+                cwd=small.path)
+    assert first.returncode == 157, first.stderr
+    crashed = {r["sha"] for r in db_query(small.path, "SELECT sha FROM runs WHERE value IS NULL")}
+    assert len(crashed) == 4                                 # two crashes each: untestable, this command
+    full.unlink()
+    again = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, cwd=small.path)
+    assert again.returncode == 0, again.stderr
+    assert "resuming session" in again.stderr
+    assert f"First bad commit: {small.culprit}" in again.stdout
+    measured = {r["sha"] for r in db_query(small.path, "SELECT sha FROM runs WHERE value IS NOT NULL")}
+    assert crashed & measured                                # asked again, not written off
+
+
 def test_probe_command_not_found(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "no-such-probe-klb --flag",
             cwd=small.path)
