@@ -662,8 +662,9 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False)
             last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
             measurer.last_built[0] = last or None
+            before = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha]
             while True:
-                cr = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha]
+                cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha], before)
                 if cr.build_failed:
                     v = HeadVerdict(sha, SKIP, 125, "build failed", [])
                     break

@@ -158,6 +158,25 @@ def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     assert klb("reset", cwd=h.path).returncode == 0
 
 
+def test_probe_of_a_commit_that_crashed_for_the_environment_measures_again(history, tmp_path):
+    """A commit skipped because the probe could not run (a GPU lost) is a
+    skip, never bad; once fixed, `klbisect probe` there measures again
+    instead of skipping it on the stored crashes."""
+    h = history(n_commits=30, seed=3, noise=SEPARATED, culprit_index=20)
+    lost = tmp_path / "gpu-lost"
+    cmd = f"if [ -e {lost} ]; then echo CUDA error: no device >&2; exit 1; fi; {probe_cmd()}"
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, cwd=h.path).returncode == 0
+    lost.touch()
+    git(h.path, "checkout", "-q", h.shas[25])
+    first = klb("probe", cwd=h.path)
+    assert first.returncode == 125 and "crashed" in first.stderr, first.stderr
+    lost.unlink()
+    again = klb("probe", cwd=h.path)
+    assert again.returncode == 1, again.stderr
+    assert f"{h.shas[25][:12]} is BAD" in again.stderr
+    assert klb("reset", cwd=h.path).returncode == 0
+
+
 def test_probe_without_session_exits_150_and_git_aborts(history):
     h = history(n_commits=30, seed=3)
     repo = h.path
