@@ -242,8 +242,6 @@ def _model_from(d: dict):
     return ThresholdModel.from_dict(d) if d.get("kind") == "threshold" else Model.from_dict(d)
 
 
-# ---- endpoint calibration ------------------------------------------------------
-
 def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
     """A commit's runs as this command judges them: a commit that had printed
     no value when the command started gets a fresh crash budget. Its
@@ -255,6 +253,8 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
     old = before.crashes if not before.values else 0
     return CommitRuns(now.values, now.crashes - old, now.build_failed)
 
+
+# ---- endpoint calibration ------------------------------------------------------
 
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
                       cr: CommitRuns, crash_limit: int) -> KlbisectError | None:
