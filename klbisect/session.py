@@ -79,6 +79,11 @@ class BisectConfig:
         d["build_paths"] = list(self.build_paths)
         return d
 
+    def stored(self) -> dict:
+        """What a session keeps: the question, and the settings a rerun may
+        change (RERUN_KEYS) but that `klbisect probe` and `status` read back."""
+        return {**self.question(), "timeout": self.timeout}
+
     @classmethod
     def from_dict(cls, d: dict) -> "BisectConfig":
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
@@ -227,9 +232,13 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     return out
 
 
+# Stored with a session but not part of its question: a rerun with another
+# --timeout (after every run timed out) resumes the same session.
+RERUN_KEYS = ("timeout",)
+
+
 def _question_of(config: dict) -> dict:
-    """A stored session config without what a rerun may change (--timeout)."""
-    return {k: v for k, v in config.items() if k != "timeout"}
+    return {k: v for k, v in config.items() if k not in RERUN_KEYS}
 
 
 def _cut_short(run, timeout: float | None) -> bool:
@@ -472,15 +481,16 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     probe, builder = make_probe(cfg), make_builder(cfg)
     probe_key, build_key = probe.key, (builder.key if builder else None)
     st = ws.store
-    prev = st.find_session("run", good, bad, probe_key, cfg.question())
+    prev = st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
     if prev and prev.state == "done" and prev.result:
         progress(f"this bisect already finished (session {prev.id}); showing its result")
         return Result(**prev.result)
     if prev:
         sid = prev.id
         progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
+        st.update_session(sid, config=cfg.stored())
     else:
-        sid = st.create_session("run", good, bad, probe_key, cfg.question(), cands)
+        sid = st.create_session("run", good, bad, probe_key, cfg.stored(), cands)
     progress(f"{len(shas) - 1} candidate commits between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
@@ -600,14 +610,12 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
             probe, builder = make_probe(cfg), make_builder(cfg)
             # `klbisect probe` has no options of its own: it runs with the
-            # --timeout given here (the latest `start`), which is not part of
-            # the question, so raising it resumes the same session.
-            config = {**cfg.question(), "timeout": cfg.timeout}
+            # --timeout of the latest `start`
             if active:
                 sid = active.id
-                ws.store.update_session(sid, config=config)
+                ws.store.update_session(sid, config=cfg.stored())
             else:
-                sid = ws.store.create_session("gitbisect", good, bad, probe.key, config, cands)
+                sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
             slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
             build_key = builder.key if builder else None
@@ -712,7 +720,7 @@ def current_analysis(ws: Workspace, sess: SessionRow):
     shas = [c[0] for c in cands]
     probe, builder = make_probe(cfg), make_builder(cfg)
     build_key = builder.key if builder else None
-    # a `run` session does not store its --timeout: count every timeout, as it did
+    # a session stored before it kept its --timeout counts every timeout, as it did
     runs = commit_runs(ws, probe.key, build_key, shas, sess.config.get("timeout"))
     model = _model_from(sess.model) if sess.model else None
     pl = None

@@ -187,13 +187,19 @@ class Store:
         return self._session(self.db.execute(
             f"SELECT * FROM sessions WHERE kind IN ({marks}) ORDER BY id DESC LIMIT 1", kinds).fetchone())
 
-    def find_session(self, kind: str, good: str, bad: str, probe_key: str, config: dict) -> SessionRow | None:
-        """An unfinished session with the same question: resume it."""
-        row = self.db.execute(
-            "SELECT * FROM sessions WHERE kind=? AND good=? AND bad=? AND probe_key=? AND config=? "
-            "AND state NOT IN ('ended') ORDER BY id DESC LIMIT 1",
-            (kind, good, bad, probe_key, json.dumps(config, sort_keys=True))).fetchone()
-        return self._session(row)
+    def find_session(self, kind: str, good: str, bad: str, probe_key: str, config: dict,
+                     ignore: tuple[str, ...] = ()) -> SessionRow | None:
+        """The latest session not ended with the same question, to resume it:
+        its stored config equals ``config`` once the keys in ``ignore`` (what
+        a rerun may change) are left out of it."""
+        rows = self.db.execute(
+            "SELECT * FROM sessions WHERE kind=? AND good=? AND bad=? AND probe_key=? "
+            "AND state NOT IN ('ended') ORDER BY id DESC", (kind, good, bad, probe_key)).fetchall()
+        for row in rows:
+            sess = self._session(row)
+            if {k: v for k, v in sess.config.items() if k not in ignore} == config:
+                return sess
+        return None
 
     def update_session(self, sid: int, **fields) -> None:
         cols, vals = [], []

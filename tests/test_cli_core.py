@@ -487,6 +487,9 @@ def test_timeouts_at_an_endpoint_then_a_longer_timeout_resumes(small, tmp_path):
     assert "resuming session" in again.stderr
     assert small.culprit in again.stdout
     assert len(db_query(small.path, "SELECT * FROM runs WHERE status='timeout'")) == cut
+    # the session keeps the --timeout in force, so status judges the runs as the rerun did
+    st = klb("status", "--json", cwd=small.path)
+    assert json_tail(st.stdout)["config"]["timeout"] == 60
     bad = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, "--timeout", "0",
               cwd=small.path)
     assert "--timeout 0" in error_line(bad, 150)
