@@ -175,23 +175,26 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
                 for which, target in (("", sha), ("bad ", bad_sha)):
                     if target is None:
                         continue
-                    before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
-                    rebuild = before.build_failed      # failed in an earlier command: try once more
-                    while True:
-                        cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
-                        err = None if rebuild else _endpoint_problem(
-                            ws, f"{which}calibration", target, probe.key, build_key, since(cr, before),
-                            cfg.crash_limit)
-                        if err:
-                            raise err
-                        if len(cr.values) >= runs and not rebuild:
-                            break
-                        rebuild = False
+
+                    def measure(done: int) -> None:
                         out = measurer.measure(target, slot)
                         r = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
-                        progress(f"{which}{target[:12]} run {len(cr.values) + 1}/{runs}: "
+                        progress(f"{which}{target[:12]} run {done + 1}/{runs}: "
                                  + ("build failed" if r is None else
                                     "no value" if r.value is None else f"{r.value:.4g}"))
+
+                    before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
+                    if before.build_failed:        # in an earlier command: build it once more
+                        measure(len(before.values))
+                    while True:
+                        cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
+                        err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key,
+                                                since(cr, before), cfg.crash_limit)
+                        if err:
+                            raise err
+                        if len(cr.values) >= runs:
+                            break
+                        measure(len(cr.values))
             finally:
                 if slot.checkout.exists():
                     gitrepo.worktree_remove(ws.repo, slot.checkout)

@@ -76,8 +76,8 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from scipy import optimize, special
@@ -587,7 +587,7 @@ def apply_constants(constants) -> None:
         setattr(TUNABLE[mod], attr, value)
 
 
-class Outcome(NamedTuple):
+class TrialResult(NamedTuple):
     """One trial of one row: what the tables count, and what ``--wrong``
     prints to replay it (``--trial``)."""
 
@@ -603,7 +603,7 @@ class Outcome(NamedTuple):
     named: list | None   # the strategy's answer; None when it gave up
 
 
-def _job(args) -> Outcome:
+def _job(args) -> TrialResult:
     sc, mi, si, n, strat, trial, seed, opts = args
     apply_constants(opts.get("constants", ()))
     truth = make_truth(sc, n, np.random.default_rng([seed, mi, n, trial, si]))
@@ -622,7 +622,7 @@ def _job(args) -> Outcome:
         ans = run_known(o, opts["confidence"])
     else:
         ans = run_klbisect(o, opts["endpoint_runs"], confidence=opts["confidence"], max_runs=sc.max_runs)
-    return Outcome(sc.key, n, strat, ans == truth.block, o.runs, time.perf_counter() - t0, o.roles(),
+    return TrialResult(sc.key, n, strat, ans == truth.block, o.runs, time.perf_counter() - t0, o.roles(),
                    trial, truth.block, None if ans is None else list(ans))
 
 
@@ -846,7 +846,7 @@ def render_where(models, commits, strats, results) -> list[str]:
                   "endpoints"], rows)
 
 
-def render_wrong(out: list[Outcome], most: int = 20) -> list[str]:
+def render_wrong(out: list[TrialResult], most: int = 20) -> list[str]:
     """The wrong trials of each row, at most ``most`` a row, in trial order."""
     rows: dict = {}
     for o in sorted(out, key=lambda o: o.trial):

@@ -272,7 +272,7 @@ def test_no_probe_and_bad_post_target_are_usage_errors(tmp_path):
     for opt, value in (("--baseline-nights", "0"), ("--alpha", "1.5"), ("--min-effect", "-0.2")):
         p = nightly(d.path, "2025-03-01", opt, value)
         assert p.returncode == 150 and f"{opt} {value}" in p.stderr and "Traceback" not in p.stderr
-    assert not list((d.path / ".git" / "klbisect" / "logs").glob("**/*.log"))
+        assert "nightly 2025-03-01:" not in p.stderr          # refused before measuring the head
 
 
 def test_post_issue_uses_the_origin_remote(tmp_path):
