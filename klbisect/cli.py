@@ -11,7 +11,7 @@ import click
 
 from . import __version__
 from .build import DEFAULT_BUILD_PATHS
-from .decide import MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS
+from .decide import DECISIVE_RUNS, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .probe import DEFAULT_TIMEOUT
@@ -142,9 +142,11 @@ def search_options(f):
                      help="At most this many runs with a value per commit [default: 10 when good and "
                           "bad separate, 100 when they overlap]."),
         click.option("--endpoint-runs", type=int, default=MIN_ENDPOINT_RUNS, show_default=True,
-                     help=f"Runs per endpoint before checking that they separate (with fewer than "
-                          f"{MIN_ENDPOINT_RUNS} one run is never trusted to decide a commit, so they go on to "
-                          f"{OVERLAP_ENDPOINT_RUNS})."),
+                     help=f"Runs per endpoint before checking that they separate. `run` may start "
+                          f"searching on fewer than {DECISIVE_RUNS} when they separate widely, adds the runs of "
+                          f"commits it places on a side to that side, and answers once each has {DECISIVE_RUNS}; "
+                          f"`start` (a verdict per commit) measures overlapping or too few runs on to "
+                          f"{OVERLAP_ENDPOINT_RUNS}."),
         click.option("--max-endpoint-runs", type=int, default=MAX_ENDPOINT_RUNS, show_default=True,
                      help="Give up when the endpoints still do not separate after this many runs each."),
         click.option("--confidence", type=float, default=0.99, show_default=True,

@@ -21,6 +21,7 @@ VERDICT_LR = 500.0       # a verdict needs 500:1 (so at least two agreeing runs)
 OUTLIER_WEIGHT = 0.02
 OUTLIER_SCALE = 3.0      # in log space: covers values 20x off either way
 MIN_ENDPOINT_RUNS = 6    # runs per endpoint before the first look
+DECISIVE_RUNS = 6        # runs per side (endpoint and pooled interior) before the plug-in model may answer
 DECISIVE_EFFECT = 3.0    # endpoints this far apart, with no overlap, are judged by the plug-in model
 GAP_FLOOR = 0.2
 PRIOR_RUNS = 3           # weight of the pooled spread in each side's own spread
@@ -217,8 +218,24 @@ class Model:
         estimate is not a lucky draw: then one run nearly decides a commit and
         the learned distributions can be plugged in. Otherwise the search
         integrates them out (search.integrated_parts)."""
-        return (self.disjoint and min(self.n_good, self.n_bad) >= MIN_ENDPOINT_RUNS
-                and self.effect >= DECISIVE_EFFECT)
+        return self.separates and min(self.n_good, self.n_bad) >= DECISIVE_RUNS
+
+    @property
+    def separates(self) -> bool:
+        """The runs seen so far do not overlap and sit far apart: enough to
+        start a plug-in search, which pools interior runs into each side
+        until the model is ``decisive`` and may answer."""
+        return self.disjoint and self.effect >= DECISIVE_EFFECT
+
+    @property
+    def regime(self) -> str:
+        """How the search judges runs with this model, for progress and status."""
+        if self.decisive:
+            return "they separate cleanly: each run is judged against them"
+        if self.separates:
+            return (f"they separate on {min(self.n_good, self.n_bad)} runs a side: interior runs the search "
+                    f"places on a side join it, and it answers once each side has {DECISIVE_RUNS}")
+        return "they overlap: the search integrates over both distributions"
 
     def fence(self, spreads: float | None = None) -> tuple[float, float]:
         """(low, high) values beyond which a run is far outside both sides'
@@ -438,7 +455,7 @@ def runs_per_commit(model: "Model | ThresholdModel", max_runs: int | None = None
     whenever the endpoint samples overstate it."""
     if max_runs is not None:
         return max_runs
-    if not isinstance(model, Model) or model.decisive:
+    if not isinstance(model, Model) or model.separates:
         return DEFAULT_MAX_RUNS
     return OVERLAP_MAX_RUNS
 
@@ -507,6 +524,13 @@ def separation(good: Sequence[float], bad: Sequence[float]) -> Separation:
     return Separation(p <= SEPARATION_P, p, m.effect, direction, sg, sb)
 
 
+def endpoint_crash_limit(crash_limit: int) -> int:
+    """Crashes with no value before an endpoint is given up: never fewer
+    than DECISIVE_RUNS (the default first batch), so starting on fewer runs a side
+    (``--endpoint-runs``) does not give up on a flaky probe sooner."""
+    return max(crash_limit, DECISIVE_RUNS)
+
+
 @dataclass
 class EndpointStep:
     """What endpoint calibration should do next."""
@@ -518,9 +542,18 @@ class EndpointStep:
 
 
 def endpoint_step(good: Sequence[float], bad: Sequence[float], n_min: int = MIN_ENDPOINT_RUNS,
-                  n_max: int = MAX_ENDPOINT_RUNS) -> EndpointStep:
+                  n_max: int = MAX_ENDPOINT_RUNS, pooled: bool = True) -> EndpointStep:
     """The endpoint policy, shared by the session, `calibrate` and the
-    benchmarks: n_min runs each; a clean separation is ready at once.
+    benchmarks. n_min runs each first.
+
+    Under DECISIVE_RUNS a side: with ``pooled`` (the search that follows
+    adds the runs of commits it places on a side to that side, and answers
+    only once each holds DECISIVE_RUNS: ``search.plan``), sides that
+    already ``separate`` start it, and otherwise one more run each, since
+    most regressions that show on a few runs are clean. Without (a verdict
+    per commit, ``klbisect probe``, has no pool) both go to DECISIVE_RUNS.
+
+    From DECISIVE_RUNS a side: a clean separation is ready at once.
     Otherwise up to OVERLAP_ENDPOINT_RUNS each, because a lucky low good
     sample would anchor every later judgement, and then ready as soon as the
     endpoints differ at OVERLAP_P: the search integrates over what they look
@@ -531,7 +564,15 @@ def endpoint_step(good: Sequence[float], bad: Sequence[float], n_min: int = MIN_
     if ng < n_min or nb < n_min:
         return EndpointStep("more", max(n_min - ng, 0), max(n_min - nb, 0))
     sep = separation(good, bad)
-    if sep.separated and Model.fit(good, bad).decisive:
+    m = Model.fit(good, bad)
+    if min(ng, nb) < DECISIVE_RUNS:
+        if pooled and m.separates:
+            return EndpointStep("ready", separation=sep)
+        want = min(min(ng, nb) + 1 if pooled else DECISIVE_RUNS, n_max)
+        if ng >= want and nb >= want:
+            return EndpointStep("fail", separation=sep)         # --max-endpoint-runs under DECISIVE_RUNS
+        return EndpointStep("more", max(want - ng, 0), max(want - nb, 0), sep)
+    if m.decisive and sep.separated:
         return EndpointStep("ready", separation=sep)
     want = min(OVERLAP_ENDPOINT_RUNS, n_max)
     if ng < want or nb < want:

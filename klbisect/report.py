@@ -70,8 +70,7 @@ def format_status(st: dict) -> str:
         lines.append(f"Learned from the endpoints: good around {f(m['mu_good']):.4g}, bad around "
                      f"{f(m['mu_bad']):.4g} ({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
                      f"spreads apart{', log scale' if m['log_space'] else ''}); "
-                     + ("they separate cleanly: each run is judged against them" if Model.from_dict(m).decisive
-                        else "they overlap: the search integrates over both distributions"))
+                     + Model.from_dict(m).regime)
     elif m and m.get("kind") == "threshold":
         lines.append(f"Classic mode: a run fails at or above {m['threshold']:g}; majority of {m['votes']} runs")
     for c in st.get("commits", []):

@@ -470,7 +470,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     # When good and bad overlap, plugging in the endpoint estimates over-trusts
     # every run (they are shared by all runs, and a lucky early separation
     # inflates them): integrate the unknown distributions out instead.
-    if isinstance(model, Model) and not model.decisive:
+    if isinstance(model, Model) and not model.separates:
         integrated = integrated_parts(values, fence)
     if integrated is not None:
         post = _parts_posterior(integrated, untestable)
@@ -479,17 +479,21 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     if refine and isinstance(model, Model):
         good = list(commits[0].values)
         bad = list(commits[n].values)
+        # A model started on a few endpoint runs a side (``separates`` but
+        # not yet ``decisive``) grows fast only from a looser pool; its
+        # answers wait until the pooled runs make it decisive.
+        pool = POOL_P if model.decisive or not model.separates else PROVISIONAL_POOL_P
         for i in range(1, n):
             if commits[i].values:
-                if post.p_bad[i] < 0.001:
+                if post.p_bad[i] < pool:
                     good += commits[i].values
-                elif post.p_bad[i] > 0.999:
+                elif post.p_bad[i] > 1 - pool:
                     bad += commits[i].values
         if len(good) + len(bad) > len(commits[0].values) + len(commits[n].values):
             model = Model.fit(good, bad, cap=model.cap, strays_within=True)
             # Interior runs can show what lucky endpoint samples hid: the
             # sides overlap after all. Then no single run is near-decisive.
-            if integrated is None and not model.decisive:
+            if integrated is None and not model.separates:
                 integrated = integrated_parts(values, fence)
                 if integrated is not None:
                     post = _parts_posterior(integrated, untestable)
@@ -514,6 +518,11 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             if float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION or min(sides) < MIN_SIDE_RUNS:
                 integrated, post = second, alt
                 done = _integrated_done(integrated, post, confidence)
+    held = False
+    if done and integrated is None and isinstance(model, Model) and not model.decisive:
+        # Separated, but on too few runs a side to trust the plug-in model
+        # with an answer: the endpoints, which pool for certain, get more.
+        done, held = None, True
     if max_runs is None:
         max_runs = OVERLAP_MAX_RUNS if integrated is not None else runs_per_commit(model)
     exhausted = np.array([len(c.values) >= max_runs or c.crashes >= max_runs + crash_limit
@@ -539,6 +548,8 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                  and commits[i].crashes < answer_limit]
         if retry:
             done, nxt = None, [i for i in retry if i not in pending][:k]
+    if held:
+        nxt = sorted((i for i in (0, n) if i not in pending), key=lambda i: len(commits[i].values))[:k]
     if done is None and not nxt:
         nxt = post.choose(k, excluded=exhausted, pending=pending)
         if integrated is not None:
@@ -571,6 +582,9 @@ GIVE_UP_FALSE_ALARM = 3e-3
 ANSWER_FALSE_ALARM = 1e-4
 # Runs each commit beside an answer's boundary must have (plan).
 BOUNDARY_RUNS = 2
+# interior commits this sure of a side lend it their runs (plan's refine)
+POOL_P = 0.001
+PROVISIONAL_POOL_P = 0.02
 # The integrated posterior's values' channel must reach 1 - (1 - confidence) * this.
 INTEGRATED_STRICTNESS = 0.03
 # A plug-in answer stands only if the integrated model gives it at least this

@@ -23,7 +23,7 @@ import numpy as np
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel,
-                     endpoint_step, judge, summarize)
+                     endpoint_crash_limit, endpoint_step, judge, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
@@ -292,7 +292,8 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
 
 
 def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: str, execute,
-                        probe_key: str, build_key: str | None, progress: Progress, width: int = 1):
+                        probe_key: str, build_key: str | None, progress: Progress, width: int = 1,
+                        pooled: bool = True):
     """Probe both endpoints until the regression is confirmed and both sides
     are described well enough to judge other commits. Returns the model.
     ``width``: parallel slots, so each round asks for that many runs."""
@@ -311,7 +312,8 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         runs = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
         g, b = runs[good], runs[bad]
         for which, sha, cr in (("good", good, g), ("bad", bad, b)):
-            err = _endpoint_problem(ws, which, sha, probe_key, build_key, since(cr, before[sha]), cfg.crash_limit)
+            err = _endpoint_problem(ws, which, sha, probe_key, build_key, since(cr, before[sha]),
+                                   endpoint_crash_limit(cfg.crash_limit))
             if err:
                 raise err
         need = []
@@ -328,7 +330,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     EXIT_NO_SIGNAL)
             need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
         else:
-            step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs)
+            step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
             sep = step.separation
             if step.action == "ready":
                 model = Model.fit(g.values, b.values)
@@ -336,7 +338,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                          f"[{sep.good['min']:.4g}, {sep.good['max']:.4g}] n={sep.good['n']}, "
                          f"bad median {sep.bad['median']:.4g} [{sep.bad['min']:.4g}, {sep.bad['max']:.4g}] "
                          f"n={sep.bad['n']} (p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
-                         f"{'' if model.decisive else '; they overlap, so the search integrates over them'})")
+                         f"{'' if model.decisive else '; ' + model.regime})")
                 return model
             if step.action == "fail":
                 raise KlbisectError(
@@ -627,7 +629,8 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                     if run is not None:
                         progress(f"  {sha[:12]}: {run.value if run.value is not None else 'no value'}")
             try:
-                model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe.key, build_key, progress)
+                model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe.key, build_key, progress,
+                                            pooled=False)
             finally:
                 if slot.checkout.exists():
                     gitrepo.worktree_remove(ws.repo, slot.checkout)

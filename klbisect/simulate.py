@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Container
 
-from .decide import MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, Model, endpoint_step
+from .decide import MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, Model, endpoint_crash_limit, endpoint_step
 from .search import CommitRuns, plan
 
 
@@ -36,7 +36,7 @@ def simulate_bisect(n: int, run: Callable[[int], float | None], untestable: Cont
 
     while True:                                        # session.calibrate_endpoints
         g, b = commits[0], commits[n]
-        if any(not c.values and c.crashes >= crash_limit for c in (g, b)):
+        if any(not c.values and c.crashes >= endpoint_crash_limit(crash_limit) for c in (g, b)):
             return None, runs                          # "endpoint printed no metric value"
         step = endpoint_step(g.values, b.values, endpoint_runs, max_endpoint_runs)
         if step.action == "ready":

@@ -387,6 +387,25 @@ def test_endpoints_that_do_not_separate_stop_with_numbers(history):
     assert worktrees(h.path) == [str(h.path)]
 
 
+def test_two_endpoint_runs_a_side_name_the_culprit_and_say_how_the_model_grows(history):
+    """``run --endpoint-runs 2`` on a clean regression: the search starts
+    after two runs a side, each side then grows from the commits placed on
+    it (the start says so, and ``status`` too while the endpoints' own
+    model is under six runs a side); the answer is the planted commit."""
+    h = history(n_commits=120, seed=4, noise=SEPARATED)
+    p = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--endpoint-runs", "2",
+            "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    assert res["culprit"] == h.culprit
+    assert "interior runs the search places on a side join it" in p.stderr
+    ends = db_query(h.path, "SELECT COUNT(*) FROM runs WHERE sha IN (?, ?)", (h.good, h.bad))[0][0]
+    assert ends < 12, ends
+    st = klb("status", cwd=h.path)
+    start = st.stdout.split("Learned from the endpoints:", 1)[1].splitlines()[0]
+    assert ("they separate cleanly" in start) or ("interior runs the search places on a side join it" in start)
+
+
 def test_classic_threshold_that_does_not_reproduce(history):
     h = history(n_commits=30, seed=2)
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--threshold", "0.5",

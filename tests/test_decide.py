@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOOD, OVERLAP_MAX_RUNS, OVERLAP_P,
-                             RUN_LR_CAP, SKIP,
-                             UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step, exceedance_lower_bound,
+from klbisect.decide import (BAD, DECISIVE_EFFECT, DECISIVE_RUNS, DEFAULT_MAX_RUNS, GAP_LR, GOOD, MIN_ENDPOINT_RUNS,
+                             OVERLAP_MAX_RUNS, OVERLAP_P, RUN_LR_CAP, SKIP,
+                             UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_crash_limit, endpoint_step,
+                             exceedance_lower_bound,
                              exceedance_upper_bound,
                              exceedances, info_per_run, judge, recommend_threshold, runs_lower_bound,
                              runs_per_commit, separation, summarize)
@@ -295,6 +296,39 @@ def test_endpoints_without_a_difference_fail_only_at_the_cap():
     step = endpoint_step(g, b, n_max=12)
     assert step.separation.p_value > OVERLAP_P and step.action == "fail"
     assert endpoint_step(g, b, n_max=13).action == "more"
+
+
+def test_two_runs_a_side_far_apart_start_a_pooled_search_but_not_a_verdict_per_commit():
+    """``--endpoint-runs 2``: `run` pools interior runs into each side, so
+    two runs a side that separate widely may start it; `start` judges each
+    commit on its own and measures both endpoints on to DECISIVE_RUNS."""
+    g, b = [0.0042, 0.0047], [0.0105, 0.0118]
+    m = Model.fit(g, b)
+    assert m.separates and not m.decisive
+    assert endpoint_step(g, b, 2).action == "ready"
+    per_commit = endpoint_step(g, b, 2, pooled=False)
+    assert (per_commit.action, per_commit.more_good, per_commit.more_bad) == ("more", 4, 4)
+
+
+def test_a_few_runs_that_do_not_separate_yet_step_up_one_a_side():
+    g, b = [0.0042, 0.0098], [0.0105, 0.0118]        # a good run close to the bad ones
+    step = endpoint_step(g, b, 2)
+    assert (step.action, step.more_good, step.more_bad) == ("more", 1, 1)
+    step = endpoint_step(g + [0.0045], b, 2)          # only the side behind catches up
+    assert (step.action, step.more_good, step.more_bad) == ("more", 0, 1)
+    # the default first batch never takes the few-runs path
+    assert endpoint_step(g, b).more_good == MIN_ENDPOINT_RUNS - 2
+
+
+def test_a_max_endpoint_runs_under_decisive_runs_ends_in_fail_not_more_runs():
+    g, b = [0.005, 0.0051, 0.0049], [0.005, 0.0052, 0.0048]
+    step = endpoint_step(g, b, 2, n_max=3)
+    assert step.action == "fail" and step.separation is not None
+
+
+def test_an_endpoint_gives_up_after_as_many_crashes_whatever_the_first_batch():
+    assert endpoint_crash_limit(2) == DECISIVE_RUNS
+    assert endpoint_crash_limit(DECISIVE_RUNS + 3) == DECISIVE_RUNS + 3
 
 
 def test_runs_per_commit_default_follows_the_model():

@@ -251,6 +251,44 @@ def test_plug_in_answer_needs_interior_runs_on_both_sides():
     assert pl.done is not None and pl.done.indices == [39] and not pl.integrated
 
 
+def test_an_answer_on_two_endpoint_runs_a_side_waits_for_each_side_to_hold_decisive_runs():
+    """``--endpoint-runs 2``: the search starts on a model that separates
+    but rests on too few runs; the commits it places on a side lend it their
+    runs, and until each side holds DECISIVE_RUNS the answer waits while
+    the endpoints, which belong to their side for certain, get more."""
+    n = 40
+    cs = [CommitRuns([]) for _ in range(n + 1)]
+    cs[0].values, cs[n].values = [0.0042, 0.0047], [0.0105, 0.0118]
+    model = Model.fit(cs[0].values, cs[n].values)
+    assert model.separates and not model.decisive
+    cs[10].values, cs[20].values = [0.0045], [0.0045, 0.0043]
+    cs[21].values, cs[30].values = [0.011, 0.0112], [0.0109]
+    pl = plan(cs, model, 0.98)
+    assert pl.posterior.top().indices == [21] and pl.posterior.top().mass > 0.98
+    assert pl.done is None and not pl.integrated and pl.next == [0]
+    assert (pl.model.n_good, pl.model.n_bad) == (5, 5)
+    cs[0].values.append(0.0044)
+    cs[n].values.append(0.0111)
+    pl = plan(cs, model, 0.98)
+    assert pl.model.decisive and pl.done is not None and pl.done.indices == [21]
+
+
+def test_two_endpoint_runs_a_side_name_the_culprit_with_fewer_runs_than_six():
+    """The same seeded bisects of the issue's noise, started on two runs a
+    side (pooled) and on the default first batch."""
+    def noise(seed, culprit):
+        rng = np.random.default_rng(seed)
+        return lambda i: issue_value(rng, i >= culprit)
+    totals = {2: 0, 6: 0}
+    for seed in range(8):
+        culprit = int(np.random.default_rng(300 + seed).integers(1, 500))
+        for first in totals:
+            block, runs = simulate_bisect(499, noise(seed, culprit), endpoint_runs=first)
+            assert block == [culprit], (first, seed, block, culprit)
+            totals[first] += runs
+    assert totals[2] < totals[6] - 8 * 3, totals
+
+
 def test_plan_excludes_exhausted_commits():
     cs = commits_for(40)
     cs[20].values = [0.0067] * 10          # exactly ambiguous, max runs used
