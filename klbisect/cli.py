@@ -145,8 +145,8 @@ def search_options(f):
                      help=f"Runs per endpoint before checking that they separate. `run` may start "
                           f"searching on fewer than {DECISIVE_RUNS} when they separate widely, adds the runs of "
                           f"commits it places on a side to that side, and answers once each has {DECISIVE_RUNS}; "
-                          f"`start` (a verdict per commit) measures overlapping or too few runs on to "
-                          f"{OVERLAP_ENDPOINT_RUNS}."),
+                          f"`start` (a verdict per commit) measures both on to {DECISIVE_RUNS} first. Sides "
+                          f"that overlap go on to {OVERLAP_ENDPOINT_RUNS} each."),
         click.option("--max-endpoint-runs", type=int, default=MAX_ENDPOINT_RUNS, show_default=True,
                      help="Give up when the endpoints still do not separate after this many runs each."),
         click.option("--confidence", type=float, default=0.99, show_default=True,

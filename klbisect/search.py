@@ -518,11 +518,6 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             if float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION or min(sides) < MIN_SIDE_RUNS:
                 integrated, post = second, alt
                 done = _integrated_done(integrated, post, confidence)
-    held = False
-    if done and integrated is None and isinstance(model, Model) and not model.decisive:
-        # Separated, but on too few runs a side to trust the plug-in model
-        # with an answer: the endpoints, which pool for certain, get more.
-        done, held = None, True
     if max_runs is None:
         max_runs = OVERLAP_MAX_RUNS if integrated is not None else runs_per_commit(model)
     exhausted = np.array([len(c.values) >= max_runs or c.crashes >= max_runs + crash_limit
@@ -536,6 +531,11 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         if user and all(exhausted[i] or i in (0, n) for i in _resting_on(user, untestable)):
             done = user
     nxt: list[int] = []
+    if done and integrated is None and isinstance(model, Model) and not model.decisive:
+        # Separated, but on too few runs a side to trust the plug-in model
+        # with an answer: the endpoints, which pool for certain, get more.
+        done = None
+        nxt = sorted((i for i in (0, n) if i not in pending), key=lambda i: len(commits[i].values))[:k]
     if done and BOUNDARY_RUNS > 1:
         # The answer rests on the commits either side of the boundary: each
         # must have been seen more than once, so one outlier cannot decide it.
@@ -548,8 +548,6 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                  and commits[i].crashes < answer_limit]
         if retry:
             done, nxt = None, [i for i in retry if i not in pending][:k]
-    if held:
-        nxt = sorted((i for i in (0, n) if i not in pending), key=lambda i: len(commits[i].values))[:k]
     if done is None and not nxt:
         nxt = post.choose(k, excluded=exhausted, pending=pending)
         if integrated is not None:

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import (BAD, DECISIVE_EFFECT, DECISIVE_RUNS, DEFAULT_MAX_RUNS, GAP_LR, GOOD, MIN_ENDPOINT_RUNS,
+from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOOD, MIN_ENDPOINT_RUNS,
                              OVERLAP_MAX_RUNS, OVERLAP_P, RUN_LR_CAP, SKIP,
-                             UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_crash_limit, endpoint_step,
+                             UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step,
                              exceedance_lower_bound,
                              exceedance_upper_bound,
                              exceedances, info_per_run, judge, recommend_threshold, runs_lower_bound,
@@ -324,11 +324,6 @@ def test_a_max_endpoint_runs_under_decisive_runs_ends_in_fail_not_more_runs():
     g, b = [0.005, 0.0051, 0.0049], [0.005, 0.0052, 0.0048]
     step = endpoint_step(g, b, 2, n_max=3)
     assert step.action == "fail" and step.separation is not None
-
-
-def test_an_endpoint_gives_up_after_as_many_crashes_whatever_the_first_batch():
-    assert endpoint_crash_limit(2) == DECISIVE_RUNS
-    assert endpoint_crash_limit(DECISIVE_RUNS + 3) == DECISIVE_RUNS + 3
 
 
 def test_runs_per_commit_default_follows_the_model():

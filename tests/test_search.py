@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import Model, ThresholdModel, endpoint_step
+from klbisect.decide import DECISIVE_RUNS, Model, ThresholdModel, endpoint_step
 from klbisect.search import (INTEGRATED_STRICTNESS, Block, CommitRuns, Posterior, _integrated_done, _parts_posterior,
                              _rate_parts, crashes_to_give_up, decided, information_gain, integrated_parts,
                              plan, tempered)
@@ -287,6 +287,29 @@ def test_two_endpoint_runs_a_side_name_the_culprit_with_fewer_runs_than_six():
             assert block == [culprit], (first, seed, block, culprit)
             totals[first] += runs
     assert totals[2] < totals[6] - 8 * 3, totals
+
+
+def test_two_endpoint_runs_a_side_give_up_on_a_crashing_endpoint_no_sooner_than_six():
+    """A flaky probe whose first runs at the good endpoint crash: starting on
+    two runs a side does not end the bisect after two crashes; an endpoint
+    that never prints a value ends it after DECISIVE_RUNS."""
+    rng = np.random.default_rng(7)
+    crashes = {"left": 3}
+
+    def flaky(i):
+        if i == 0 and crashes["left"]:
+            crashes["left"] -= 1
+            return None
+        return issue_value(rng, i >= 123)
+    block, _ = simulate_bisect(499, flaky, endpoint_runs=2)
+    assert block == [123]
+    asked = []
+
+    def dead_good_end(i):
+        asked.append(i)
+        return None if i == 0 else issue_value(rng, i >= 123)
+    block, _ = simulate_bisect(499, dead_good_end, endpoint_runs=2)
+    assert block is None and asked.count(0) == DECISIVE_RUNS
 
 
 def test_plan_excludes_exhausted_commits():
