@@ -170,6 +170,19 @@ def _fenced(values: Sequence[Sequence[float]], fence: tuple[float, float] | None
     return inside, below, above, np.array([len(v) for v in values])
 
 
+def _scored_inside(values: Sequence[Sequence[float]], fence: tuple[float, float] | None):
+    """(the fence split or None, then _scored's counts, sums, squares and
+    scores of the runs inside the fence, and their number), or None while
+    an endpoint has no scored run or there are fewer than four: the
+    integrated model has nothing to say yet."""
+    split = _fenced(values, fence)
+    counts, s1, s2, z = _scored(split[0] if split is not None else values)
+    n = int(counts.sum())
+    if counts[0] == 0 or counts[-1] == 0 or n < 4:
+        return None
+    return split, counts, s1, s2, z, n
+
+
 def _rate_loglik(k: np.ndarray, m: np.ndarray) -> np.ndarray:
     """log P(outside counts | B=b) for b = 1..N, up to a constant: the two
     sides throw runs past the fence at one shared unknown rate or at two
@@ -239,13 +252,10 @@ def integrated_parts(values: Sequence[Sequence[float]],
     boundary costs the answer a little, not the twenty ordinary runs it
     outweighs on squared distances.
     """
-    split = _fenced(values, fence)
-    if split is not None:
-        values = split[0]
-    counts, s1, s2, z = _scored(values)
-    n = int(counts.sum())
-    if counts[0] == 0 or counts[-1] == 0 or n < 4:
+    scored = _scored_inside(values, fence)
+    if scored is None:
         return None
+    split, counts, s1, s2, z, n = scored
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
     ll = _changepoint_loglik(cn, c1, c2, n, s1.sum(), s2.sum(), _ss_floor(z))
     return ll, (_outside_loglik(*split[1:]) if split is not None else 0.0)
@@ -327,13 +337,10 @@ def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int
     posterior-averaged rate: a regression that shows only as spikes is
     worth probing for those alone.
     """
-    split = _fenced(values, fence)
-    if split is not None:
-        values = split[0]
-    counts, s1, s2, z = _scored(values)
-    n = int(counts.sum())
-    if counts[0] == 0 or counts[-1] == 0 or n < 4:
+    scored = _scored_inside(values, fence)
+    if scored is None:
         return None
+    split, counts, s1, s2, z, n = scored
     nb = len(values) - 1
     unt = np.zeros(nb + 1, bool) if untestable is None else np.asarray(untestable, bool)
     # block starts over b = 1..N (position b - 1): a block ends at a testable commit
