@@ -7,8 +7,10 @@ the tool that produces those statistics, resumably, in the same run store.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import numpy as np
 from . import repo as gitrepo
 from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_upper_bound, exceedances,
                      info_per_run, recommend_threshold, runs_lower_bound, separation, summarize)
-from .errors import EXIT_NO_SIGNAL, EXIT_USAGE, KlbisectError
+from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
 from .simulate import simulate_bisect
@@ -140,8 +142,13 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
                         float(np.percentile(runs_used, 95)), right / trials, trials)
 
 
-def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int) -> None:
+def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int,
+                   thresholds: list[float] | None = None) -> None:
     """Before the first run: a bad option found after N probe runs wastes them."""
+    bad = [t for t in thresholds or [] if not t > 0]
+    if bad:
+        raise KlbisectError(f"--thresholds {','.join(f'{t:g}' for t in bad)}: a KL threshold is above 0 "
+                            "(e.g. 0.005,0.01)", EXIT_USAGE)
     if runs < 1:
         raise KlbisectError(f"--runs {runs}: give at least 1 run to collect (30 or more for a threshold)",
                             EXIT_USAGE)
@@ -160,65 +167,83 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
               false_fail_rate: float = 0.01, confidence: float = 0.95, commits: int = 1000,
               progress=lambda m: print(m, file=sys.stderr, flush=True)) -> Calibration:
     cfg.validate()
-    _check_options(runs, false_fail_rate, confidence, commits)
+    _check_options(runs, false_fail_rate, confidence, commits, thresholds)
     ws = Workspace(path)
     try:
         with ws.locked():
             sha = gitrepo.resolve(ws.repo, rev, "revision")
             bad_sha = gitrepo.resolve(ws.repo, bad_rev, "bad revision") if bad_rev else None
+            if bad_sha == sha:
+                raise KlbisectError(f"--bad-rev {bad_rev} is the same commit as --rev {rev} ({sha[:12]}): "
+                                    "give a commit with the regression", EXIT_REVISION)
             probe, builder = make_probe(cfg), make_builder(cfg)
             build_key = builder.key if builder else None
             sid = ws.store.create_session("calibrate", sha, bad_sha, probe.key, {**cfg.question(), "rev": rev})
-            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
-            slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
             try:
-                for which, target in (("", sha), ("bad ", bad_sha)):
-                    if target is None:
-                        continue
-
-                    def measure(done: int) -> None:
-                        out = measurer.measure(target, slot)
-                        r = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
-                        progress(f"{which}{target[:12]} run {done + 1}/{runs}: "
-                                 + ("build failed" if r is None else
-                                    "no value" if r.value is None else f"{r.value:.4g}"))
-
-                    before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
-                    if before.build_failed:        # in an earlier command: build it once more
-                        measure(len(before.values))
-                    while True:
-                        cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
-                        err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key,
-                                                since(cr, before), cfg.crash_limit)
-                        if err:
-                            raise err
-                        if len(cr.values) >= runs:
-                            break
-                        measure(len(cr.values))
-            finally:
-                if slot.checkout.exists():
-                    gitrepo.worktree_remove(ws.repo, slot.checkout)
-            all_runs = ws.store.runs(probe.key, [sha])
-            with_values = [r for r in all_runs if r.value is not None][-runs:] if runs else []
-            res = Calibration(rev, sha, len(with_values), sum(1 for r in all_runs if r.value is None),
-                              label_stats([r.values for r in with_values], thresholds, false_fail_rate,
-                                          confidence), false_fail_rate, confidence)
-            if bad_sha:
-                bad_runs = [r for r in ws.store.runs(probe.key, [bad_sha]) if r.value is not None][-runs:]
-                res.bad_sha = bad_sha
-                res.bad_labels = label_stats([r.values for r in bad_runs], thresholds, false_fail_rate,
-                                             confidence, good=res.labels)
-                gv = [r.value for r in with_values]
-                bv = [r.value for r in bad_runs]
-                if len(gv) >= 2 and len(bv) >= 2:
-                    res.cost = simulate_cost(gv, bv, commits)
-                else:
-                    raise KlbisectError("need at least 2 runs with values at each commit to estimate "
-                                        "bisect cost", EXIT_NO_SIGNAL)
-            ws.store.update_session(sid, state="done", result=res.to_json())
-            return res
+                return _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, build_key,
+                                          thresholds, false_fail_rate, confidence, commits, progress)
+            except BaseException:
+                # an interrupted or failed calibration must not stay the session `status` shows;
+                # its runs are kept by commit, and the same command resumes from them
+                with contextlib.suppress(Exception):
+                    ws.store.update_session(sid, state="ended", ended=time.time())
+                raise
     finally:
         ws.close()
+
+
+def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, build_key, thresholds,
+                       false_fail_rate, confidence, commits, progress) -> Calibration:
+    measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+    slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+    try:
+        for which, target in (("", sha), ("bad ", bad_sha)):
+            if target is None:
+                continue
+
+            def measure(values: int) -> None:
+                out = measurer.measure(target, slot)
+                r = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
+                got = r is not None and r.value is not None
+                progress(f"{which}{target[:12]} run: "
+                         + ("build failed" if r is None else "no value" if r.value is None else f"{r.value:.4g}")
+                         + f" ({values + got}/{runs} values)")
+
+            before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
+            if before.build_failed:        # in an earlier command: build it once more
+                measure(len(before.values))
+            while True:
+                cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
+                err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key,
+                                        since(cr, before), cfg.crash_limit)
+                if err:
+                    raise err
+                if len(cr.values) >= runs:
+                    break
+                measure(len(cr.values))
+    finally:
+        if slot.checkout.exists():
+            gitrepo.worktree_remove(ws.repo, slot.checkout)
+    all_runs = ws.store.runs(probe.key, [sha])
+    with_values = [r for r in all_runs if r.value is not None][-runs:] if runs else []
+    res = Calibration(rev, sha, len(with_values), sum(1 for r in all_runs if r.value is None),
+                      label_stats([r.values for r in with_values], thresholds, false_fail_rate,
+                                  confidence), false_fail_rate, confidence)
+    if bad_sha:
+        bad_runs = [r for r in ws.store.runs(probe.key, [bad_sha]) if r.value is not None][-runs:]
+        res.bad_sha = bad_sha
+        res.bad_labels = label_stats([r.values for r in bad_runs], thresholds, false_fail_rate,
+                                     confidence, good=res.labels)
+        gv = [r.value for r in with_values]
+        bv = [r.value for r in bad_runs]
+        if len(gv) < 2 or len(bv) < 2:
+            raise KlbisectError("need at least 2 runs with values at each commit to estimate "
+                                "bisect cost", EXIT_NO_SIGNAL)
+        progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
+                 "(40 simulated bisects)...")
+        res.cost = simulate_cost(gv, bv, commits)
+    ws.store.update_session(sid, state="done", result=res.to_json())
+    return res
 
 
 def format_calibration(c: Calibration) -> str:

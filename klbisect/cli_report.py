@@ -52,7 +52,7 @@ def report(repo, fmt, out, session_id, plot, offline):
 @click.option("--dry-run", is_flag=True, help="Print what would be posted instead of posting.")
 @click.option("--offline", is_flag=True, help="Do not ask GitHub for PR titles.")
 @click.option("--json", "as_json", is_flag=True,
-              help='End stdout with {"regressed", "culprit", "pr", "report"}.')
+              help='End stdout with {"regressed", "verdict", "culprit", "pr", "report", "posted"}.')
 @probe_options
 @search_options
 def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, out, post_to, post_issue,
@@ -60,7 +60,7 @@ def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, 
     """Measure the branch head (the caller updates the repo), compare with
     recent good nightlies, and on a regression bisect, report and post.
     GITHUB_TOKEN (from the environment) is used for posting."""
-    from .nightly import NightlyOptions, format_night, run_nightly, summary
+    from .nightly import NightlyOptions, exit_code, format_night, run_nightly, summary
     cfg = make_config({**kw, "good": "", "bad": ""})
     opts = NightlyOptions(branch=branch, runs=runs, baseline_nights=baseline_nights, alpha=alpha,
                           min_effect=min_effect, night=night, report_format=fmt, report_path=out,
@@ -69,7 +69,7 @@ def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, 
     click.echo(format_night(rec), err=as_json)
     if as_json:
         _emit_json(summary(rec))
-    return 0
+    return exit_code(rec)
 
 
 @click.command("history")

@@ -17,6 +17,7 @@ EXIT_NO_SIGNAL = 154      # endpoints give no value or do not separate
 EXIT_PROBE_MISSING = 155  # the probe command is not found
 EXIT_STORAGE = 156        # disk full or state not writable
 EXIT_NOT_SURE = 157       # search ended without reaching --confidence
+EXIT_POST_FAILED = 158    # nightly found a regression but could not post its report
 EXIT_INTERNAL = 159       # a bug in klbisect: never 1, so git bisect aborts
 
 EXIT_CODES = {
@@ -32,6 +33,7 @@ EXIT_CODES = {
     EXIT_PROBE_MISSING: "the probe command was not found",
     EXIT_STORAGE: "state could not be written (disk full?); nothing recorded was lost",
     EXIT_NOT_SURE: "the search stopped before reaching --confidence (see candidates)",
+    EXIT_POST_FAILED: "nightly: a regression was found and reported, but posting the report failed",
     EXIT_INTERNAL: "internal error in klbisect (a bug; the message says where)",
 }
 

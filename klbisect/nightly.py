@@ -18,8 +18,15 @@ and is still there is "known": it is reported with its culprit again but not
 bisected or posted again.
 
 Verdicts of a night: ``baseline`` (no good nightlies yet to compare with;
-counts as good), ``good``, ``regressed`` (new regression, bisected),
+counts as good), ``good``, ``suspect`` (still borderline after ``--max-runs``
+runs: kept out of the baseline, and its runs are pooled with the next
+nights' until they decide), ``regressed`` (new regression, bisected),
 ``known`` (the open regression persists), ``crashed`` (no values).
+
+A modest regression can stay borderline on one night's ten runs; calling
+such a night good would put the regression into the baseline, after which
+it is never seen. Pooling suspect nights with the next one keeps the test's
+level (two tests at ``--alpha``) and gains the runs it needs.
 """
 from __future__ import annotations
 
@@ -37,7 +44,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
-from .errors import EXIT_USAGE, KlbisectError
+from .errors import EXIT_POST_FAILED, EXIT_USAGE, KlbisectError
 
 Progress = Callable[[str], None]
 
@@ -110,6 +117,44 @@ def compare(head: list[float], baseline: list[float], alpha: float = 0.001, min_
     return Comparison("good", p, ratio, suspicious, sh, sb, why)
 
 
+@dataclass
+class Judgement:
+    verdict: str               # regressed | known | good | suspect | baseline | crashed
+    cmp: Comparison            # the comparison that decided it
+    more: bool                 # one more head run could change the verdict
+    reason: str
+    worse_again: bool = False  # a regression on top of the open one
+
+
+def judge_night(head: list[float], baseline: list[float], borderline: list[float] | None = None,
+                open_bad: list[float] | None = None, alpha: float = 0.001, min_effect: float = 0.1,
+                min_baseline: int = 3) -> Judgement:
+    """Tonight's verdict from its runs, the good baseline, the runs of the
+    suspect nights just before it (``borderline``) and the runs of the open
+    regression's heads (``open_bad``). A night that stays borderline once
+    no more runs are asked for is ``suspect``: neither good nor regressed."""
+    c = compare(head, baseline, alpha, min_effect, min_baseline)
+    if c.verdict in ("crashed", "baseline"):
+        return Judgement(c.verdict, c, False, c.reason)
+    more = c.suspicious
+    reason = c.reason
+    if c.verdict == "good" and borderline:
+        pooled = compare(list(head) + list(borderline), baseline, alpha, min_effect, min_baseline)
+        why = f"with the {len(borderline)} runs of the suspect nights before: {pooled.reason}"
+        if pooled.verdict == "regressed":
+            c, reason = pooled, why
+        elif pooled.suspicious:
+            more, reason = True, (reason if c.suspicious else why)
+    if c.verdict == "good":
+        return Judgement("suspect" if more else "good", c, more, reason)
+    if open_bad:
+        again = compare(head, open_bad, alpha, min_effect, min_baseline)
+        if again.verdict == "regressed":
+            return Judgement("regressed", c, False, reason, worse_again=True)
+        return Judgement("known", c, again.suspicious, reason)
+    return Judgement("regressed", c, False, reason)
+
+
 # ---- the store: nightly sessions --------------------------------------------------
 
 def _nightly_sessions(store, probe_key: str) -> list:
@@ -121,6 +166,16 @@ def _nightly_sessions(store, probe_key: str) -> list:
 def _find_night(store, probe_key: str, night: str, head: str):
     for s in reversed(_nightly_sessions(store, probe_key)):
         if s.bad == head and s.config.get("night") == night and s.state != "ended":
+            return s
+    return None
+
+
+def _night_taken(store, probe_key: str, night: str, head: str):
+    """The judged session of ``night`` for another head, if any: reusing a
+    night's name would put two heads on one date of the trend."""
+    for s in _nightly_sessions(store, probe_key):
+        if s.bad != head and s.config.get("night") == night and s.state != "ended" and s.result \
+                and s.result.get("verdict"):
             return s
     return None
 
@@ -191,6 +246,11 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     from .session import commit_runs, record  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
+    other = _night_taken(st, probe_key, night, head)
+    if sess is None and other is not None:
+        raise KlbisectError(f"night {night} was judged already, for {opts.branch} at {other.bad[:12]} "
+                            f"(session {other.id}); the branch is now at {head[:12]}: name this run "
+                            f"another night, e.g. --night {night}.2", EXIT_USAGE)
     if sess is not None and sess.result and sess.result.get("verdict"):
         # judged already: the same night and head give the same answer, with no new runs
         progress(f"nightly {night} for {head[:12]} already judged (session {sess.id}): "
@@ -206,8 +266,16 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     progress(f"nightly {night}: {opts.branch} at {head[:12]} {subj[:60]} (session {sid})")
 
     baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
-    base_runs = commit_runs(ws, probe_key, build_key, baseline_shas, cfg.timeout) if baseline_shas else {}
-    baseline = [v for s in baseline_shas for v in base_runs[s].values]
+    suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
+    openr, open_shas = _open_regression(ws, probe_key, head, sid)
+    earlier = commit_runs(ws, probe_key, build_key, baseline_shas + suspect_shas + open_shas, cfg.timeout)
+    baseline = [v for s in baseline_shas for v in earlier[s].values]
+    borderline = [v for s in suspect_shas for v in earlier[s].values]
+    open_bad = [v for s in open_shas for v in earlier[s].values]
+
+    def judge(values: list[float]) -> Judgement:
+        return judge_night(values, baseline, borderline, open_bad, opts.alpha, opts.min_effect,
+                           opts.min_baseline)
 
     slot = None
     measurer = None
@@ -218,11 +286,11 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
             mine = st.session_runs(sid)
             mine_crashes = sum(1 for r in mine if r.value is None)
-            cmp = compare(cr.values, baseline, opts.alpha, opts.min_effect, opts.min_baseline)
             if len(cr.values) >= target:
-                if cmp.suspicious and len(cr.values) < cap_values:
+                j = judge(list(cr.values))
+                if j.more and len(cr.values) < cap_values:
                     target = len(cr.values) + 1
-                    progress(f"  borderline ({cmp.reason}): one more run")
+                    progress(f"  borderline ({j.reason}): one more run")
                 else:
                     break
             if cr.build_failed:
@@ -247,34 +315,35 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             gitrepo.worktree_remove(ws.repo, slot.checkout)
 
     cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
-    cmp = compare(cr.values, baseline, opts.alpha, opts.min_effect, opts.min_baseline)
-    verdict = cmp.verdict
+    j = judge(list(cr.values))
+    cmp = j.cmp
     rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
-           "session": sid, "verdict": verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
-           "reason": cmp.reason, "values": list(cr.values), "crashes": cr.crashes,
+           "session": sid, "verdict": j.verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
+           "reason": j.reason, "values": list(cr.values), "crashes": cr.crashes,
            "head_summary": cmp.head, "baseline_summary": cmp.baseline,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
            "last_good": baseline_shas[0] if baseline_shas else None,
            "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": []}
-    if verdict == "regressed":
-        openr = _open_regression(ws, probe_key, head, sid)
-        if openr is not None:
-            prev_head = openr["head"]
-            prev_vals = commit_runs(ws, probe_key, build_key, [prev_head], cfg.timeout)[prev_head].values
-            again = compare(cr.values, prev_vals, opts.alpha, opts.min_effect, opts.min_baseline)
-            if again.verdict == "regressed":
-                rec["notes"].append(f"worse again than the open regression of {openr['night']} "
-                                    f"({again.reason}): bisecting from its head {prev_head[:12]}")
-                rec["bisect_good"] = prev_head
-            else:
-                rec.update(verdict="known", culprit=openr.get("culprit"), pr=openr.get("pr"),
-                           report=openr.get("report"), bisect_session=openr.get("bisect_session"),
-                           known_since=openr.get("known_since") or openr["night"])
-                rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
-                                    "(not bisected or posted again)")
-        if rec["verdict"] == "regressed" and not rec.get("bisect_good"):
-            rec["bisect_good"] = rec["last_good"]
-    progress(f"nightly {night}: {rec['verdict'].upper()}: {cmp.reason}")
+    if j.verdict == "suspect":
+        rec["notes"].append(f"still borderline after {len(cr.values)} runs: kept out of the baseline; "
+                            "the next nights' runs are pooled with this night's until they decide")
+    if j.verdict in ("regressed", "good") and suspect_nights and borderline:
+        rec["notes"].append(f"the suspect nights {', '.join(suspect_nights)} were "
+                            + ("part of this regression" if j.verdict == "regressed"
+                               else "not confirmed (they stay out of the baseline)"))
+    if j.worse_again:
+        rec["notes"].append(f"worse again than the open regression of {openr['night']} "
+                            f"(against its {len(open_bad)} runs): bisecting from its head {open_shas[0][:12]}")
+        rec["bisect_good"] = open_shas[0]
+    elif j.verdict == "known":
+        rec.update(culprit=openr.get("culprit"), pr=openr.get("pr"),
+                   report=openr.get("report"), bisect_session=openr.get("bisect_session"),
+                   known_since=openr.get("known_since") or openr["night"])
+        rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
+                            "(not bisected or posted again)")
+    if j.verdict == "regressed" and not rec.get("bisect_good"):
+        rec["bisect_good"] = rec["last_good"]
+    progress(f"nightly {night}: {rec['verdict'].upper()}: {j.reason}")
     rec["state"] = "bisecting" if rec["verdict"] == "regressed" else "done"
     st.update_session(sid, result=rec, state=rec["state"],
                       ended=time.time() if rec["state"] == "done" else None)
@@ -299,17 +368,45 @@ def _baseline(ws, probe_key: str, head: str, k: int, sid: int) -> tuple[list[str
     return shas, nights
 
 
-def _open_regression(ws, probe_key: str, head: str, sid: int) -> dict | None:
-    """The most recent judged night before this one, when it was a
-    regression (new or known) whose head is an ancestor of ``head``."""
+def _judged_before(ws, probe_key: str, head: str, sid: int):
+    """The judged nights before this one whose heads are ``head`` or its
+    ancestors, most recent first; crashed nights are skipped (they say
+    nothing about the values)."""
     for s in reversed(_nightly_sessions(ws.store, probe_key)):
         r = s.result or {}
         if s.id == sid or not r.get("verdict") or r["verdict"] == "crashed":
             continue
-        if r["verdict"] in OPEN_VERDICTS and (r["head"] == head or gitrepo.is_ancestor(ws.repo, r["head"], head)):
-            return r
-        return None
-    return None
+        if r["head"] == head or gitrepo.is_ancestor(ws.repo, r["head"], head):
+            yield r
+
+
+def _open_regression(ws, probe_key: str, head: str, sid: int) -> tuple[dict | None, list[str]]:
+    """The latest night, when it was a regression (new or known), and the
+    heads of the nights since that regression was found, most recent first:
+    their runs are what "still the same regression" looks like."""
+    latest, heads = None, []
+    for r in _judged_before(ws, probe_key, head, sid):
+        if r["verdict"] not in OPEN_VERDICTS:
+            break
+        latest = latest or r
+        if r["head"] not in heads:
+            heads.append(r["head"])
+        if r["verdict"] == "regressed":
+            break
+    return latest, heads
+
+
+def _suspects(ws, probe_key: str, head: str, sid: int) -> tuple[list[str], list[str]]:
+    """The heads and nights of the unbroken run of suspect nights just
+    before this one."""
+    shas, nights = [], []
+    for r in _judged_before(ws, probe_key, head, sid):
+        if r["verdict"] != "suspect":
+            break
+        if r["head"] != head and r["head"] not in shas:
+            shas.append(r["head"])
+            nights.append(r.get("night", ""))
+    return shas, nights
 
 
 def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Progress) -> dict:
@@ -442,9 +539,26 @@ def _comment_url(got) -> str | None:
 
 
 def summary(rec: dict) -> dict:
-    """The --json object: {"regressed", "culprit", "pr", "report"}."""
-    return {"regressed": rec.get("verdict") in OPEN_VERDICTS, "culprit": rec.get("culprit"),
-            "pr": rec.get("pr"), "report": rec.get("report")}
+    """The --json object: {"regressed", "verdict", "culprit", "pr", "report",
+    "posted"}; ``posted`` is the comment's URL, false when posting failed
+    (or was a dry run), null when nothing was to be posted."""
+    post = rec.get("post")
+    if post is None:
+        posted = None
+    elif post.get("error") or post.get("dry_run"):
+        posted = False
+    else:
+        posted = post.get("url") or True
+    return {"regressed": rec.get("verdict") in OPEN_VERDICTS, "verdict": rec.get("verdict"),
+            "culprit": rec.get("culprit"), "pr": rec.get("pr"), "report": rec.get("report"),
+            "posted": posted}
+
+
+def exit_code(rec: dict) -> int:
+    """0, or EXIT_POST_FAILED when a regression's report could not be
+    posted: a cron job must notice that nobody was told."""
+    post = rec.get("post") or {}
+    return EXIT_POST_FAILED if post.get("error") else 0
 
 
 def format_night(rec: dict) -> str:
@@ -529,7 +643,8 @@ def history_table(trend: dict):
     """A rich Table of the trend: one row per night, one column per label."""
     from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
-    t = Table(title=escape("KL per label over nightly heads: median [min, max] n"))
+    t = Table(title=escape("KL per label over nightly heads: median [min, max] n, over every run of "
+                           "the head (its nights' and any bisect's)"))
     t.add_column("night")
     t.add_column("head")
     t.add_column("verdict")
@@ -542,8 +657,10 @@ def history_table(trend: dict):
             cells.append(escape(f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] {s['n']}")
                          if s.get("n") else "-")
         v = n["verdict"]
-        style = {"regressed": "bold red", "known": "red", "crashed": "yellow"}.get(v, "")
+        style = {"regressed": "bold red", "known": "red", "suspect": "magenta", "crashed": "yellow"}.get(v, "")
         verdict = v + (f" {n['culprit'][:10]}" if n.get("culprit") and v == "regressed" else "")
+        if n.get("crashes"):
+            verdict += f" ({n['crashes']} crashed)"
         verdict = escape(verdict)
         t.add_row(escape(n["night"]), n["head"][:10], f"[{style}]{verdict}[/]" if style else verdict, *cells)
     return t

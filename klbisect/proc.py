@@ -144,6 +144,17 @@ def reap_stale(pid_dir: Path) -> list[int]:
     return reaped
 
 
+# klbisect's own secrets: a build, probe or server never needs them, and
+# its log (kept under the git dir) must not be able to print them
+PRIVATE_ENV = ("GITHUB_TOKEN",)
+
+
+def child_environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child process: ``base`` (default: ours) less
+    PRIVATE_ENV."""
+    return {k: v for k, v in (os.environ if base is None else base).items() if k not in PRIVATE_ENV}
+
+
 def run_logged(
     cmd: str | Sequence[str],
     cwd: Path,
@@ -160,7 +171,7 @@ def run_logged(
     nothing for an interrupted run.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    full_env = dict(os.environ)
+    full_env = child_environ()
     if env:
         full_env.update(env)
     mark = full_env[_MARK] = uuid.uuid4().hex

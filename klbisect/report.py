@@ -62,12 +62,21 @@ def format_status(st: dict) -> str:
     if not st.get("session"):
         return "No klbisect session in this repository."
     commits = f"{st['n_commits']} candidate commits, " if "n_commits" in st else ""
-    lines = [f"Session {st['session']} ({st['kind']}, {st['state']}): good {str(st['good'])[:12]} "
-             f"bad {str(st['bad'])[:12]}, {commits}{st.get('probe_runs', 0)} probe runs"]
+    state = st["state"]
+    if st["kind"] == "gitbisect" and st.get("result") and state == "bisecting":
+        state = "answered; `klbisect reset` ends it"
+    if st["kind"] == "calibrate":
+        where = f"rev {str(st['good'])[:12]}" + (f", bad rev {str(st['bad'])[:12]}" if st.get("bad") else "")
+    else:
+        where = f"good {str(st['good'])[:12]} bad {str(st['bad'])[:12]}"
+    lines = [f"Session {st['session']} ({st['kind']}, {state}): {where}, "
+             f"{commits}{st.get('probe_runs', 0)} probe runs"]
     m = st.get("model")
+    metric = (st.get("config") or {}).get("metric")
+    value = f"label {metric}" if metric else "a run's value is the max over its labels"
     if m and m.get("kind") == "learned":
         f = math.exp if m["log_space"] else (lambda x: x)
-        lines.append(f"Learned from the endpoints: good around {f(m['mu_good']):.4g}, bad around "
+        lines.append(f"Learned from the endpoints ({value}): good around {f(m['mu_good']):.4g}, bad around "
                      f"{f(m['mu_bad']):.4g} ({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
                      f"spreads apart{', log scale' if m['log_space'] else ''}); "
                      + Model.from_dict(m).regime)
@@ -374,8 +383,12 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     if m.get("kind") == "threshold":
         head.append(f"**Judged by:** threshold {m['threshold']:g}, majority of {m.get('votes', 1)} runs")
     elif data.get("boundary") is not None:
-        head.append(f"**Judged by:** a model learned from the endpoints; a run is as likely good as "
-                    f"bad at {data['boundary']:.4g}")
+        overlap = m.get("kind") == "learned" and not Model.from_dict(m).separates
+        head.append("**Judged by:** " + (
+            "good and bad runs overlap, so every run was weighed with both sides' distributions "
+            "integrated out (rank based), not plugged in; " if overlap else
+            "a model learned from the endpoints; ")
+            + f"a run is as likely good as bad at {data['boundary']:.4g}")
     head.append("")
     labels = _labels_md(r)
     if labels:

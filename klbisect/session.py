@@ -815,15 +815,32 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     return out
 
 
+def _shown_session(ws: Workspace, session_id: int | None = None):
+    """The session ``status`` and ``log`` show: the one asked for, else the
+    one in progress, else the latest; a usage error when there is none."""
+    where = f"in {ws.top}"
+    sess = None
+    if (ws.dir / "state.db").exists():
+        st = ws.store
+        if session_id is not None:
+            sess = st.session(session_id)
+            if sess is None:
+                raise KlbisectError(f"no klbisect session {session_id} {where}: `klbisect status` names the "
+                                    "latest", EXIT_USAGE)
+        else:
+            sess = st.active_session() or st.latest_session(("run", "gitbisect", "calibrate", "nightly"),
+                                                            shown_only=True)
+    if sess is None:
+        raise KlbisectError(f"no klbisect session {where}: start one with `klbisect run` or "
+                            "`klbisect start`", EXIT_USAGE)
+    return sess
+
+
 def status(path: str | Path | None) -> dict:
     ws = Workspace(path)
     try:
-        if not (ws.dir / "state.db").exists():
-            return {"session": None}
+        sess = _shown_session(ws)
         st = ws.store
-        sess = st.active_session() or st.latest_session(("run", "gitbisect", "calibrate", "nightly"))
-        if sess is None:
-            return {"session": None}
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config}
         if sess.kind == "calibrate":
@@ -848,6 +865,10 @@ def status(path: str | Path | None) -> dict:
             out["result"] = res.to_json() if res else None
         else:
             out["result"] = sess.result
+        res = out["result"] or {}
+        # the same top-level keys as `run --json`, so one parser reads both
+        out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
+                   candidates=res.get("candidates") or [])
         return out
     finally:
         ws.close()
@@ -856,12 +877,7 @@ def status(path: str | Path | None) -> dict:
 def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
     ws = Workspace(path)
     try:
-        if not (ws.dir / "state.db").exists():
-            return []
-        sess = ws.store.session(session_id) if session_id else (
-            ws.store.active_session() or ws.store.latest_session(("run", "gitbisect", "calibrate", "nightly")))
-        if sess is None:
-            return []
+        sess = _shown_session(ws, session_id)
         subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
         return [{"id": r.id, "started": r.started, "sha": r.sha, "subject": subjects.get(r.sha, ""),
                  "status": r.status, "values": r.values, "value": r.value, "exit_code": r.exit_code,

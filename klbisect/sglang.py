@@ -40,7 +40,7 @@ from . import proc
 from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
 from .errors import EXIT_USAGE, KlbisectError
 from .probe import DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot, config_key
-from .proc import kill_tree, log_tail, run_logged
+from .proc import child_environ, kill_tree, log_tail, run_logged
 from .repo import head_sha
 
 LABELS = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
@@ -323,7 +323,7 @@ def server_env(checkout: Path, slot_env: Mapping[str, str],
     """The slot's environment with ``<checkout>/python`` first on PYTHONPATH,
     so the commit under test is imported even when an editable install of
     another worktree is on sys.path."""
-    env = dict(os.environ if base is None else base)
+    env = child_environ(base)
     env.update(slot_env)
     src = str(Path(checkout).resolve() / "python")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -182,10 +182,15 @@ class Store:
             args = (kind,)
         return self._session(self.db.execute(q + " ORDER BY id DESC LIMIT 1", args).fetchone())
 
-    def latest_session(self, kinds: tuple[str, ...] = ("run", "gitbisect")) -> SessionRow | None:
+    def latest_session(self, kinds: tuple[str, ...] = ("run", "gitbisect"),
+                       shown_only: bool = False) -> SessionRow | None:
+        """The latest session of ``kinds``; ``shown_only`` leaves out the
+        calibrations that ended without a result (failed or interrupted:
+        nothing to show, and their runs stay in the store by commit)."""
         marks = ",".join("?" * len(kinds))
+        skip = " AND NOT (kind='calibrate' AND state='ended' AND result IS NULL)" if shown_only else ""
         return self._session(self.db.execute(
-            f"SELECT * FROM sessions WHERE kind IN ({marks}) ORDER BY id DESC LIMIT 1", kinds).fetchone())
+            f"SELECT * FROM sessions WHERE kind IN ({marks}){skip} ORDER BY id DESC LIMIT 1", kinds).fetchone())
 
     def find_session(self, kind: str, good: str, bad: str, probe_key: str, config: dict,
                      ignore: tuple[str, ...] = ()) -> SessionRow | None:

@@ -80,7 +80,22 @@ def test_calibrate_bad_options_are_refused_before_any_run(history):
     for opts, words in ((["--runs", "0"], "--runs 0"),
                         (["--false-fail-rate", "2"], "--false-fail-rate 2"),
                         (["--confidence", "1.5"], "--confidence 1.5"),
-                        (["--bad-rev", h.bad, "--commits", "1"], "--commits 1")):
+                        (["--bad-rev", h.bad, "--commits", "1"], "--commits 1"),
+                        (["--thresholds", "0.01,-1,0"], "--thresholds -1,0")):
         p = klb("calibrate", "--rev", h.good, "--runs", "3", *opts, "--probe-cmd", probe_cmd(), cwd=h.path)
         assert words in error_line(p, 150)                             # EXIT_USAGE
+    p = klb("calibrate", "--rev", h.bad, "--bad-rev", "HEAD", "--runs", "3", "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert "same commit" in error_line(p, 151)                         # EXIT_REVISION
     assert db_query(h.path, "SELECT * FROM runs") == []
+
+
+def test_a_failed_calibration_does_not_hide_the_bisect_from_status(history):
+    h = history(n_commits=30, seed=12)
+    run = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert run.returncode == 0, run.stderr
+    p = klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", "no-such-probe-xyz", cwd=h.path)
+    error_line(p, 155)                                                 # EXIT_PROBE_MISSING
+    st = klb("status", "--json", cwd=h.path)
+    assert st.returncode == 0, st.stderr
+    assert json.loads(st.stdout)["kind"] == "run" and json.loads(st.stdout)["culprit"] == h.culprit
+    assert "(run, done)" in klb("status", cwd=h.path).stdout

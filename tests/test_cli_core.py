@@ -369,10 +369,14 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
     assert len(json.loads(klb("log", "--repo", repo, "--json", cwd=elsewhere).stdout)) == len(rows)
     purge = klb("reset", "--repo", repo, "--purge", cwd=elsewhere)
     assert purge.returncode == 0 and "purged" in purge.stdout
-    assert json.loads(klb("log", "--repo", repo, "--json", cwd=elsewhere).stdout) == []
     assert not (state_dir(repo) / "logs").exists()
-    empty = klb("status", "--repo", repo, cwd=elsewhere)
-    assert empty.returncode == 0 and "No klbisect session" in empty.stdout
+    # nothing left to show: one line and the usage code, as for report
+    for cmd in (("log", "--json"), ("status",), ("status", "--json")):
+        empty = klb(*cmd, "--repo", repo, cwd=elsewhere)
+        assert error_line(empty, 150).startswith("klbisect: error: no klbisect session")
+        assert empty.stdout == ""
+    assert "no klbisect session 99999" in error_line(klb("log", "--session", "99999", "--repo", repo,
+                                                         cwd=elsewhere), 150)
 
 
 # ---- item 5: endpoints --------------------------------------------------------------------------------
@@ -402,7 +406,7 @@ def test_two_endpoint_runs_a_side_name_the_culprit_and_say_how_the_model_grows(h
     ends = db_query(h.path, "SELECT COUNT(*) FROM runs WHERE sha IN (?, ?)", (h.good, h.bad))[0][0]
     assert ends < 12, ends
     st = klb("status", cwd=h.path)
-    start = st.stdout.split("Learned from the endpoints:", 1)[1].splitlines()[0]
+    start = st.stdout.split("Learned from the endpoints (a run's value is the max over its labels):", 1)[1].splitlines()[0]
     assert ("they separate cleanly" in start) or ("interior runs the search places on a side join it" in start)
 
 

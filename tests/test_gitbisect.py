@@ -77,9 +77,15 @@ def test_start_then_git_bisect_run_names_the_culprit(history, tmp_path):
 
     status = klb("status", "--json", cwd=repo)
     assert status.returncode == 0
-    res = json.loads(status.stdout)["result"]
+    st = json.loads(status.stdout)
+    res = st["result"]
     assert res["culprit"] == h.culprit and res["candidates"] == [h.culprit] and res["complete"]
     assert res["pr"] == h.prs[h.culprit]
+    # the top-level keys are those of `run --json`
+    assert (st["culprit"], st["candidates"], st["pr"]) == (h.culprit, [h.culprit], h.prs[h.culprit])
+    assert st["confidence"] == res["confidence"] >= 0.99
+    plain = klb("status", cwd=repo).stdout
+    assert "answered; `klbisect reset` ends it" in plain and "max over its labels" in plain
     # each judged commit needs two runs; the second one never rebuilds
     runs = db_query(repo, "SELECT * FROM runs")
     builds = db_query(repo, "SELECT * FROM builds")

@@ -51,8 +51,8 @@ def tail_json(p: subprocess.CompletedProcess) -> dict:
     assert p.returncode == 0, p.stdout + p.stderr
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     obj = json.loads(lines[-1])
-    assert set(obj) == {"regressed", "culprit", "pr", "report"}
-    return obj
+    assert set(obj) == {"regressed", "verdict", "culprit", "pr", "report", "posted"}
+    return {k: obj[k] for k in ("regressed", "culprit", "pr", "report")}
 
 
 def db(repo: Path, sql: str, args: tuple = ()) -> list:
@@ -283,3 +283,155 @@ def test_post_issue_uses_the_origin_remote(tmp_path):
     git(h.path, "remote", "add", "origin", "git@github.com:acme/kvserve.git")
     assert _post_target(h.path, NightlyOptions(post_issue=9)) == ("acme/kvserve", 9)
     assert _post_target(h.path, NightlyOptions(post_to="o-1/r.x#12")) == ("o-1/r.x", 12)
+
+
+def test_judge_night_on_plain_numbers():
+    from klbisect.nightly import judge_night
+    base = [0.0040, 0.0042, 0.0038]
+    bad = [0.0080 + 1e-5 * i for i in range(10)]
+    # ten clean bad runs against three baseline runs cannot reach p <= 0.001 (1/286): suspect, not good
+    j = judge_night(bad, base)
+    assert j.verdict == "suspect" and j.more
+    # pooled with the suspect night before, they can
+    tonight = [0.0081 + 1.3e-5 * i for i in range(7)]
+    j = judge_night(tonight, base, borderline=bad)
+    assert j.verdict == "regressed" and "suspect nights" in j.reason
+    # pooling never turns a plain good night into a regression
+    assert judge_night([0.0041, 0.0039, 0.0040], base, borderline=bad).verdict in ("good", "suspect")
+    assert judge_night([0.0041, 0.0039, 0.0040], base * 5).verdict == "good"
+    # the open regression's runs decide between "known" and "worse again"
+    base15 = [0.0035 + 1e-4 * i for i in range(15)]
+    open_bad = [0.0075 + 1e-4 * i for i in range(12)]
+    assert judge_night(bad[:5], base15, open_bad=open_bad).verdict == "known"
+    worse = [0.02 + 1e-4 * i for i in range(5)]
+    j = judge_night(worse, base15, open_bad=open_bad)
+    assert j.verdict == "regressed" and j.worse_again
+    # three runs can beat a long baseline but not the open regression's twelve: one more run
+    base30 = [0.0035 + 5e-5 * i for i in range(30)]
+    j = judge_night(worse[:3], base30, open_bad=open_bad)
+    assert j.more and j.verdict == "known"
+
+
+LEVEL_PROBE = '''import json, os, random
+level = json.load(open("kl.json"))["level"]
+rng = random.Random(os.urandom(16))
+print("probe sees GITHUB_TOKEN =", os.environ.get("GITHUB_TOKEN", "(unset)"))
+for label in ("logprobs_match", "prefill_cache_hit"):
+    print(f"[{label}]")
+    print(f"avg_kl_div={level * rng.uniform(0.9, 1.1):.6g}")
+'''
+
+
+class Levels:
+    """A repository whose probe's KL level is set by a committed kl.json:
+    values within 10% of the level, so two levels 2x apart never overlap and
+    every Mann-Whitney p-value is known in advance."""
+
+    def __init__(self, root: Path):
+        self.path = root / "levels"
+        self.path.mkdir()
+        git(self.path, "init", "-q", "-b", "main")
+        (self.path / "probe.py").write_text(LEVEL_PROBE)
+        self.n = 0
+        self.commit("Add the KL probe (#100)", 0.004)
+
+    def commit(self, subject: str, level: float | None = None) -> str:
+        self.n += 1
+        if level is not None:
+            (self.path / "kl.json").write_text(json.dumps({"level": level}) + "\n")
+        (self.path / "notes.md").write_text(f"change {self.n}\n")
+        git(self.path, "add", "-A")
+        git(self.path, "-c", "user.name=N", "-c", "user.email=n@example.com", "commit", "-q", "-m", subject)
+        return git(self.path, "rev-parse", "HEAD").strip()
+
+
+def verdicts(repo: Path) -> list[str]:
+    return [json.loads(r[0])["verdict"] for r in
+            db(repo, "SELECT result FROM sessions WHERE kind='nightly' ORDER BY id")]
+
+
+def test_borderline_nights_are_pooled_and_a_second_regression_is_bisected(tmp_path):
+    lv = Levels(tmp_path)
+    repo = lv.path
+    one = ("--baseline-nights", "1")
+    assert tail_json(nightly(repo, "d1", *one))["regressed"] is False
+    lv.commit("Docs (#101)")
+    good_head = lv.commit("Docs again (#102)")
+    assert tail_json(nightly(repo, "d2", *one))["regressed"] is False
+
+    # d3: a 2x regression, but ten runs against a three-run baseline cannot pass
+    # p <= 0.001: the night is suspect, and stays out of the baseline
+    first = lv.commit("Quantize the KV cache (#103)", 0.008)
+    lv.commit("Docs (#104)")
+    p3 = nightly(repo, "d3", *one)
+    assert tail_json(p3)["regressed"] is False
+    assert "SUSPECT" in p3.stderr and "kept out of the baseline" in p3.stderr
+    assert json.loads(p3.stdout.strip().splitlines()[-1])["verdict"] == "suspect"
+
+    # d4: tonight's runs pooled with d3's decide it; the bisect starts at d2's head
+    lv.commit("Docs (#105)")
+    r4 = tail_json(nightly(repo, "d4", *one))
+    assert r4["regressed"] is True and r4["culprit"] == first and r4["pr"] == 103
+    assert db(repo, "SELECT good FROM sessions WHERE kind='run'") == [(good_head,)]
+
+    # d5: the same regression: known, not bisected again
+    two = ("--baseline-nights", "2")
+    d5_head = lv.commit("Docs (#106)")
+    r5 = tail_json(nightly(repo, "d5", *two))
+    assert r5["regressed"] is True and r5["culprit"] == first
+
+    # d6: a second regression on top of the open one: bisected from d5's head
+    second = lv.commit("Fuse the rope kernel (#107)", 0.02)
+    p6 = nightly(repo, "d6", *two)
+    r6 = tail_json(p6)
+    assert r6["regressed"] is True and r6["culprit"] == second and r6["pr"] == 107, p6.stderr
+    assert "worse again" in p6.stderr
+    assert db(repo, "SELECT good FROM sessions WHERE kind='run' ORDER BY id")[-1] == (d5_head,)
+    assert verdicts(repo) == ["baseline", "good", "suspect", "regressed", "known", "regressed"]
+
+    # a night's name is one head: reusing it for a moved branch is refused before any run
+    n_runs = db(repo, "SELECT COUNT(*) FROM runs")[0][0]
+    lv.commit("Docs (#108)")
+    p = nightly(repo, "d6", *two)
+    assert p.returncode == 150 and "--night d6.2" in p.stderr and "Traceback" not in p.stderr
+    assert db(repo, "SELECT COUNT(*) FROM runs")[0][0] == n_runs
+
+
+def test_a_failed_post_is_an_exit_code(tmp_path):
+    lv = Levels(tmp_path)
+    repo = lv.path
+    for night in ("d1", "d2", "d3"):
+        lv.commit(f"Docs {night} (#1{night[1]})")
+        tail_json(nightly(repo, night))
+    lv.commit("Quantize the KV cache (#200)", 0.008)
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            out = b'{"message": "Bad credentials"}'
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_POST  # noqa: N815
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        p = nightly(repo, "d4", "--post-to", "acme/kvserve#7", "--offline",
+                    env={"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": f"http://127.0.0.1:{srv.server_address[1]}"})
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert p.returncode == 158, p.stderr
+    obj = json.loads(p.stdout.strip().splitlines()[-1])
+    assert obj["regressed"] is True and obj["posted"] is False and obj["pr"] == 200
+    assert "posting to acme/kvserve#7 failed" in p.stderr and TOKEN not in p.stdout + p.stderr
+    # the probe ran with the token in klbisect's environment, but never saw it: no log holds it
+    logs = [f for f in (repo / ".git" / "klbisect").rglob("*") if f.is_file()]
+    assert any("probe sees GITHUB_TOKEN = (unset)" in f.read_text(errors="replace") for f in logs)
+    assert not [f for f in logs if TOKEN.encode() in f.read_bytes()]
