@@ -168,7 +168,7 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
               progress=lambda m: print(m, file=sys.stderr, flush=True)) -> Calibration:
     cfg.validate()
     _check_options(runs, false_fail_rate, confidence, commits, thresholds)
-    ws = Workspace(path)
+    ws = Workspace(path, cfg.metric)
     try:
         with ws.locked():
             sha = gitrepo.resolve(ws.repo, rev, "revision")

@@ -9,6 +9,8 @@ import json
 import math
 import re
 
+from .errors import EXIT_USAGE, KlbisectError
+
 # unittest writes its progress marks (". F E s x") to stderr, so a label line
 # read from the combined output can start with them: ".[logprobs_match] ..."
 _LABEL = re.compile(r"^[\s.FEsx]*\[([A-Za-z0-9_.:/-]+)\]")
@@ -26,17 +28,20 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     Without ``regex``: every ``avg_kl_div=<float>`` line, labelled by the
     nearest preceding ``[label]`` line (SGLang's format), plus JSON lines
     ``KLBISECT {"label": ..., "value": ...}``. With ``regex``: a named group
-    ``value`` (or the first group) and an optional named group ``label``.
+    ``value`` (or the first group) and an optional named group ``label``;
+    without one, the matches are labelled value, value2, ... in order.
     A label printed twice keeps its last value; NaN and inf are dropped
     because they carry no ordering a decision could use.
     """
     values: dict[str, float] = {}
     if regex:
         pattern = re.compile(regex)
-        for m in pattern.finditer(text):
+        for i, m in enumerate(pattern.finditer(text)):
             groups = m.groupdict()
             raw = groups.get("value") if "value" in groups else (m.group(1) if m.groups() else m.group(0))
-            label = groups.get("label") or DEFAULT_LABEL
+            # without a label group each match is its own label ("value", "value2", ...), so
+            # that a run's value is the max over every match, as with SGLang's lines
+            label = groups.get("label") or (DEFAULT_LABEL if i == 0 else f"{DEFAULT_LABEL}{i + 1}")
             _put(values, label, raw)
         return values
     label = DEFAULT_LABEL
@@ -55,6 +60,18 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
         if hit:
             _put(values, label, hit.group(1))
     return values
+
+
+def check_regex(regex: str) -> None:
+    """A --metric-regex that cannot work, refused before the first run."""
+    try:
+        pattern = re.compile(regex)
+    except re.error as e:
+        raise KlbisectError(f"--metric-regex {regex!r} is not a valid regular expression ({e})",
+                            EXIT_USAGE) from None
+    if not pattern.groups:
+        raise KlbisectError(f"--metric-regex {regex!r} has no group for the number: write it as "
+                            "(?P<value>...), e.g. 'avg_kl_div=(?P<value>[0-9.eE+-]+)'", EXIT_USAGE)
 
 
 def _put(values: dict[str, float], label: str, raw) -> None:

@@ -222,7 +222,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     if not re.fullmatch(r"[0-9A-Za-z_.:-]{1,40}", night):
         raise KlbisectError(f"--night {night!r}: use a date like 2025-01-31", EXIT_USAGE)
 
-    ws = Workspace(path)
+    ws = Workspace(path, cfg.metric)
     try:
         head = gitrepo.resolve(ws.repo, opts.branch, "branch")
         probe, builder = make_probe(cfg), make_builder(cfg)
@@ -603,6 +603,9 @@ def history(path=None, label: str | None = None, plot: str | None = None,
             if row is None:
                 raise KlbisectError("no nightly results yet: run `klbisect nightly ...` first", EXIT_USAGE)
             probe_key = row["probe_key"]
+        latest = _nightly_sessions(st, probe_key)
+        if latest:
+            ws.use_metric(latest[-1].config.get("metric"))
         nights, all_labels = [], []
         for s in _nightly_sessions(st, probe_key):
             r = s.result or {}

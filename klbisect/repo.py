@@ -24,10 +24,14 @@ class Commit:
     pr: int | None
 
 
+_MERGE_PR = re.compile(r"^Merge pull request #(\d+) from \S")
+
+
 def parse_pr(subject: str) -> int | None:
     """PR number of a squash-merge subject: the trailing ``(#N)``; for
-    ``Revert "... (#A)" (#B)`` that is B, the revert's own PR."""
-    m = _PR.search(subject or "")
+    ``Revert "... (#A)" (#B)`` that is B, the revert's own PR; for GitHub's
+    merge commits, ``Merge pull request #N from owner/branch``."""
+    m = _PR.search(subject or "") or _MERGE_PR.match(subject or "")
     return int(m.group(1)) if m else None
 
 

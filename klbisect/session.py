@@ -28,7 +28,7 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_ST
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
-from .metric import scalar
+from .metric import check_regex, scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
 from .proc import log_tail, reap_stale
 from .search import CommitRuns, plan
@@ -100,7 +100,10 @@ class BisectConfig:
             raise KlbisectError(f"--timeout {self.timeout:g}: give the seconds one probe run may take "
                                 f"(default {DEFAULT_TIMEOUT:g})", EXIT_USAGE)
         if not 0.5 < self.confidence < 1:
-            raise KlbisectError("--confidence must be between 0.5 and 1 (e.g. 0.99)", EXIT_USAGE)
+            raise KlbisectError(f"--confidence {self.confidence:g}: give a level above 0.5 and below 1 "
+                                "(e.g. 0.99)", EXIT_USAGE)
+        if self.metric_regex is not None:
+            check_regex(self.metric_regex)
         if (self.max_runs is not None and self.max_runs < 1) or self.parallel < 1 or self.votes < 1:
             raise KlbisectError("--max-runs, --parallel and --votes must be at least 1", EXIT_USAGE)
         # --max-endpoint-runs alone may lower the default first batch
@@ -132,21 +135,30 @@ def make_builder(cfg: BisectConfig):
 class Workspace:
     """A repository and klbisect's state for it."""
 
-    def __init__(self, path: str | Path | None):
+    def __init__(self, path: str | Path | None, metric: str | None = None):
+        self.metric = metric  # the --metric in force: how every stored run is read (Store.metric)
         self.repo = gitrepo.open_repo(path)
         self.top = gitrepo.toplevel(self.repo)
         self.dir = gitrepo.common_dir(self.repo) / "klbisect"
         self.logs = self.dir / "logs"
         self.worktrees = self.dir / "worktrees"
         self.pids = self.dir / "pids"
+        # any command (status and log too) kills what a klbisect killed with SIGKILL left running
+        reap_stale(self.pids)
         self._store: Store | None = None
         self._lock = filelock.FileLock(str(self.dir / "lock"))
 
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store(self.dir / "state.db")
+            self._store = Store(self.dir / "state.db", self.metric)
         return self._store
+
+    def use_metric(self, metric: str | None) -> None:
+        """Read runs with this --metric from now on (a session's own)."""
+        self.metric = metric
+        if self._store is not None:
+            self._store.metric = metric
 
     @contextmanager
     def locked(self) -> Iterator["Workspace"]:
@@ -266,7 +278,18 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
 # ---- endpoint calibration ------------------------------------------------------
 
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
-                      cr: CommitRuns, crash_limit: int) -> KlbisectError | None:
+                      cr: CommitRuns, crash_limit: int, note: str = "") -> KlbisectError | None:
+    """Why this endpoint cannot be measured, once that is clear: its build
+    failed, it printed no value in ``crash_limit`` runs, or it printed
+    labels but never the --metric asked for."""
+    metric = ws.metric
+    if metric and not cr.values:
+        printed = [r for r in ws.store.runs(probe_key, [sha]) if r.values]
+        if len(printed) >= 2:
+            seen = sorted({k for r in printed for k in r.values})
+            return KlbisectError(f"--metric {metric}: the {which} endpoint {sha[:12]} printed the labels "
+                                 f"{', '.join(seen)} in {len(printed)} runs, never {metric}; pick one of "
+                                 "them (or leave --metric out: the max over labels)", EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
         return KlbisectError(f"the {which} endpoint {sha[:12]} does not build ({b.get('note', 'failed')}); "
@@ -281,11 +304,12 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  detail=log_tail(last.log_path or ""))
         if last and last.status == STATUS_TIMEOUT:
             return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs, "
-                                 f"the last stopped by --timeout after {last.duration or 0:.0f} s; raise "
+                                 f"the last stopped by --timeout after {last.duration or 0:.0f} s (a probe "
+                             f"that ignores SIGTERM is killed 5 s later); raise "
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
                                  EXIT_NO_SIGNAL, detail=log_tail(last.log_path or ""))
-        return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs "
-                             f"(expected avg_kl_div=... lines, or set --metric-regex); log: "
+        return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs"
+                             f"{note} (expected avg_kl_div=... lines, or set --metric-regex); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL,
                              detail=log_tail(last.log_path if last and last.log_path else ""))
     return None
@@ -299,6 +323,22 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
     ``width``: parallel slots, so each round asks for that many runs."""
     per_side = max(1, width // 2)
     before = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
+    limit = endpoint_crash_limit(cfg.crash_limit)
+
+    def problem() -> KlbisectError | None:
+        now = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
+        g, b = since(now[good], before[good]), since(now[bad], before[bad])
+        if not g.values and not b.values and min(g.crashes, b.crashes) >= (limit + 1) // 2:
+            # neither endpoint has printed a value in half the limit each: the probe is
+            # broken, not flaky (at a 15% crash rate this happens once in 100,000 starts)
+            return _endpoint_problem(ws, "good", good, probe_key, build_key, g, 1,
+                                     note=f", nor the bad endpoint in {b.crashes}")
+        for which, sha, cr in (("good", good, g), ("bad", bad, b)):
+            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, limit)
+            if err:
+                return err
+        return None
+
     # an endpoint whose build failed in an earlier command is built once more
     # (the user may have fixed the environment, not the command)
     rebuild = [sha for sha in (good, bad) if before[sha].build_failed]
@@ -311,11 +351,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             continue
         runs = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
         g, b = runs[good], runs[bad]
-        for which, sha, cr in (("good", good, g), ("bad", bad, b)):
-            err = _endpoint_problem(ws, which, sha, probe_key, build_key, since(cr, before[sha]),
-                                   endpoint_crash_limit(cfg.crash_limit))
-            if err:
-                raise err
+        err = problem()
+        if err:
+            raise err
         need = []
         if cfg.threshold is not None:
             if len(g.values) >= cfg.votes and len(b.values) >= cfg.votes:
@@ -334,7 +372,8 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             sep = step.separation
             if step.action == "ready":
                 model = Model.fit(g.values, b.values)
-                progress(f"endpoints separate: good median {sep.good['median']:.4g} "
+                progress(f"endpoints {'separate' if model.separates else 'differ, but their runs overlap'}: "
+                         f"good median {sep.good['median']:.4g} "
                          f"[{sep.good['min']:.4g}, {sep.good['max']:.4g}] n={sep.good['n']}, "
                          f"bad median {sep.bad['median']:.4g} [{sep.bad['min']:.4g}, {sep.bad['max']:.4g}] "
                          f"n={sep.bad['n']} (p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
@@ -353,7 +392,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         for sha in dict.fromkeys(need):
             progress(f"calibrating {'good' if sha == good else 'bad'} endpoint {sha[:12]} "
                      f"({need.count(sha)} run{'s' if need.count(sha) > 1 else ''})")
-        execute(need)
+        # a batch stops early once an endpoint cannot be measured (a failed build, a
+        # broken probe, a missing --metric): each run of a real probe costs minutes
+        execute(need, lambda: problem() is not None)
 
 
 def _fmt_vals(vals: list[float]) -> str:
@@ -468,7 +509,7 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
     """Find the first bad commit between cfg.good and cfg.bad without touching
     the user's checkout. Resumes an interrupted run of the same question."""
     cfg.validate()
-    ws = Workspace(path)
+    ws = Workspace(path, cfg.metric)
     try:
         with ws.locked():
             return _run_locked(ws, cfg, progress, executor_factory)
@@ -524,13 +565,16 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 shown = "no value (" + run.status + ")" if run.value is None else f"{run.value:.4g}"
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
 
-    def execute(batch: list[str]) -> None:
-        """Run one measurement for each sha in batch, as slots allow."""
+    def execute(batch: list[str], stop=None) -> None:
+        """Run one measurement for each sha in batch, as slots allow; when
+        ``stop()`` turns true, submit no more (runs in flight finish)."""
         todo = list(batch)
         while todo or ex.in_flight():
             while todo and ex.free():
                 ex.submit(todo.pop(0))
             handle(ex.wait())
+            if stop is not None and todo and stop():
+                todo.clear()
 
     try:
         if prev and prev.model and prev.state == "bisecting":
@@ -600,7 +644,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
     """Calibrate the endpoints (in a worktree, leaving the user's tree alone),
     then `git bisect start --first-parent`. Returns what git printed."""
     cfg.validate()
-    ws = Workspace(path)
+    ws = Workspace(path, cfg.metric)
     try:
         with ws.locked():
             gitrepo.ensure_clean(ws.repo)
@@ -622,12 +666,16 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
             build_key = builder.key if builder else None
 
-            def execute(batch):
+            def execute(batch, stop=None):
                 for sha in batch:
                     out = measurer.measure(sha, slot)
                     run = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
                     if run is not None:
                         progress(f"  {sha[:12]}: {run.value if run.value is not None else 'no value'}")
+                    elif out.build_failed:
+                        progress(f"  {sha[:12]}: build failed ({out.build.log_path})")
+                    if stop is not None and stop():
+                        return
             try:
                 model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe.key, build_key, progress,
                                             pooled=False)
@@ -665,6 +713,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 raise KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
                                     "--probe-cmd ...` first", EXIT_USAGE)
             cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
+            ws.use_metric(cfg.metric)
             probe, builder = make_probe(cfg), make_builder(cfg)
             build_key = builder.key if builder else None
             sha = gitrepo.head_sha(ws.top)
@@ -719,6 +768,7 @@ def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key
 def current_analysis(ws: Workspace, sess: SessionRow):
     """Recompute the posterior of a session from its stored runs."""
     cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
+    ws.use_metric(cfg.metric)
     cands = ws.store.candidates(sess.id)
     shas = [c[0] for c in cands]
     probe, builder = make_probe(cfg), make_builder(cfg)
@@ -840,6 +890,7 @@ def status(path: str | Path | None) -> dict:
     ws = Workspace(path)
     try:
         sess = _shown_session(ws)
+        ws.use_metric(sess.config.get("metric"))
         st = ws.store
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config}
@@ -878,6 +929,7 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
     ws = Workspace(path)
     try:
         sess = _shown_session(ws, session_id)
+        ws.use_metric(sess.config.get("metric"))
         subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
         return [{"id": r.id, "started": r.started, "sha": r.sha, "subject": subjects.get(r.sha, ""),
                  "status": r.status, "values": r.values, "value": r.value, "exit_code": r.exit_code,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import EXIT_STORAGE, KlbisectError
+from .metric import scalar
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -115,14 +116,24 @@ class SessionRow:
     ended: float | None
 
 
-def _storage_error(e: Exception) -> KlbisectError:
-    return KlbisectError(f"cannot write klbisect state ({e}); free disk space and rerun: "
+def _storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
+    text = str(e)
+    if path is not None and ("not a database" in text or "malformed" in text):
+        return KlbisectError(f"klbisect state {path} is damaged ({text}): move it away (e.g. to "
+                             f"{path.name}.bad) and rerun; the runs it held are lost, the repository "
+                             "is untouched", EXIT_STORAGE)
+    return KlbisectError(f"cannot write klbisect state ({text}); free disk space and rerun: "
                          "runs already recorded are kept", EXIT_STORAGE)
 
 
 class Store:
-    def __init__(self, path: Path):
+    """The sqlite state. ``metric`` is the --metric in force: a run's value
+    is read from its stored per-label values with it, so runs recorded
+    under another --metric (or none) are reused correctly."""
+
+    def __init__(self, path: Path, metric: str | None = None):
         self.path = Path(path)
+        self.metric = metric
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
@@ -132,7 +143,7 @@ class Store:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
         except (sqlite3.Error, OSError) as e:
-            raise _storage_error(e) from None
+            raise _storage_error(e, self.path) from None
 
     def close(self) -> None:
         self.db.close()
@@ -246,10 +257,10 @@ class Store:
         return [self._run(r) for r in self.db.execute(
             "SELECT * FROM runs WHERE session_id=? ORDER BY id", (session_id,))]
 
-    @staticmethod
-    def _run(r) -> Run:
+    def _run(self, r) -> Run:
+        vals = json.loads(r["vals"])
         return Run(r["id"], r["session_id"], r["probe_key"], r["sha"], r["started"], r["duration"],
-                   r["exit_code"], r["status"], json.loads(r["vals"]), r["value"], r["log_path"], r["slot"])
+                   r["exit_code"], r["status"], vals, scalar(vals, self.metric), r["log_path"], r["slot"])
 
     # ---- builds -----------------------------------------------------------
     def add_build(self, build_key: str, checkout: str, sha: str, ok: bool, started: float,

@@ -288,3 +288,15 @@ def test_out_of_range_options_are_one_line_before_any_trial():
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert r.returncode == 2 and says in r.stderr.splitlines()[-1], (script, args, r.stderr[-500:])
         assert "Traceback" not in r.stderr
+
+
+def test_nightly_power_script_compares_the_two_rules():
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "nightly_power.py"), "--trials", "24",
+                        "--factors", "3.0", "--nights", "2", "--good-nights", "4"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {ln.split()[0]: ln.split()[2:] for ln in r.stdout.splitlines() if ln.split()[1:2] == ["x3"]}
+    assert set(rows) == {"suspect", "good-if-unsure"}
+    # a tripled label is seen on the first night under either rule, almost always
+    assert all(float(cells[0].rstrip("%")) >= 80 for cells in rows.values())
+    assert r.stdout.count("false alarms:") == 2

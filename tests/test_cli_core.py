@@ -69,6 +69,9 @@ def test_parse_pr():
     assert gitrepo.parse_pr("Fix #12 in the middle of a subject") is None
     assert gitrepo.parse_pr("") is None
     assert gitrepo.parse_pr("Support (#1) and (#2)") == 2
+    # GitHub's merge commits (a merge-queue history, or --all-commits)
+    assert gitrepo.parse_pr("Merge pull request #21133 from alice/fp8-hook") == 21133
+    assert gitrepo.parse_pr("Merge branch 'main' into fp8-hook") is None
 
 
 def test_revisions_and_candidates_on_a_real_history(history):
@@ -722,3 +725,62 @@ def test_sigkilled_klbisect_leaves_nothing_after_the_next_command(history):
     assert wait_gone(tok) == []
     assert worktrees(h.path) == [str(h.path)]
     assert not list((state_dir(h.path) / "pids").glob("*.pid"))
+
+
+# ---- options read again on a rerun, and endpoints that cannot be measured -----------------------
+
+def test_a_rerun_with_another_metric_reads_the_stored_runs_by_that_label(history):
+    """Runs keep every label's value; a session reads them with its own
+    --metric, so reused runs never carry another session's choice."""
+    h = history(n_commits=40, seed=31, noise=SEPARATED)
+    spec = json.loads((h.path / ".probe_noise.json").read_text())
+    still = next(lab for lab in spec["labels"] if lab != spec["moving_label"])
+    first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert json_tail(first.stdout)["culprit"] == h.culprit, first.stderr
+    n = len(db_query(h.path, "SELECT id FROM runs"))
+    # the label that never moves: no separation, not the old culprit on zero new runs
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric", still,
+            "--max-endpoint-runs", "8", cwd=h.path)
+    assert "do not separate" in error_line(p, 154)
+    # the moving label: the same culprit, from the stored runs
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric",
+            spec["moving_label"], "--json", cwd=h.path)
+    assert json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
+    # a label no run printed: one line naming the labels there are, and no new run
+    n = len(db_query(h.path, "SELECT id FROM runs"))
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric", "nosuch",
+            cwd=h.path)
+    line = error_line(p, 150)
+    assert "--metric nosuch" in line and spec["moving_label"] in line and still in line
+    assert len(db_query(h.path, "SELECT id FROM runs")) == n
+
+
+def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):
+    h = history(n_commits=30, seed=32)
+    # a --metric no run prints, on a fresh repository: two runs each, not six
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric", "nosuch",
+            cwd=h.path)
+    assert "never nosuch" in error_line(p, 150)
+    assert len(db_query(h.path, "SELECT id FROM runs")) <= 5
+    # a build that always fails: one build per endpoint (two slots), not six
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", "false",
+            cwd=h.path)
+    assert "does not build" in error_line(p, 154)
+    assert len(db_query(h.path, "SELECT * FROM builds WHERE ok = 0")) <= 2
+    # a probe that never prints a value at either endpoint: three runs each, not six
+    before = len(db_query(h.path, "SELECT id FROM runs"))
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} -c 'raise SystemExit(3)'",
+            cwd=h.path)
+    line = error_line(p, 154)
+    assert "printed no metric value in 3 runs, nor the bad endpoint in 3" in line
+    assert len(db_query(h.path, "SELECT id FROM runs")) - before <= 7
+
+
+def test_a_metric_regex_that_cannot_work_is_refused_before_any_run(history):
+    h = history(n_commits=20, seed=33)
+    for regex, words in (("avg_kl_div=(?P<value>[0-9.]+", "not a valid regular expression"),
+                         ("avg_kl_div=[0-9.]+", "has no group")):
+        p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric-regex", regex,
+                cwd=h.path)
+        assert words in error_line(p, 150)
+    assert db_query(h.path, "SELECT id FROM runs") == []

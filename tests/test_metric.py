@@ -65,6 +65,14 @@ def test_regex_first_group_or_whole_match():
     assert parse_values("KL is abc", r"KL is (\w+)") == {}
 
 
+def test_regex_without_a_label_keeps_every_match():
+    # SGLang prints one avg_kl_div per label: a plain regex must not keep only the last one
+    text = "[a]\navg_kl_div=0.004\n[b]\navg_kl_div=0.012\n[c]\navg_kl_div=0.005\n"
+    got = parse_values(text, r"avg_kl_div=([0-9.]+)")
+    assert got == {DEFAULT_LABEL: 0.004, f"{DEFAULT_LABEL}2": 0.012, f"{DEFAULT_LABEL}3": 0.005}
+    assert scalar(got) == 0.012
+
+
 def test_regex_disables_the_default_format():
     assert parse_values("avg_kl_div=0.1\nscore=0.7", r"score=(?P<value>[0-9.]+)") == {DEFAULT_LABEL: 0.7}
 
