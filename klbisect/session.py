@@ -315,6 +315,24 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
     return None
 
 
+NEVER_BUILT_LIMIT = 3  # failed builds, none ever good under this --build-cmd: the command is wrong
+
+
+def _never_built(ws: Workspace, build_key: str | None, log_path: str | None) -> KlbisectError | None:
+    """A build command that has failed on every commit it was tried on.
+    Endpoint runs reused from sessions with another --build-cmd skip the
+    endpoint builds, so without this every interior commit would fail to
+    build and the answer would be "one of N untestable commits"."""
+    if not build_key:
+        return None
+    builds = ws.store.builds(build_key)
+    if any(b["ok"] for b in builds) or len(builds) < NEVER_BUILT_LIMIT:
+        return None
+    return KlbisectError(f"the build failed on all {len(builds)} commits it was tried on and has never "
+                         f"succeeded here: fix --build-cmd and rerun; log: {log_path}", EXIT_NO_SIGNAL,
+                         detail=log_tail(log_path or ""))
+
+
 def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: str, execute,
                         probe_key: str, build_key: str | None, progress: Progress, width: int = 1,
                         pooled: bool = True):
@@ -561,6 +579,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             i = shas.index(r.sha)
             if r.build_failed:
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} build failed: untestable ({r.build.log_path})")
+                err = _never_built(ws, build_key, r.build.log_path)
+                if err:
+                    raise err
             elif run is not None:
                 shown = "no value (" + run.status + ")" if run.value is None else f"{run.value:.4g}"
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
@@ -726,6 +747,10 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             while True:
                 cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha], before)
                 if cr.build_failed:
+                    err = _never_built(ws, build_key, (ws.store.failed_build(build_key or "", sha) or {}).get(
+                        "log_path"))
+                    if err:
+                        raise err   # abort git bisect: skipping every commit would hide a broken command
                     v = HeadVerdict(sha, SKIP, 125, "build failed", [])
                     break
                 verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, cfg.crash_limit)

@@ -784,3 +784,17 @@ def test_a_metric_regex_that_cannot_work_is_refused_before_any_run(history):
                 cwd=h.path)
         assert words in error_line(p, 150)
     assert db_query(h.path, "SELECT id FROM runs") == []
+
+
+def test_a_build_command_that_never_works_is_not_an_answer(history):
+    """Endpoint runs reused from a session without --build-cmd skip the
+    endpoint builds; a build command that then fails everywhere must stop
+    the search, not name every commit as untestable."""
+    h = history(n_commits=60, seed=34, noise=SEPARATED)
+    first = klb("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "6", "--commits", "60",
+                "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert first.returncode == 0, first.stderr
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd",
+            f"{PY} -c 'raise SystemExit(\"no compiler\")'", "--json", cwd=h.path)
+    assert "has never succeeded here: fix --build-cmd" in error_line(p, 154)
+    assert len(db_query(h.path, "SELECT * FROM builds WHERE ok = 0")) <= 4
