@@ -82,14 +82,22 @@ def format_status(st: dict) -> str:
                      + Model.from_dict(m).regime)
     elif m and m.get("kind") == "threshold":
         lines.append(f"Classic mode: a run fails at or above {m['threshold']:g}; majority of {m['votes']} runs")
+    starred = False
     for c in st.get("commits", []):
         verdict = c.get("verdict")
         p = c.get("p_bad")
+        shown = verdict.upper() if verdict else ""
+        if verdict == "undecided" and p is not None and (p <= 0.01 or p >= 0.99):
+            # its own runs fall short of a verdict, the search's posterior does not
+            shown, starred = ("GOOD*" if p <= 0.01 else "BAD*"), True
         head = f"  [{c['index']:>4}] {c['sha'][:12]} {c['subject'][:50]:<50}"
-        lines.append(head + (f" {verdict.upper():<5}" if verdict else "      ")
+        lines.append(head + (f" {shown:<5}" if shown else "      ")
                      + (f" P(bad)={p:.3f}" if p is not None else ""))
         lines.extend(textwrap.wrap(c.get("explain", ""), width=100, initial_indent=" " * 9,
                                    subsequent_indent=" " * 9))
+    if starred:
+        lines.append("  * placed by the search from every run; its own runs alone fall short of the 500:1 "
+                     "a verdict of its own needs")
     if st.get("top"):
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:

@@ -216,3 +216,21 @@ def test_confidence_never_reads_as_certain():
     from klbisect.report import fmt_confidence
     assert fmt_confidence(0.99123) == "0.9912"
     assert fmt_confidence(0.99996) == "> 0.9999" and fmt_confidence(1.0) == "> 0.9999"
+
+
+def test_status_marks_commits_the_search_placed_without_a_verdict_of_their_own(bisected):
+    """A commit probed once is undecided on its own runs (a verdict needs
+    500:1) while the search's posterior has placed it: status says which."""
+    from klbisect.report import format_status
+    from klbisect.session import status
+    h, _ = bisected
+    st = status(h.path)
+    text = format_status(st)
+    placed = [c for c in st["commits"] if c.get("verdict") == "undecided"
+              and c.get("p_bad") is not None and (c["p_bad"] <= 0.01 or c["p_bad"] >= 0.99)]
+    assert placed, "a bisect of 80 commits probes some commits once"
+    for c in placed:
+        line = next(ln for ln in text.splitlines() if c["sha"][:12] in ln and "P(bad)=" in ln)
+        assert ("GOOD*" if c["p_bad"] <= 0.01 else "BAD*") in line
+    assert "UNDECIDED P(bad)=0.000" not in text and "UNDECIDED P(bad)=1.000" not in text
+    assert "* placed by the search from every run" in text
