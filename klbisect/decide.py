@@ -531,6 +531,23 @@ def endpoint_crash_limit(crash_limit: int) -> int:
     return max(crash_limit, DECISIVE_RUNS)
 
 
+SKIP_ERROR = 0.002   # how often `klbisect probe` may skip a commit it could measure, for crashes alone
+MAX_CRASH_SKIP = 12  # crashes in a row that always end a commit, whatever the crash rate
+
+
+def crash_skip_limit(crashes: int, runs: int, crash_limit: int) -> int:
+    """Crashes with no value before ``klbisect probe`` skips a commit, from
+    the crash rate of ``runs`` runs seen so far (the endpoints'): enough
+    that a commit the probe can measure is skipped under SKIP_ERROR of the
+    time. With a probe that crashes 40% of the time, two crashes in a row
+    (the fixed --crash-limit) skip a testable commit one time in six, and a
+    skipped culprit leaves git a block where a commit was findable. Never
+    fewer than ``crash_limit``."""
+    rate = (crashes + 0.5) / (runs + 1)         # half a crash as a prior: no crash seen is not a rate of 0
+    k = math.ceil(math.log(SKIP_ERROR) / math.log(rate)) if rate < 1 else MAX_CRASH_SKIP
+    return max(crash_limit, min(k, MAX_CRASH_SKIP))
+
+
 @dataclass
 class EndpointStep:
     """What endpoint calibration should do next."""

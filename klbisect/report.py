@@ -63,8 +63,9 @@ def format_status(st: dict) -> str:
         return "No klbisect session in this repository."
     commits = f"{st['n_commits']} candidate commits, " if "n_commits" in st else ""
     state = st["state"]
-    if st["kind"] == "gitbisect" and st.get("result") and state == "bisecting":
-        state = "answered; `klbisect reset` ends it"
+    if st["kind"] == "gitbisect" and state == "bisecting":
+        state = ("answered; `klbisect reset` ends it" if st.get("result")
+                 else "git bisect in progress")
     if st["kind"] == "calibrate":
         where = f"rev {str(st['good'])[:12]}" + (f", bad rev {str(st['bad'])[:12]}" if st.get("bad") else "")
     else:
@@ -240,7 +241,8 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
             result = build_result(ws, sess.id, cands, pl, False, "bisect in progress", probe_key,
                                   build_key).to_json()
         if result is None:
-            raise KlbisectError(f"session {sess.id} has no result yet", EXIT_USAGE)
+            raise KlbisectError(f"session {sess.id} has no result yet: git bisect has not finished "
+                                "(`klbisect status` shows the most likely commits so far)", EXIT_USAGE)
         shas = [c[0] for c in cands]
         idx = {s: i for i, s in enumerate(shas)}
         model = pl.model

@@ -23,7 +23,7 @@ import numpy as np
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel,
-                     endpoint_crash_limit, endpoint_step, judge, summarize)
+                     crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
@@ -744,6 +744,10 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
             measurer.last_built[0] = last or None
             before = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha]
+            ends = commit_runs(ws, probe.key, build_key, [sess.good, sess.bad], cfg.timeout)
+            crashed = sum(c.crashes for c in ends.values())
+            crash_limit = crash_skip_limit(crashed, crashed + sum(len(c.values) for c in ends.values()),
+                                           cfg.crash_limit)
             while True:
                 cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha], before)
                 if cr.build_failed:
@@ -753,7 +757,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                         raise err   # abort git bisect: skipping every commit would hide a broken command
                     v = HeadVerdict(sha, SKIP, 125, "build failed", [])
                     break
-                verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, cfg.crash_limit)
+                verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
                 if verdict.decision != "undecided":
                     code = {GOOD: 0, BAD: 1, SKIP: 125}[verdict.decision]
                     v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
@@ -827,12 +831,14 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     between = list(range(last_good + 1, first_bad + 1))
     skipped = {shas.index(s) for s, v in verdicts.items() if v["verdict"] == SKIP and s in shas}
     complete = all(i in skipped for i in between[:-1])
+    if not complete:
+        # git is still narrowing: what is left is a range, not an answer (status
+        # shows the most likely commits so far from the posterior)
+        return None
     mass = float(pl.posterior.p_first_bad[between].sum())
     from .search import Block  # noqa: PLC0415
     pl.done = Block(between, mass)
-    reason = "git bisect finished" if complete else "git bisect still in progress"
-    res = build_result(ws, sess.id, cands, pl, complete, reason, probe_key, build_key)
-    return res
+    return build_result(ws, sess.id, cands, pl, True, "git bisect finished", probe_key, build_key)
 
 
 def explain_commit(entry: dict, model) -> str:

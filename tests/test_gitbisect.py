@@ -57,6 +57,11 @@ def test_start_then_git_bisect_run_names_the_culprit(history, tmp_path):
     assert "Bisecting" in st.stdout
     assert "endpoints separate" in st.stderr
     assert in_bisect(repo)
+    # before git has narrowed anything there is no answer to show, only the posterior so far
+    mid = klb("status", cwd=repo).stdout
+    assert "git bisect in progress" in mid and "First bad commit" not in mid and "cannot be told apart" not in mid
+    assert json.loads(klb("status", "--json", cwd=repo).stdout)["result"] is None
+    assert "git bisect has not finished" in error_line(klb("report", cwd=repo), 150)
     # calibration ran in a worktree that is gone now
     assert len(git(repo, "worktree", "list").splitlines()) == 1
     sess = db_query(repo, "SELECT * FROM sessions")
@@ -302,3 +307,29 @@ def test_acceptance_1000_commits_both_paths(history, tmp_path, record_property):
           f"start + git bisect run used {git_runs} (endpoints included)")
     # the issue's bar is an average under 30; one trial gets some slack
     assert run_runs < 60 and git_runs < 80
+
+
+def test_a_probe_that_crashes_often_is_not_skipped_after_two_crashes(history):
+    """With a probe that crashes 40% of the time, two crashes in a row are
+    common at a testable commit: `probe` sizes its skip limit from the crash
+    rate the endpoints showed, so git is not left with a block where the
+    culprit was findable."""
+    from klbisect.histgen import NoiseModel
+    h = history(n_commits=40, seed=41, noise=NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014), crash_rate=0.4))
+    repo = h.path
+    st = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=repo)
+    assert st.returncode == 0, st.stderr
+    out = bisect_run(repo)
+    text = out.stdout + out.stderr
+    assert f"{h.culprit} is the first bad commit" in text, text
+    assert not re.search(r"is SKIP: [2-5] runs crashed", text), text
+    check_verdicts(h, text)
+    klb("reset", cwd=repo)
+
+
+def test_crash_skip_limit_follows_the_crash_rate():
+    from klbisect.decide import crash_skip_limit
+    assert crash_skip_limit(0, 12, 2) == 2            # a probe that never crashed: the option's 2
+    assert crash_skip_limit(5, 12, 2) >= 6            # about 40%: 0.4^6 < 0.5%
+    assert crash_skip_limit(12, 12, 2) == 12          # only crashes seen: the most there is
+    assert crash_skip_limit(0, 12, 4) == 4            # never below --crash-limit
