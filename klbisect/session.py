@@ -404,9 +404,14 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     "the regression does not reproduce at these endpoints, or needs more runs "
                     "(--max-endpoint-runs)", EXIT_NO_SIGNAL)
             # Spare slots measure the endpoints in parallel; alternate them so an
-            # interrupted calibration leaves both sides measured alike.
+            # interrupted calibration leaves both sides measured alike. One slot
+            # takes each endpoint's runs together: alternating there would check out
+            # and rebuild the other endpoint before every run.
             ng, nb = (max(m, per_side) if m else 0 for m in (step.more_good, step.more_bad))
-            need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
+            if width == 1 and (cfg.build_cmd or cfg.build):
+                need = [good] * ng + [bad] * nb
+            else:
+                need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
         for sha in dict.fromkeys(need):
             progress(f"calibrating {'good' if sha == good else 'bad'} endpoint {sha[:12]} "
                      f"({need.count(sha)} run{'s' if need.count(sha) > 1 else ''})")

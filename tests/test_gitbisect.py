@@ -57,6 +57,8 @@ def test_start_then_git_bisect_run_names_the_culprit(history, tmp_path):
     assert "Bisecting" in st.stdout
     assert "endpoints separate" in st.stderr
     assert in_bisect(repo)
+    # one slot measured the endpoints one after the other: one build each, not one per run
+    assert len(db_query(repo, "SELECT * FROM builds")) <= 2
     # before git has narrowed anything there is no answer to show, only the posterior so far
     mid = klb("status", cwd=repo).stdout
     assert "git bisect in progress" in mid and "First bad commit" not in mid and "cannot be told apart" not in mid
