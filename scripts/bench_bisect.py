@@ -679,6 +679,17 @@ def machine_header(script: str, argv, workers: int, elapsed: float) -> str:
             f"({platform.processor() or platform.machine()}), {workers} worker(s), {elapsed:.0f} s")
 
 
+def writable_docs(ap: argparse.ArgumentParser, path: str | None) -> None:
+    """Before any trial: --write-docs replaces its file, so only a new file
+    or a table one of these scripts wrote before may be named."""
+    if path and Path(path).exists():
+        with open(path, errors="replace") as f:
+            first = f.readline()
+        if not first.startswith("command: python scripts/"):
+            ap.error(f"--write-docs {path}: the file exists and is not a table these scripts wrote; "
+                     "name a new file (it is replaced whole)")
+
+
 def emit(header: str, lines: list[str], write_docs: str | None) -> None:
     print(header)
     print("\n".join(lines))
@@ -737,11 +748,14 @@ def main(argv=None) -> int:
                          "block, the answer, runs by commit) to replay with --trial")
     ap.add_argument("--trial", type=int, action="append", default=[], metavar="T",
                     help="run only trial number T of each row (repeatable): replays a trial "
-                         "that --wrong listed, with the same seeds")
+                         "that --wrong listed, with the same seeds when the rest of the command "
+                         "(every --model, --seed) is the same")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--write-docs", metavar="RST", default=None,
-                    help="write the table (and the command) into this .rst file")
+                    help="write the table and its command to this file (a new one, or one these "
+                         "scripts wrote before: it is replaced whole)")
     a = ap.parse_args(argv)
+    writable_docs(ap, a.write_docs)
 
     a.custom += [random_model(k, a.seed) for k in range(a.random_models)]
     if a.custom:
@@ -854,7 +868,8 @@ def render_wrong(out: list[TrialResult], most: int = 20) -> list[str]:
             rows.setdefault((o.model, o.n, o.strat), []).append(o)
     if not rows:
         return ["wrong trials: none"]
-    lines = ["wrong trials (replay one: the same command with --models M --commits N --strategies S "
+    lines = ["wrong trials (replay one: the same command, every --model and --seed kept, since a "
+             "trial's seed follows its model's place, with --models M --commits N --strategies S "
              "--trial T; runs: good end, bad end, last good, first bad, elsewhere):"]
     for (m, n, s), wrong in rows.items():
         for o in wrong[:most]:

@@ -99,8 +99,11 @@ def main(argv=None) -> int:
     ap.add_argument("--bayesect-trials", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
-    ap.add_argument("--write-docs", metavar="RST", default=None)
+    ap.add_argument("--write-docs", metavar="RST", default=None,
+                    help="write the table and its command to this file (a new one, or one these "
+                         "scripts wrote before: it is replaced whole)")
     a = ap.parse_args(argv)
+    bench.writable_docs(ap, a.write_docs)
     bench.check_options(ap, [
         ("--commits", a.commits >= bench.MIN_COMMITS, f"give a size of at least {bench.MIN_COMMITS}"),
         ("--known-trials", a.known_trials >= 1, "give at least 1 trial per mark"),

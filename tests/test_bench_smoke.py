@@ -300,3 +300,13 @@ def test_nightly_power_script_compares_the_two_rules():
     # a tripled label is seen on the first night under either rule, almost always
     assert all(float(cells[0].rstrip("%")) >= 80 for cells in rows.values())
     assert r.stdout.count("false alarms:") == 2
+
+
+def test_write_docs_never_replaces_a_file_it_did_not_write(tmp_path):
+    notes = tmp_path / "notes.rst"
+    notes.write_text("My notes: keep me\n")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "1",
+                        "--commits", "100", "--models", "seed", "--strategies", "klbisect", "--jobs", "1",
+                        "--write-docs", str(notes)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "--write-docs" in r.stderr and "Traceback" not in r.stderr
+    assert notes.read_text() == "My notes: keep me\n"

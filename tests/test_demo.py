@@ -66,12 +66,22 @@ def test_refuses_non_empty_directory(tmp_path: Path) -> None:
 
 
 def test_klbisect_demo_bad_options_leave_no_repository(tmp_path: Path) -> None:
-    for opts, words in ((["--device", "tpu"], "--device"), (["--parallel", "0"], "--parallel 0")):
+    import torch
+    cases = [(["--device", "tpu"], "--device"), (["--parallel", "0"], "--parallel 0")]
+    if not torch.cuda.is_available():
+        # checked before the repository is made, not found after seven crashed probe runs
+        cases.append((["--device", "cuda"], "--device cuda: this torch"))
+    for opts, words in cases:
         where = tmp_path / opts[0].strip("-")
         p = subprocess.run([sys.executable, "-m", "klbisect", "demo", "--dir", str(where), *opts],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 150 and p.stderr.startswith(f"klbisect: error: {words}"), p.stderr
         assert "Traceback" not in p.stderr and not where.exists()
+    # a --dir under a file: a usage line, not an internal error
+    (tmp_path / "afile").write_text("x")
+    p = subprocess.run([sys.executable, "-m", "klbisect", "demo", "--dir", str(tmp_path / "afile" / "sub")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 150 and "pass --dir with a new or empty directory" in p.stderr, p.stderr
 
 
 def parse(output: str) -> dict[str, tuple[list[float], float]]:

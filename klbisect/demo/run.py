@@ -44,6 +44,19 @@ class DemoOutcome:
         ])
 
 
+def _check_cuda(device: str) -> None:
+    """--device cuda on a machine without it: one line before any repository
+    or probe run, not seven crashed runs and a hint about --metric-regex."""
+    import torch  # noqa: PLC0415 - the demo's own dependency
+    if not torch.cuda.is_available():
+        raise KlbisectError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device; "
+                            "use --device cpu, or a torch built with CUDA on a GPU machine", EXIT_USAGE)
+    index = device.split(":", 1)[1] if ":" in device else "0"
+    if index.isdigit() and int(index) >= torch.cuda.device_count():
+        raise KlbisectError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s)",
+                            EXIT_USAGE)
+
+
 def run_demo(directory: str | None, device: str = "cpu", seed: int = 0, parallel: int = 2,
              progress=None) -> DemoOutcome:
     t0 = time.monotonic()
@@ -54,10 +67,12 @@ def run_demo(directory: str | None, device: str = "cpu", seed: int = 0, parallel
         raise KlbisectError(f"--device: {e}", EXIT_USAGE) from None
     if parallel < 1:
         raise KlbisectError(f"--parallel {parallel}: give at least 1 probe at a time", EXIT_USAGE)
+    if device.startswith("cuda"):
+        _check_cuda(device)
     path = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="klbisect-demo-"))
     try:
         demo = create_demo_repo(path, seed=seed, device=device)
-    except (HistoryError, ValueError) as e:
+    except (HistoryError, ValueError, OSError) as e:
         raise KlbisectError(f"cannot create the demo in {path}: {e}; pass --dir with a new or empty "
                             "directory", EXIT_USAGE) from None
     created = time.monotonic() - t0
