@@ -13,7 +13,7 @@ EXIT_USAGE = 150          # bad option, missing probe, no session
 EXIT_REVISION = 151       # not a repository, unknown revision, bad range
 EXIT_REPO_STATE = 152     # dirty tree, bisect already in progress
 EXIT_BUSY = 153           # another klbisect holds this repository
-EXIT_NO_SIGNAL = 154      # endpoints give no value or do not separate
+EXIT_NO_SIGNAL = 154      # endpoints give no value or do not separate; a build that never works
 EXIT_PROBE_MISSING = 155  # the probe command is not found
 EXIT_STORAGE = 156        # disk full or state not writable
 EXIT_NOT_SURE = 157       # search ended without reaching --confidence
@@ -29,7 +29,7 @@ EXIT_CODES = {
     EXIT_REVISION: "not a git repository, unknown revision, or good/bad not a valid range",
     EXIT_REPO_STATE: "repository state: dirty working tree or a git bisect already in progress",
     EXIT_BUSY: "busy: another klbisect is working on this repository",
-    EXIT_NO_SIGNAL: "the endpoints print no value, or good and bad do not separate",
+    EXIT_NO_SIGNAL: "the endpoints print no value, good and bad do not separate, or the build never succeeds",
     EXIT_PROBE_MISSING: "the probe command was not found",
     EXIT_STORAGE: "state could not be written (disk full?); nothing recorded was lost",
     EXIT_NOT_SURE: "the search stopped before reaching --confidence (see candidates)",
