@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -738,10 +739,13 @@ def test_a_rerun_with_another_metric_reads_the_stored_runs_by_that_label(history
     first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
     assert json_tail(first.stdout)["culprit"] == h.culprit, first.stderr
     n = len(db_query(h.path, "SELECT id FROM runs"))
-    # the label that never moves: no separation, not the old culprit on zero new runs
+    # the label that never moves: not the old culprit on zero new runs (the endpoints do not
+    # separate, 154; or, one time in five, they differ by chance at p <= 0.2 and the capped
+    # integrated search stops short, 157)
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric", still,
-            "--max-endpoint-runs", "8", cwd=h.path)
-    assert "do not separate" in error_line(p, 154)
+            "--max-endpoint-runs", "8", "--max-total-runs", "40", cwd=h.path)
+    assert p.returncode in (154, 157), p.stdout + p.stderr
+    assert "Traceback" not in p.stderr and f"First bad commit: {h.culprit}" not in p.stdout
     # the moving label: the same culprit, from the stored runs
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric",
             spec["moving_label"], "--json", cwd=h.path)
@@ -772,7 +776,8 @@ def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} -c 'raise SystemExit(3)'",
             cwd=h.path)
     line = error_line(p, 154)
-    assert "printed no metric value in 3 runs, nor the bad endpoint in 3" in line
+    # three each, and a run that was already in flight on the other slot
+    assert re.search(r"printed no metric value in [34] runs, nor the bad endpoint in [34]", line), line
     assert len(db_query(h.path, "SELECT id FROM runs")) - before <= 7
 
 
