@@ -11,8 +11,9 @@ from .cli import _emit_json, make_config, probe_options, repo_option, search_opt
 
 @click.command("report")
 @repo_option
-@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True,
-              help="md: one GitHub comment; html: one self-contained file; json: result + commits.")
+@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default=None,
+              help="md: one GitHub comment; html: one self-contained file; json: result + commits "
+                   "(default: from -o's extension, .html or .json, else md).")
 @click.option("-o", "--output", "out", default=None, metavar="FILE",
               help="Write the report here (default: stdout); the plot goes next to it as .png.")
 @click.option("--session", "session_id", type=int, default=None,
@@ -23,6 +24,9 @@ def report(repo, fmt, out, session_id, plot, offline):
     """A report of a bisect a maintainer can paste: culprit, PR, KL before
     and after, probed commits, cost, and a plot of every run."""
     from .report import write_report
+    if fmt is None:
+        ext = (out or "").rsplit(".", 1)[-1].lower() if out and "." in out else ""
+        fmt = {"html": "html", "htm": "html", "json": "json"}.get(ext, "md")
     rep = write_report(repo, fmt=fmt, out=out, session_id=session_id, plot=plot, offline=offline)
     if rep["path"]:
         click.echo(f"klbisect: wrote {rep['path']} (plot {rep['plot']})", err=True)

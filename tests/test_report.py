@@ -102,6 +102,9 @@ def test_json_report_and_cli(bisected, tmp_path):
     r = CliRunner().invoke(group(), ["report", "--repo", str(h.path), "--offline", "--session",
                                      str(res.session), "--plot", str(tmp_path / "q.png")])
     assert r.exit_code == 0 and r.stdout.startswith("### KL regression: first bad commit")
+    # -o FILE.html without --format: the extension picks the format
+    r = CliRunner().invoke(group(), ["report", "--repo", str(h.path), "--offline", "-o", str(tmp_path / "r.html")])
+    assert r.exit_code == 0 and (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
 
 
 def test_pr_title_and_link_from_cache_then_github(bisected, tmp_path, monkeypatch):
