@@ -203,7 +203,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
 
             def measure(values: int) -> None:
                 out = measurer.measure(target, slot)
-                r = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
+                r = record(ws, sid, probe.key, build_key, out, slot.checkout)
                 got = r is not None and r.value is not None
                 progress(f"{which}{target[:12]} run: "
                          + ("build failed" if r is None else "no value" if r.value is None else f"{r.value:.4g}")

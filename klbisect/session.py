@@ -200,7 +200,9 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 # ---- recording and reading runs ----------------------------------------------
 
 def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None, outcome: Outcome,
-           checkout: Path, metric: str | None) -> Run | None:
+           checkout: Path) -> Run | None:
+    """Store one measurement (its build, its run); the run's value is read
+    with the workspace's --metric, as every stored run is (Store.metric)."""
     st = ws.store
     if outcome.build is not None and build_key:
         st.add_build(build_key, str(checkout), outcome.sha, outcome.build.ok, outcome.started,
@@ -208,7 +210,7 @@ def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None
     r = outcome.run
     if r is None:
         return None
-    value = scalar(r.values, metric)
+    value = scalar(r.values, ws.metric)
     rid = st.add_run(sid, probe_key, outcome.sha, outcome.started, r.duration, r.exit_code,
                      r.status if value is not None or not r.values else "novalue", r.values, value,
                      r.log_path, outcome.slot)
@@ -580,7 +582,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                                         EXIT_STORAGE if full else EXIT_REPO_STATE)
                 continue
             run = record(ws, sid, probe_key, build_key, r, slot_by_index[r.slot].checkout
-                         if r.slot in slot_by_index else Path("?"), cfg.metric)
+                         if r.slot in slot_by_index else Path("?"))
             i = shas.index(r.sha)
             if r.build_failed:
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} build failed: untestable ({r.build.log_path})")
@@ -695,7 +697,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             def execute(batch, stop=None):
                 for sha in batch:
                     out = measurer.measure(sha, slot)
-                    run = record(ws, sid, probe.key, build_key, out, slot.checkout, cfg.metric)
+                    run = record(ws, sid, probe.key, build_key, out, slot.checkout)
                     if run is not None:
                         progress(f"  {sha[:12]}: {run.value if run.value is not None else 'no value'}")
                     elif out.build_failed:
@@ -772,7 +774,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     ws.store.put(f"last_build:{build_key}:{ws.top}", sha)
                 elif out.build is not None and build_key:
                     ws.store.put(f"last_build:{build_key}:{ws.top}", "")
-                run = record(ws, sess.id, probe.key, build_key, out, ws.top, cfg.metric)
+                run = record(ws, sess.id, probe.key, build_key, out, ws.top)
                 if run is not None:
                     progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
                              f"{'no value (' + run.status + ')' if run.value is None else f'{run.value:.4g}'}")

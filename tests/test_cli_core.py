@@ -804,3 +804,12 @@ def test_a_build_command_that_never_works_is_not_an_answer(history):
             f"{PY} -c 'raise SystemExit(\"no compiler\")'", "--json", cwd=h.path)
     assert "has never succeeded here: fix --build-cmd" in error_line(p, 154)
     assert len(db_query(h.path, "SELECT * FROM builds WHERE ok = 0")) <= 4
+
+
+def test_a_damaged_state_database_says_so(history):
+    h = history(n_commits=10, seed=35)
+    db = state_dir(h.path) / "state.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    db.write_bytes(os.urandom(4096))
+    line = error_line(klb("status", cwd=h.path), 156)
+    assert "is damaged" in line and "move it away" in line and "free disk space" not in line

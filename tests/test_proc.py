@@ -80,3 +80,23 @@ def test_a_live_owners_groups_are_left_alone(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_klbisect_status_reaps_what_a_killed_klbisect_left(tmp_path):
+    """Not only `run`: any command, `status` included, opens the workspace
+    and reaps first (here `status` then exits 150: there is no session)."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    tag = uuid.uuid4().hex
+    orphan = subprocess.Popen(["sh", "-c", _sleeper(tag)], start_new_session=True)
+    dead_owner = subprocess.Popen(["true"])
+    dead_owner.wait()
+    pids = repo / ".git" / "klbisect" / "pids"
+    pids.mkdir(parents=True)
+    (pids / f"{orphan.pid}.pid").write_text(f"{dead_owner.pid} {orphan.pid}\n")
+    assert _alive(tag)
+    p = subprocess.run([sys.executable, "-m", "klbisect", "status", "--repo", str(repo)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 150, p.stderr
+    orphan.wait(timeout=10)
+    assert _alive(tag) == []
