@@ -740,13 +740,18 @@ def test_a_rerun_with_another_metric_reads_the_stored_runs_by_that_label(history
     first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
     assert json_tail(first.stdout)["culprit"] == h.culprit, first.stderr
     n = len(db_query(h.path, "SELECT id FROM runs"))
-    # the label that never moves: not the old culprit on zero new runs (the endpoints do not
+    # the label that never moves: never the old culprit as an answer (the endpoints do not
     # separate, 154; or, one time in five, they differ by chance at p <= 0.2 and the capped
-    # integrated search stops short, 157)
+    # integrated search stops short, 157, with a best guess that is marked as one; the guess may
+    # well be the old culprit, where the reused runs crowd)
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric", still,
             "--max-endpoint-runs", "8", "--max-total-runs", "40", cwd=h.path)
     assert p.returncode in (154, 157), p.stdout + p.stderr
-    assert "Traceback" not in p.stderr and f"First bad commit: {h.culprit}" not in p.stdout
+    assert "Traceback" not in p.stderr
+    if p.returncode == 154:
+        assert "First bad commit" not in p.stdout, p.stdout
+    else:
+        assert "NOT reached" in p.stdout and len(db_query(h.path, "SELECT id FROM runs")) > n, p.stdout
     # the moving label: the same culprit, from the stored runs
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric",
             spec["moving_label"], "--json", cwd=h.path)
