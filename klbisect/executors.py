@@ -173,6 +173,10 @@ class LocalExecutor:
     def in_flight(self) -> list[str]:
         return list(self._busy.values())
 
+    def warm(self, sha: str) -> bool:
+        """Whether a free slot last probed ``sha`` (has it checked out and built)."""
+        return any(self._last.get(i) == sha for i in self._idle)
+
     def slot_of(self, index: int) -> Slot:
         return self._slots[index]
 

@@ -597,9 +597,13 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         """Run one measurement for each sha in batch, as slots allow; when
         ``stop()`` turns true, submit no more (runs in flight finish)."""
         todo = list(batch)
+        warm = getattr(ex, "warm", None)
         while todo or ex.in_flight():
             while todo and ex.free():
-                ex.submit(todo.pop(0))
+                # a free slot that has a queued commit built takes it first: with more
+                # slots than commits, a slot would otherwise rebuild whichever came next
+                j = next((k for k, s in enumerate(todo) if warm(s)), 0) if warm else 0
+                ex.submit(todo.pop(j))
             handle(ex.wait())
             if stop is not None and todo and stop():
                 todo.clear()

@@ -15,7 +15,7 @@ import pytest
 from klbisect.errors import KlbisectError
 from klbisect.executors import (PORT_SPAN, Failure, LocalExecutor, gpu_groups, infrastructure_failure,
                                 make_slots, visible_gpus)
-from klbisect.histgen import make_history
+from klbisect.histgen import NoiseModel, make_history
 from klbisect.measure import Outcome
 from klbisect.probe import CommandProbe, RunResult, Slot
 from klbisect.session import BisectConfig, Workspace, run_bisect
@@ -301,3 +301,27 @@ def test_a_repeat_run_goes_back_to_the_slot_that_has_the_commit(tmp_path):
         ex.close()
     first = {sha: idx for sha, idx in seen[:3]}
     assert dict(seen[3:]) == {"c": first["c"], "a": first["a"]}
+
+
+def test_three_slots_keep_the_endpoint_they_built(tmp_path):
+    """Two endpoints, three slots: a free slot takes a queued run of the
+    endpoint it already built, so twelve endpoint runs cost a build per slot
+    and one switch each for the slots that finish their side first (5), not a
+    rebuild whenever the queue's next entry is the other endpoint (6-9)."""
+    h = make_history(tmp_path / "repo", n_commits=60, seed=6, probe_requires_build=True,
+                     noise=NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014)))
+    marker = tmp_path / "builds.log"
+    cfg = BisectConfig(good=h.good, bad=h.bad, metric=METRIC, parallel=3,
+                       probe_cmd=f"{sys.executable} probe.py",
+                       build_cmd=f"echo built >> {marker} && {sys.executable} build.py")
+    res = run_bisect(h.path, cfg, progress=lambda m: None)
+    assert res.culprit == h.culprit
+    ws = Workspace(h.path)
+    try:
+        sess = ws.store.latest_session(("run",))
+        ends = [r for r in ws.store.session_runs(sess.id) if r.sha in (h.good, h.bad)]
+        builds = ws.store.db.execute("SELECT sha FROM builds").fetchall()
+    finally:
+        ws.close()
+    assert len(ends) >= 12
+    assert sum(b[0] in (h.good, h.bad) for b in builds) <= 5
