@@ -51,11 +51,35 @@ def format_result(res: Result | dict) -> str:
                  + f") over {r['n_commits']} candidate commits")
     if r.get("labels"):
         lines.append("KL before -> after (median [min, max] n):")
-        for lab, s in r["labels"].items():
+        for lab, s in label_rows(r):
             lines.append(f"  {lab:<20} {_range(s['before'])}  ->  {_range(s['after'])}")
     for note in r.get("notes", []):
         lines.append(f"Note: {note}")
     return "\n".join(lines)
+
+
+def label_rows(r: dict) -> list[tuple[str, dict]]:
+    """Each label's before/after, then the judged value's when it is no one
+    label's (the max over several): a label at x1.00 beside the one that moved
+    would otherwise leave the reader to find which one the search saw."""
+    rows = list((r.get("labels") or {}).items())
+    judged = r.get("judged") or {}
+    if rows and judged.get("name"):
+        rows.append((f"({judged['name']})", judged))
+    return rows
+
+
+def shown_verdict(verdict: str | None, p_bad: float | None) -> tuple[str, bool]:
+    """A commit's verdict as shown, and whether it is starred: a commit whose
+    own runs fall short of a verdict but that the search placed (P(bad) at
+    most 0.01 or at least 0.99) shows good*/bad*, not "undecided"."""
+    if verdict == "undecided" and p_bad is not None and (p_bad <= 0.01 or p_bad >= 0.99):
+        return ("good*" if p_bad <= 0.01 else "bad*"), True
+    return verdict or "", False
+
+
+PLACED_NOTE = ("* placed by the search from every run; its own runs alone fall short of the 500:1 "
+               "a verdict of its own needs")
 
 
 def format_status(st: dict) -> str:
@@ -85,20 +109,16 @@ def format_status(st: dict) -> str:
         lines.append(f"Classic mode: a run fails at or above {m['threshold']:g}; majority of {m['votes']} runs")
     starred = False
     for c in st.get("commits", []):
-        verdict = c.get("verdict")
         p = c.get("p_bad")
-        shown = verdict.upper() if verdict else ""
-        if verdict == "undecided" and p is not None and (p <= 0.01 or p >= 0.99):
-            # its own runs fall short of a verdict, the search's posterior does not
-            shown, starred = ("GOOD*" if p <= 0.01 else "BAD*"), True
+        shown, star = shown_verdict(c.get("verdict"), p)
+        shown, starred = shown.upper(), starred or star
         head = f"  [{c['index']:>4}] {c['sha'][:12]} {c['subject'][:50]:<50}"
         lines.append(head + (f" {shown:<5}" if shown else "      ")
                      + (f" P(bad)={p:.3f}" if p is not None else ""))
         lines.extend(textwrap.wrap(c.get("explain", ""), width=100, initial_indent=" " * 9,
                                    subsequent_indent=" " * 9))
     if starred:
-        lines.append("  * placed by the search from every run; its own runs alone fall short of the 500:1 "
-                     "a verdict of its own needs")
+        lines.append("  " + PLACED_NOTE)
     if st.get("top"):
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:
@@ -323,6 +343,7 @@ def _commit_rows_md(data: dict, rows: list[dict]) -> list[str]:
     slug = data.get("slug")
     out = ["| # | commit | subject | PR | KL values | verdict | P(bad) |",
            "|---:|---|---|---|---|---|---:|"]
+    starred = False
     for c in rows:
         extra = []
         if c["crashes"]:
@@ -330,8 +351,13 @@ def _commit_rows_md(data: dict, rows: list[dict]) -> list[str]:
         if c["build_failed"]:
             extra.append("build failed")
         vals = _vals(c["values"]) + ("; " if c["values"] and extra else "") + "; ".join(extra)
+        shown, star = shown_verdict(c["verdict"], c["p_bad"])
+        starred = starred or star
+        shown = _md_cell(shown).replace("*", "\\*")
         out.append(f"| {c['index']} | {_sha_link(c['sha'], slug, 10)} | {_md_cell(c['subject'], 60)} | "
-                   f"{_pr_link(c['pr'], slug)} | {vals} | {c['verdict']} | {c['p_bad']:.3f} |")
+                   f"{_pr_link(c['pr'], slug)} | {vals} | {shown} | {c['p_bad']:.3f} |")
+    if starred:
+        out += ["", "\\" + _md_cell(PLACED_NOTE, 200)]
     return out
 
 
@@ -340,10 +366,11 @@ def _labels_md(r: dict) -> list[str]:
         return []
     out = ["| label | before: median [min, max] (n) | after: median [min, max] (n) | change |",
            "|---|---|---|---:|"]
-    for lab, s in r["labels"].items():
+    for lab, s in label_rows(r):
         b, a = s.get("before") or {}, s.get("after") or {}
         ch = f"x{a['median'] / b['median']:.2f}" if b.get("n") and a.get("n") and b["median"] else ""
-        out.append(f"| `{_md_cell(lab, 40)}` | {_range_md(b)} | {_range_md(a)} | {ch} |")
+        name = _md_cell(lab, 40) if lab.startswith("(") else f"`{_md_cell(lab, 40)}`"
+        out.append(f"| {name} | {_range_md(b)} | {_range_md(a)} | {ch} |")
     return out
 
 
@@ -506,8 +533,9 @@ def render_html(data: dict, png: bytes | None = None) -> str:
     if r.get("labels"):
         parts.append("<h3>KL before → after, per label</h3><table><tr><th>label</th>"
                      "<th>before: median [min, max] (n)</th><th>after: median [min, max] (n)</th></tr>")
-        for lab, s in r["labels"].items():
-            parts.append(f"<tr><td><code>{e(lab)}</code></td><td>{e(_range_md(s.get('before')))}</td>"
+        for lab, s in label_rows(r):
+            name = e(lab) if lab.startswith("(") else f"<code>{e(lab)}</code>"
+            parts.append(f"<tr><td>{name}</td><td>{e(_range_md(s.get('before')))}</td>"
                          f"<td>{e(_range_md(s.get('after')))}</td></tr>")
         parts.append("</table>")
     for note in r.get("notes", []):
@@ -519,16 +547,21 @@ def render_html(data: dict, png: bytes | None = None) -> str:
     parts.append(f"<h3>Probed commits ({len(data.get('commits', []))})</h3><table><tr><th>#</th>"
                  "<th>commit</th><th>subject</th><th>PR</th><th>KL values</th><th>verdict</th>"
                  "<th>P(bad)</th></tr>")
+    starred = False
     for c in data.get("commits", []):
         extra = "; ".join(x for x in (f"{c['crashes']} crashed" if c["crashes"] else "",
                                       "build failed" if c["build_failed"] else "") if x)
-        cls = "bad" if c["verdict"] == "bad" else "good" if c["verdict"] == "good" else ""
+        shown, star = shown_verdict(c["verdict"], c["p_bad"])
+        starred = starred or star
+        cls = "bad" if shown.startswith("bad") else "good" if shown.startswith("good") else ""
         parts.append(f"<tr class='{cls}'><td class='num'>{c['index']}</td><td>{sha_a(c['sha'], 10)}</td>"
                      f"<td>{e(c['subject'])}</td><td>{pr_a(c['pr'])}</td>"
                      f"<td>{e(', '.join(f'{v:.4g}' for v in c['values']))}"
                      f"{'; ' if extra and c['values'] else ''}{e(extra)}</td>"
-                     f"<td class='v'>{e(c['verdict'])}</td><td class='num'>{c['p_bad']:.3f}</td></tr>")
+                     f"<td class='v'>{e(shown)}</td><td class='num'>{c['p_bad']:.3f}</td></tr>")
     parts.append("</table>")
+    if starred:
+        parts.append(f"<p class='muted'>{e(PLACED_NOTE)}</p>")
     parts.append(f"<p class='muted'>klbisect {e(__version__)} · session {r.get('session')} · "
                  f"{e(data.get('session', {}).get('repo', ''))}</p></body></html>")
     return "\n".join(parts)

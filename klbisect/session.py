@@ -450,6 +450,8 @@ class Result:
     session: int
     candidate_info: list[dict] = field(default_factory=list)
     labels: dict = field(default_factory=dict)
+    # the value the search judged, when that is no one label's: the max over several
+    judged: dict = field(default_factory=dict)
     top: list[dict] = field(default_factory=list)
     probe_seconds: float = 0.0
     build_seconds: float = 0.0
@@ -477,8 +479,15 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     block = [shas[i] for i in top.indices]
     runs = ws.store.runs(probe_key, shas)
     idx = {s: i for i, s in enumerate(shas)}
-    before = [r.values for r in runs if r.values and post.p_bad[idx[r.sha]] < 0.01]
-    after = [r.values for r in runs if r.values and post.p_bad[idx[r.sha]] > 0.99]
+    sides = ([r for r in runs if r.values and post.p_bad[idx[r.sha]] < 0.01],
+             [r for r in runs if r.values and post.p_bad[idx[r.sha]] > 0.99])
+    before, after = ([r.values for r in side] for side in sides)
+    labels = _label_summaries(before, after)
+    judged = {}
+    if ws.metric is None and len(labels) > 1:
+        # one label can move while the others hold: the max is what was judged
+        before_v, after_v = ([r.value for r in side if r.value is not None] for side in sides)
+        judged = {"name": "max over labels", "before": summarize(before_v), "after": summarize(after_v)}
     first = cands[top.last]
     info = []
     for i in top.indices:
@@ -501,7 +510,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         probe_runs=len(sess_runs),
         good=shas[0], bad=shas[-1], n_commits=len(shas) - 1,
         complete=complete, reason=reason, session=sid, candidate_info=info,
-        labels=_label_summaries(before, after), top=top_list,
+        labels=labels, judged=judged, top=top_list,
         probe_seconds=float(sum(r.duration or 0 for r in sess_runs)),
         build_seconds=float(sum(b["duration"] or 0 for b in builds if b["started"] >= session_start)),
         model=pl.model.to_dict(), notes=notes,

@@ -62,11 +62,18 @@ def test_markdown_report(bisected, tmp_path):
     assert f"{res.probe_runs} probe runs" in text
     # KL before/after per label: median [min, max] (n)
     assert re.search(r"\| `prefill_cache_hit` \| [0-9.e-]+ \[[0-9.e-]+, [0-9.e-]+\] \(\d+\) \|", text)
+    # the value the search judged (the max over labels) has its own row, so the two labels
+    # that held at x1.0 do not leave the reader guessing which one moved the verdict
+    judged = re.search(r"^\| \(max over labels\) \| .* \| x([0-9.]+) \|$", text, re.M)
+    assert judged and float(judged.group(1)) > 1.5, text
     # the probed-commit table: endpoints and culprit with their values and verdicts
     rows = [ln for ln in text.splitlines() if re.match(r"^\| \d+ \| `", ln)]
     assert rows[0].startswith("| 0 | ") and "| good |" in rows[0]
     assert rows[-1].startswith("| 79 | ") and "| bad |" in rows[-1]
     assert any(ln.startswith(f"| 51 | `{h.culprit[:10]}`") for ln in rows)
+    # commits the search placed on runs too few for a verdict of their own: starred, as in status
+    assert not re.search(r"\| undecided \| (0\.00\d|0\.99\d|1\.000) \|$", text, re.M), text
+    assert any(re.search(r"\| (good|bad)\\\* \|", ln) for ln in rows) and "\\* placed by the search" in text
     plot = Path(rep["plot"])
     assert plot == out.with_suffix(".png") and plot.read_bytes()[:8] == PNG
     assert plot.stat().st_size > 5000
