@@ -37,51 +37,54 @@ class Cli(click.Group):
 
     def main(self, *args, **kwargs):
         kwargs["standalone_mode"] = False
+        argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
+        # --json promises stdout ends with one JSON object: a failure says so there too
+        self._json = "--json" in argv
         try:
             rv = super().main(*args, **kwargs)
             sys.exit(rv if isinstance(rv, int) else 0)
         except KlbisectError as e:
-            click.echo(f"klbisect: error: {e.message}", err=True)
-            if e.detail:
-                click.echo(e.detail, err=True)
-            sys.exit(e.code)
-        except click.exceptions.Abort:
-            click.echo("klbisect: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            self._fail(e.code, f"klbisect: error: {e.message}", e.detail)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            self._fail(EXIT_INTERRUPTED, "klbisect: interrupted; finished runs are saved, rerun to resume")
         except click.UsageError as e:
             if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
                 click.echo(e.ctx.get_help())
                 sys.exit(0)
             name = e.ctx.command_path if e.ctx else "klbisect"
-            click.echo(f"klbisect: error: {e.format_message()} (see {name} --help)", err=True)
-            sys.exit(EXIT_USAGE)
+            self._fail(EXIT_USAGE, f"klbisect: error: {e.format_message()} (see {name} --help)")
         except click.ClickException as e:
-            click.echo(f"klbisect: error: {e.format_message()}", err=True)
-            sys.exit(EXIT_USAGE)
-        except KeyboardInterrupt:
-            click.echo("klbisect: interrupted; finished runs are saved, rerun to resume", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            self._fail(EXIT_USAGE, f"klbisect: error: {e.format_message()}")
         except (sqlite3.OperationalError, OSError) as e:
             if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 return self._internal(e)
-            click.echo(f"klbisect: error: cannot write state ({e}); free disk space and rerun: "
-                       "recorded runs are kept", err=True)
-            sys.exit(EXIT_STORAGE)
+            self._fail(EXIT_STORAGE, f"klbisect: error: cannot write state ({e}); free disk space and rerun: "
+                       "recorded runs are kept")
         except SystemExit:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence for git bisect
             return self._internal(e)
 
-    @staticmethod
-    def _internal(e: Exception):
+    def _fail(self, code: int, line: str, detail: str | None = None) -> None:
+        click.echo(line, err=True)
+        if detail:
+            click.echo(detail, err=True)
+        if getattr(self, "_json", False):
+            try:
+                _emit_json({"culprit": None, "complete": False, "error": line.split(": ", 1)[-1],
+                            "exit_code": code})
+            except OSError:
+                pass   # stdout gone (a closed pipe): the exit code still says it
+        sys.exit(code)
+
+    def _internal(self, e: Exception):
         tb = traceback.extract_tb(e.__traceback__)
         where = f"{tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno}" if tb else "?"
-        click.echo(f"klbisect: internal error: {type(e).__name__}: {e} (at {where}); "
-                   "set KLBISECT_DEBUG=1 for the traceback", err=True)
         import os
         if os.environ.get("KLBISECT_DEBUG"):
             traceback.print_exc()
-        sys.exit(EXIT_INTERNAL)
+        self._fail(EXIT_INTERNAL, f"klbisect: internal error: {type(e).__name__}: {e} (at {where}); "
+                   "set KLBISECT_DEBUG=1 for the traceback")
 
 
 def _codes_epilog() -> str:

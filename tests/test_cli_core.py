@@ -378,7 +378,11 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
     for cmd in (("log", "--json"), ("status",), ("status", "--json")):
         empty = klb(*cmd, "--repo", repo, cwd=elsewhere)
         assert error_line(empty, 150).startswith("klbisect: error: no klbisect session")
-        assert empty.stdout == ""
+        # --json: stdout is one JSON object with the error; without, nothing
+        if "--json" in cmd:
+            assert json_tail(empty.stdout)["exit_code"] == 150 and len(empty.stdout.splitlines()) == 1
+        else:
+            assert empty.stdout == ""
     assert "no klbisect session 99999" in error_line(klb("log", "--session", "99999", "--repo", repo,
                                                          cwd=elsewhere), 150)
 
@@ -649,6 +653,7 @@ def test_interrupted_run_resumes_without_repeating_runs(history):
         # a second klbisect on the same repository while the first works
         busy = klb(*args, cwd=h.path)
         assert "busy" in error_line(busy, 153)
+        assert json_tail(busy.stdout)["exit_code"] == 153 and "busy" in json_tail(busy.stdout)["error"]
         assert first.poll() is None
         os.kill(first.pid, signal.SIGINT)
         out, err = first.communicate(timeout=120)
@@ -658,6 +663,9 @@ def test_interrupted_run_resumes_without_repeating_runs(history):
             first.wait()
     assert first.returncode == 130, err
     assert "Traceback" not in out + err and "interrupted" in err
+    # --json: stdout still ends with one JSON object, which says what happened
+    assert json_tail(out) == {"culprit": None, "complete": False, "exit_code": 130,
+                              "error": "interrupted; finished runs are saved, rerun to resume"}
     assert wait_gone(tok) == [], "a probe process survived the interrupt"
     assert worktrees(h.path) == [str(h.path)]
     before = db_query(h.path, "SELECT id, sha FROM runs ORDER BY id")
