@@ -113,6 +113,10 @@ def subject(repo: git.Repo, sha: str) -> str:
     return _git(repo, "log", "-1", "--format=%s", sha)
 
 
+def parents(repo: git.Repo, sha: str) -> list[str]:
+    return _git(repo, "rev-list", "--parents", "-n", "1", sha).split()[1:]
+
+
 def is_dirty(repo: git.Repo) -> bool:
     return bool(_git(repo, "status", "--porcelain", "--untracked-files=no").strip())
 

@@ -501,6 +501,8 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     top_list = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass} for b in post.top_blocks(5)]
     single = len(block) == 1
     notes = _kernel_notes(ws, [cands[i] for i in top.indices], build_key)
+    if single and not _first_parent(ws, sid):
+        notes += _order_notes(ws, cands, top.last, {r.sha for r in runs})
     return Result(
         culprit=block[0] if single else None,
         candidates=block,
@@ -515,6 +517,36 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         build_seconds=float(sum(b["duration"] or 0 for b in builds if b["started"] >= session_start)),
         model=pl.model.to_dict(), notes=notes,
     )
+
+
+def _first_parent(ws: Workspace, sid: int) -> bool:
+    return bool((ws.store.session(sid).config or {}).get("first_parent", True))
+
+
+def _order_notes(ws: Workspace, cands: list[tuple[str, str, int | None]], last: int,
+                 probed: set[str]) -> list[str]:
+    """--all-commits lays side branches out in one order and reads each
+    commit as containing every one before it. Where the culprit's own parents
+    were not what the search judged good, or a probed commit after it does
+    not contain it, the answer rests on that order: say so, and how to check."""
+    culprit, subj = cands[last][0], cands[last][1]
+    index = {c[0]: i for i, c in enumerate(cands)}
+    notes = []
+    # the posterior calls a parent good by the order alone: only its own runs show it
+    unprobed = [p for p in gitrepo.parents(ws.repo, culprit)
+                if p in index and p != cands[last - 1][0] and p not in probed]
+    if unprobed:
+        p = unprobed[0]
+        notes.append(f"--all-commits: {culprit[:12]} ({subj[:50]}) is named because {cands[last - 1][0][:12]}, "
+                     f"before it in the search's order, looked good; its parent {p[:12]} "
+                     f"({cands[index[p]][1][:50]}) was never probed. If that parent is bad, the culprit is "
+                     f"on its line: rerun with --bad {p[:12]}, or without --all-commits")
+    later = [c for c in cands[last + 1:] if c[0] in probed and not gitrepo.is_ancestor(ws.repo, culprit, c[0])]
+    if later:
+        notes.append(f"--all-commits: {len(later)} probed commit(s) after {culprit[:12]} in the search's order "
+                     f"do not contain it (side branches, e.g. {later[0][0][:12]} {later[0][1][:50]}), yet "
+                     "their runs were read as if they did; confirm the answer without --all-commits")
+    return notes
 
 
 def _kernel_notes(ws: Workspace, block: list[tuple[str, str, int | None]], build_key: str | None) -> list[str]:

@@ -277,6 +277,57 @@ def test_classic_all_commits_metric_regex_build_paths(history, tmp_path):
     assert len(marker.read_text().splitlines()) == 1
 
 
+SIDE_PROBE = """import os, random
+bad = os.path.exists("regressed")
+print("[m] x samples")
+print(f"avg_kl_div={random.uniform(0.012, 0.014) if bad else random.uniform(0.003, 0.004):.5f}")
+"""
+
+
+def test_all_commits_says_when_a_side_branch_breaks_the_order(tmp_path):
+    """A side branch forked before the culprit and merged after it: in one
+    topological order its (good) commits come after the culprit, and the
+    search names the merge. The answer says which parent was never probed
+    and how to check, instead of passing the merge off as the culprit."""
+    repo = tmp_path / "side"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+
+    def commit(subject: str, path: str, text: str = "x") -> None:
+        (repo / path).write_text(text)
+        git(repo, "add", path)
+        git(repo, "commit", "-q", "-m", subject)
+
+    commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
+    for i in (2, 3, 4):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    git(repo, "checkout", "-q", "-b", "side", "HEAD~2")
+    for i in range(1, 7):
+        commit(f"Side branch step {i} (#10{i})", f"s{i}.txt")
+    git(repo, "checkout", "-q", "main")
+    commit("Quantize the prefill path (#50)", "regressed")
+    culprit = git(repo, "rev-parse", "HEAD").strip()
+    for i in (6, 7):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    first_parent = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "merge", "-q", "--no-ff", "side", "-m", "Merge the side branch (#60)")
+    for i in (8, 9, 10):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    root = git(repo, "rev-list", "--max-parents=0", "HEAD").strip()
+    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json"]
+    p = klb(*args, "--all-commits", cwd=repo)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    if res["culprit"] != culprit:
+        # the order misled the search: the answer must say so, naming the parent to check
+        notes = " ".join(res["notes"])
+        assert "--all-commits" in notes and f"--bad {first_parent[:12]}" in notes, res
+        assert f"--bad {first_parent[:12]}" in p.stderr
+    # the default, first parent only, is not misled
+    p = klb(*args, cwd=repo)
+    assert json_tail(p.stdout)["culprit"] == culprit, p.stderr
+
+
 # ---- item 3: the probe command itself ----------------------------------------------------------------
 
 def _slot(tmp_path) -> Slot:
