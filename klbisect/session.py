@@ -219,12 +219,15 @@ def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None
 
 
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
-                timeout: float | None = None) -> dict[str, CommitRuns]:
+                timeout: float | None = None, failed_since: float | None = None) -> dict[str, CommitRuns]:
     """Everything known per commit, from every session that used this probe:
     a rerun of the same question reuses finished runs. With ``timeout`` (the
     --timeout in force now), a run that timed out sooner than that says
     nothing about a crash: the user who raised --timeout after every run
-    timed out gets new runs, not the old timeouts counted as crashes."""
+    timed out gets new runs, not the old timeouts counted as crashes. With
+    ``failed_since`` (when this command started), an older failed build does
+    not make a commit untestable: each command builds it once more, so a
+    fixed environment (a network blip, a full disk) needs no other command."""
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     for r in ws.store.runs(probe_key, shas):
@@ -241,7 +244,7 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
             failed = ws.store.failed_build(build_key, s)
             # a probe run after the failed build (a checkout that needed no
             # rebuild) shows the commit can be tested after all
-            if failed and last_run.get(s, 0.0) <= failed["started"]:
+            if failed and last_run.get(s, 0.0) <= failed["started"] and failed["started"] >= (failed_since or 0):
                 out[s].build_failed = True
     return out
 
@@ -584,6 +587,7 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
 
 
 def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_factory) -> Result:
+    started = time.time()
     good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
     cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
     shas = [c[0] for c in cands]
@@ -592,8 +596,17 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     st = ws.store
     prev = st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
     if prev and prev.state == "done" and prev.result:
-        progress(f"this bisect already finished (session {prev.id}); showing its result")
-        return Result(**prev.result)
+        done = Result(**prev.result)
+        # an answer left as a block by failed builds is worth one more build each:
+        # the user who reruns it may have fixed what broke them
+        unbuilt = [i["sha"] for i in done.candidate_info if i["why"] == "untestable: build failed"]
+        if not (build_key and len(done.candidates) > 1 and unbuilt):
+            progress(f"this bisect already finished (session {prev.id}); showing its result")
+            return done
+        progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
+                 f"building the {len(unbuilt)} whose build failed once more")
+        st.update_session(prev.id, state="bisecting")
+        prev = st.session(prev.id)
     if prev:
         sid = prev.id
         progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
@@ -658,7 +671,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             st.update_session(sid, model=model.to_dict(), state="bisecting")
         before = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
         while True:
-            runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
+            runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout, failed_since=started)
             commits = [since(runs[s], before[s]) for s in shas]
             pending = [shas.index(s) for s in ex.in_flight()]
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,

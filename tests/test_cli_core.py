@@ -230,11 +230,13 @@ def test_build_failure_makes_a_commit_untestable_and_keeps_its_log(history, tmp_
     h = history(n_commits=80, seed=8, merges=4, culprit_index=40)
     before_culprit = h.shas[39]
     marker = tmp_path / "b.log"
+    fixed = tmp_path / "fixed"
     build = (f'echo building $(git rev-parse HEAD) >> {marker}; echo building $(git rev-parse HEAD); '
-             f'test "$(git rev-parse HEAD)" != {before_culprit}')
+             f'test -e {fixed} || test "$(git rev-parse HEAD)" != {before_culprit}')
     # every changed file counts as a build path: every new commit gets built
-    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", build,
-            "--build-paths", "*", "--threshold", EXACT_THRESHOLD, "--json", cwd=h.path)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", build,
+            "--build-paths", "*", "--threshold", EXACT_THRESHOLD, "--json")
+    p = klb(*args, cwd=h.path)
     assert p.returncode == 0, p.stderr
     res = json_tail(p.stdout)
     assert res["culprit"] is None
@@ -246,6 +248,16 @@ def test_build_failure_makes_a_commit_untestable_and_keeps_its_log(history, tmp_
     assert log.exists() and f"building {before_culprit}" in log.read_text()
     assert not db_query(h.path, "SELECT * FROM runs WHERE sha=?", (before_culprit,)), "no probe after a failed build"
     assert "build failed" in p.stderr
+    # the same command again: still broken, so the same block, after one more try
+    again = klb(*args, cwd=h.path)
+    assert json_tail(again.stdout)["candidates"] == [before_culprit, h.culprit], again.stderr
+    assert [b["sha"] for b in db_query(h.path, "SELECT * FROM builds WHERE ok=0")] == [before_culprit] * 2
+    # what broke the build is fixed (a network blip, a full disk): the same command builds it and names the culprit
+    fixed.touch()
+    again = klb(*args, cwd=h.path)
+    assert "building the 1 whose build failed once more" in again.stderr
+    assert json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+    assert db_query(h.path, "SELECT * FROM runs WHERE sha=?", (before_culprit,))
 
 
 # ---- items 2, 3, 4, 5: classic mode, --all-commits, --metric-regex, --build-paths -----------
