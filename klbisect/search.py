@@ -546,7 +546,13 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     if done and BOUNDARY_RUNS > 1:
         # The answer rests on the commits either side of the boundary: each
         # must have been seen more than once, so one outlier cannot decide it.
-        thin = [i for i in _resting_on(done, untestable) if 0 < i < n and len(commits[i].values) < BOUNDARY_RUNS
+        # The one on the high side more: a divergence's outliers are large, so
+        # two of a good commit's can pass for a regression no endpoint run showed.
+        last_good, first_bad = _resting_on(done, untestable)
+        up = not isinstance(model, Model) or model.mu_bad >= model.mu_good
+        need = {last_good: BOUNDARY_RUNS + (0 if up else HIGH_SIDE_EXTRA),
+                first_bad: BOUNDARY_RUNS + (HIGH_SIDE_EXTRA if up else 0)}
+        thin = [i for i in (last_good, first_bad) if 0 < i < n and len(commits[i].values) < need[i]
                 and not exhausted[i]]
         if thin:
             done, nxt = None, [i for i in thin if i not in pending][:k]
@@ -587,6 +593,7 @@ GIVE_UP_FALSE_ALARM = 3e-3
 ANSWER_FALSE_ALARM = 1e-4
 # Runs each commit beside an answer's boundary must have (plan).
 BOUNDARY_RUNS = 2
+HIGH_SIDE_EXTRA = 0      # ... and the one of them on the high side this many more (an ablation: docs/benchmarks.rst)
 # interior commits this sure of a side lend it their runs (plan's refine)
 POOL_P = 0.001
 PROVISIONAL_POOL_P = 0.02

@@ -826,7 +826,8 @@ def main(argv=None) -> int:
         lines += ["", *render_wrong(out)]
     header = (machine_header("bench_bisect.py", argv, a.jobs, elapsed)
               + f"; decide.RUN_LR_CAP={decide.RUN_LR_CAP:g}, "
-              f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}; confidence {a.confidence:g} "
+              f"MIN_ENDPOINT_RUNS={decide.MIN_ENDPOINT_RUNS}, search.HIGH_SIDE_EXTRA={search.HIGH_SIDE_EXTRA}; "
+              f"confidence {a.confidence:g} "
               f"(git-bayesect {a.bayesect_confidence:g})")
     if constants:
         header += "\nablation: " + ", ".join(f"{m}.{k}={getattr(TUNABLE[m], k):g}" for m, k, _ in constants)
