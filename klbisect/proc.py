@@ -1,10 +1,12 @@
 """Run a child command in its own process group, log everything, kill it whole.
 
 A probe launches servers that fork per GPU; killing only the shell would
-leave GPU memory taken. Every exit path (normal end, timeout, Ctrl-C, an
-exception in klbisect) goes through ``kill_tree``. If klbisect itself is
-SIGKILLed, the pid file left in ``pid_dir`` lets the next command reap the
-orphaned group (``reap_stale``).
+leave GPU memory taken. Every exit path (normal end, timeout, Ctrl-C,
+SIGTERM, SIGHUP, an exception in klbisect) goes through ``kill_tree``. If
+klbisect itself is SIGKILLed, the pid file left in ``pid_dir`` lets the next
+command reap what it left (``reap_stale``): every child carries its owner's
+marker in its environment (``child_environ``), and only processes with the
+marker of an owner that is gone are killed.
 """
 from __future__ import annotations
 
@@ -12,26 +14,86 @@ import ctypes
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import psutil
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_MARK = "KLBISECT_PROBE_ID"
+_MARK = "KLBISECT_PROBE_ID"   # one run_logged call: its detached children are killed when it ends
+_OWNER = "KLBISECT_OWNER"     # the klbisect process that started a child, as "pid:start ticks"
 _subreaper = False
 _ACTIVE: set[int] = set()  # process groups started by this process and not yet reaped
+_STOPPED: set[int] = set()  # of those, the ones kill_all_active killed
+_HALTED: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads that may start nothing more
 
 
 def kill_all_active() -> None:
     """Kill every probe or build this process is running (on Ctrl-C, worker
-    threads never see the KeyboardInterrupt themselves)."""
+    threads never see the KeyboardInterrupt themselves).
+
+    A run killed here ends in KeyboardInterrupt, never in an exit status (a
+    killed build is no successful build), and the threads that run them may
+    start no process after this: a build that ends just now is not followed
+    by its probe.
+    """
+    me, main = threading.current_thread(), threading.main_thread()
+    _HALTED.update(t for t in threading.enumerate() if t is not me and t is not main)
     for pid in list(_ACTIVE):
+        _STOPPED.add(pid)
         kill_tree(pid, grace=2.0)
+
+
+def _halted() -> bool:
+    return threading.current_thread() in _HALTED
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def interrupt_on_stop_signals() -> Iterator[None]:
+    """SIGTERM (a CI job cancelled, a `kill`) and SIGHUP (the terminal
+    closed, an ssh session dropped) unwind like Ctrl-C, so probes are killed,
+    state stays consistent and klbisect exits 130. A signal that is ignored
+    (``nohup``) stays ignored."""
+    ttys = [fd for fd in (1, 2) if os.isatty(fd)]   # a hung-up terminal no longer says it is one
+
+    def handler(signum, frame):
+        if signum == signal.SIGHUP:
+            _leave_terminal(ttys)
+        raise KeyboardInterrupt
+
+    try:
+        old = {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)
+
+
+def _leave_terminal(fds: Sequence[int]) -> None:
+    # After a hangup every write to the terminal fails with EIO: the
+    # "interrupted" line, and the flush at exit, would turn exit 130 into a
+    # traceback. What is left to say goes to /dev/null instead.
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 @dataclass
@@ -72,35 +134,87 @@ def _kill_marked(mark: str) -> None:
         kids = psutil.Process().children(recursive=True)
     except psutil.Error:
         return
+    found = []
     for p in kids:
         try:
             if p.environ().get(_MARK) == mark:
-                kill_tree(p.pid, grace=2.0)
+                found.append(p)
         except psutil.Error:
             continue
+    if found:
+        # one that called setsid leads a group of its own
+        _terminate([p.pid for p in found], _with_descendants(found), grace=2.0)
 
 
 def kill_tree(pid: int, grace: float = 5.0) -> None:
     """SIGTERM the process group and every descendant, then SIGKILL survivors."""
     try:
-        root = psutil.Process(pid)
-        procs = [root] + root.children(recursive=True)
+        roots = [psutil.Process(pid)]
     except psutil.NoSuchProcess:
-        procs = []
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+        roots = []
+    _terminate([pid], _with_descendants(roots), grace)
+
+
+def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
+    out: dict[int, psutil.Process] = {}
+    for p in procs:
+        out.setdefault(p.pid, p)
         try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            for c in p.children(recursive=True):
+                out.setdefault(c.pid, c)
+        except psutil.Error:
+            continue
+    return list(out.values())
+
+
+def _terminate(pgids: Sequence[int], procs: list[psutil.Process], grace: float) -> None:
+    """SIGTERM the groups and processes, wait up to ``grace`` s, then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
         for p in procs:
             try:
                 p.send_signal(sig)
             except psutil.Error:
                 pass
-        _, alive = psutil.wait_procs(procs, timeout=grace if sig == signal.SIGTERM else 2.0)
-        procs = [p for p in alive if not _is_zombie(p)]
-        if not procs and not _group_alive(pid):
+        procs = _wait_exited(procs, grace if sig == signal.SIGTERM else 2.0)
+        if not procs and not any(_group_alive(g) for g in pgids):
             return
+
+
+def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """The processes still running after at most ``timeout`` s.
+
+    Unlike psutil.wait_procs this never reaps a child that a Popen of ours
+    waits for (``_ACTIVE``): reaped behind its back, Popen.wait gets ECHILD
+    and reports exit 0, and a killed build would read as a successful one.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        procs = [p for p in procs if not _exited(p)]
+        if not procs or time.monotonic() >= deadline:
+            return procs
+        time.sleep(0.05)
+
+
+def _exited(p: psutil.Process) -> bool:
+    try:
+        if not p.is_running():
+            return True
+        if p.status() != psutil.STATUS_ZOMBIE:
+            return False
+    except psutil.Error:
+        return True
+    if p.pid not in _ACTIVE:
+        # an orphan handed to us as subreaper: nobody else will wait for it
+        try:
+            os.waitpid(p.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass   # another's zombie: its parent (or init) reaps it
+    return True
 
 
 def _is_zombie(p: psutil.Process) -> bool:
@@ -125,22 +239,140 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+# ---- what a klbisect killed with SIGKILL left behind ---------------------------------------------
+
+def _start_ticks(pid: int) -> int | None:
+    """When the process started, in clock ticks since boot: unlike a wall-clock
+    create_time, exact and unmoved by clock steps, so (pid, start) names one
+    process for good."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat.rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@lru_cache(maxsize=None)
+def _marker_of(pid: int) -> str:
+    return f"{pid}:{_start_ticks(pid)}"
+
+
+def owner_marker() -> str:
+    """This process's marker, as its children carry it in ``KLBISECT_OWNER``."""
+    return _marker_of(os.getpid())   # per pid: a forked process is another owner
+
+
+def _parse_marker(marker: str | None) -> tuple[int, int] | None:
+    try:
+        pid, ticks = (marker or "").split(":")
+        return int(pid), int(ticks)
+    except ValueError:
+        return None
+
+
+def _orphan_of(marker: str | None, owner: int) -> bool:
+    """Whether a process carrying ``marker`` was started by the klbisect
+    ``owner`` (a pid) and that process no longer runs."""
+    parsed = _parse_marker(marker)
+    return parsed is not None and parsed[0] == owner and _start_ticks(owner) != parsed[1]
+
+
+def write_pid_file(pid_dir: Path, pgid: int) -> Path:
+    """Record a process group we started, for ``reap_stale`` should we be
+    killed hard: "owner pgid owner-marker" (older files lack the marker)."""
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    path = pid_dir / f"{pgid}.pid"
+    path.write_text(f"{os.getpid()} {pgid} {owner_marker()}\n")
+    return path
+
+
+def _read_pid_file(path: Path) -> tuple[int, int, str | None] | None:
+    try:
+        owner, pgid, *rest = path.read_text().split()
+        return int(owner), int(pgid), (rest[0] if rest else None)
+    except (OSError, ValueError):
+        return None
+
+
+def _owner_gone(path: Path, owner: int, marker: str | None) -> bool:
+    if marker is not None:
+        parsed = _parse_marker(marker)
+        return parsed is not None and _start_ticks(owner) != parsed[1]
+    # an old-format file: the pid may since have gone to a process started after the file
+    try:
+        return psutil.Process(owner).create_time() > path.stat().st_mtime + 1.0
+    except psutil.NoSuchProcess:
+        return True
+    except (psutil.Error, OSError):
+        return False
+
+
+def _marked_processes() -> list[tuple[psutil.Process, str]]:
+    """Every process we can read that carries an owner marker, but not
+    ourselves or our ancestors (a klbisect run by a probe)."""
+    try:
+        me = psutil.Process()
+        skip = {me.pid} | {p.pid for p in me.parents()}
+    except psutil.Error:
+        skip = {os.getpid()}
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid in skip:
+            continue
+        try:
+            marker = p.environ().get(_OWNER)
+            if marker and not _is_zombie(p):
+                out.append((p, marker))
+        except psutil.Error:
+            continue
+    return out
+
+
+def _reap_owner(owner: int, pgid: int, marked: list[tuple[psutil.Process, str]]) -> bool:
+    """Kill what the dead klbisect ``owner`` left: every process with its
+    marker, wherever it went (setsid, a double fork), and the recorded group
+    when one of its members is ours (a group id is not handed out again
+    while the group has members). Returns whether anything was left."""
+    victims = [p for p, m in marked if _orphan_of(m, owner)]
+    if not victims:
+        return False
+    ours = any(_pgid(p) == pgid for p in victims)
+    _terminate([pgid] if ours else [], _with_descendants(victims), grace=2.0)
+    return True
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return None
+
+
 def reap_stale(pid_dir: Path) -> list[int]:
-    """Kill process groups left behind by a klbisect that was killed hard."""
-    reaped = []
+    """Kill what a klbisect that was killed hard left running: only processes
+    that carry its marker, so a process group id (or owner pid) that has
+    since gone to an unrelated process is left alone. Returns the recorded
+    groups something was reaped for."""
+    reaped: list[int] = []
     if not pid_dir.is_dir():
         return reaped
+    marked: list[tuple[psutil.Process, str]] | None = None
     for f in pid_dir.glob("*.pid"):
-        try:
-            owner, pgid = (int(x) for x in f.read_text().split())
-        except (OSError, ValueError):
+        rec = _read_pid_file(f)
+        if rec is None:
             f.unlink(missing_ok=True)
             continue
-        if not psutil.pid_exists(owner) and _group_alive(pgid):
-            kill_tree(pgid, grace=2.0)
+        owner, pgid, marker = rec
+        if not _owner_gone(f, owner, marker):
+            if not _group_alive(pgid):
+                f.unlink(missing_ok=True)
+            continue
+        if marked is None:
+            marked = _marked_processes()   # one look at every process, only when an owner is gone
+        if _reap_owner(owner, pgid, marked):
             reaped.append(pgid)
-        if not psutil.pid_exists(owner) or not _group_alive(pgid):
-            f.unlink(missing_ok=True)
+        f.unlink(missing_ok=True)
     return reaped
 
 
@@ -151,8 +383,11 @@ PRIVATE_ENV = ("GITHUB_TOKEN",)
 
 def child_environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a child process: ``base`` (default: ours) less
-    PRIVATE_ENV."""
-    return {k: v for k, v in (os.environ if base is None else base).items() if k not in PRIVATE_ENV}
+    PRIVATE_ENV, plus our marker, which the child's own children inherit
+    (even those that leave its process group) for ``reap_stale``."""
+    env = {k: v for k, v in (os.environ if base is None else base).items() if k not in PRIVATE_ENV}
+    env[_OWNER] = owner_marker()
+    return env
 
 
 def run_logged(
@@ -168,8 +403,11 @@ def run_logged(
 
     Output (stdout and stderr together) goes to ``log_path``. Raises
     KeyboardInterrupt through after killing the group, so callers record
-    nothing for an interrupted run.
+    nothing for an interrupted run; so it does for a run that
+    ``kill_all_active`` killed, and in a thread that may start nothing more.
     """
+    if _halted():
+        raise KeyboardInterrupt("klbisect is stopping: no new process")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = child_environ()
     if env:
@@ -190,19 +428,19 @@ def run_logged(
             stderr=subprocess.STDOUT,
             preexec_fn=_child_setup,
         )
+        _STOPPED.discard(proc.pid)   # left by an earlier process with this pid
         _ACTIVE.add(proc.pid)
-        pid_file = None
-        if pid_dir is not None:
-            pid_dir.mkdir(parents=True, exist_ok=True)
-            pid_file = pid_dir / f"{proc.pid}.pid"
-            pid_file.write_text(f"{os.getpid()} {proc.pid}\n")
+        pid_file = write_pid_file(pid_dir, proc.pid) if pid_dir is not None else None
         timed_out = False
+        code: int | None = None
         try:
-            try:
-                code: int | None = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                code = None
+            if _halted():   # kill_all_active ran while we forked
+                _STOPPED.add(proc.pid)
+            else:
+                try:
+                    code = proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
         finally:
             # Also after a normal exit: a server the probe started in the
             # background must not outlive the probe.
@@ -212,9 +450,13 @@ def run_logged(
             except subprocess.TimeoutExpired:
                 pass
             _kill_marked(mark)
+            stopped = proc.pid in _STOPPED
+            _STOPPED.discard(proc.pid)
             _ACTIVE.discard(proc.pid)
             if pid_file is not None:
                 pid_file.unlink(missing_ok=True)
+    if stopped:
+        raise KeyboardInterrupt(f"klbisect is stopping: killed {cmd if isinstance(cmd, str) else ' '.join(cmd)}")
     return ProcResult(code, timed_out, time.monotonic() - start)
 
 

@@ -1,30 +1,72 @@
 """A probe's processes never outlive it: after a normal exit, on timeout,
-and when they detached themselves with setsid or a double fork."""
+and when they detached themselves with setsid or a double fork; a build or
+probe that klbisect's own shutdown killed never reads as a finished one; and
+what a klbisect killed hard left behind is reaped by the next one, but only
+what carries its marker."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import psutil
+import pytest
 
-from klbisect.proc import reap_stale, run_logged
+from conftest import PY, SEPARATED, klb_popen, processes_with, wait_gone
+from klbisect.build import CommandBuilder
+from klbisect.probe import Slot
+from klbisect.proc import child_environ, kill_all_active, owner_marker, reap_stale, run_logged
 
 
 def _alive(tag: str) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if tag in " ".join(cmd) and p.status() != psutil.STATUS_ZOMBIE:
-            out.append(p)
+        try:
+            if tag in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
     return out
+
+
+def _running(tag: str) -> bool:
+    """Whether a sleeper tagged ``tag`` itself runs (not just a shell whose
+    command line is about to start it)."""
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if tag in (p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def _sleeper(tag: str) -> str:
     # a sleep whose command line carries a unique tag we can look for
     return f"{sys.executable} -c 'import time; time.sleep(300)' {tag}"
+
+
+def _until(cond, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _gone(tag: str) -> bool:
+    """Whether every process tagged ``tag`` has gone, waiting generously
+    (a SIGTERM grace period, a loaded machine)."""
+    deadline = time.monotonic() + 30
+    while _alive(tag):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def test_detached_children_are_killed_after_a_normal_exit(tmp_path):
@@ -41,8 +83,7 @@ def test_detached_children_are_killed_after_a_normal_exit(tmp_path):
                          timeout=60)
     assert out.stdout.strip() == "0", out.stderr
     assert "avg_kl_div=0.004" in (tmp_path / "run.log").read_text()
-    time.sleep(0.3)
-    assert _alive(tag) == []
+    assert _gone(tag)
 
 
 def test_timeout_kills_the_whole_group(tmp_path):
@@ -52,33 +93,246 @@ def test_timeout_kills_the_whole_group(tmp_path):
     assert _alive(tag) == []
 
 
-def test_groups_of_a_killed_klbisect_are_reaped(tmp_path):
-    """The pid file a SIGKILLed klbisect leaves lets the next command reap."""
+# ---- klbisect's own shutdown (Ctrl-C, SIGTERM, SIGHUP) ------------------------------------------
+
+def test_a_build_killed_by_shutdown_is_no_successful_build(tmp_path):
+    """Ctrl-C while a worker thread builds: kill_all_active kills the build,
+    and the build raises KeyboardInterrupt, never reads as exit 0 (psutil
+    reaping our own child made Popen.wait see ECHILD, which it takes for 0)."""
     tag = uuid.uuid4().hex
-    orphan = subprocess.Popen(["sh", "-c", _sleeper(tag)], start_new_session=True)
-    dead_owner = subprocess.Popen(["true"])
-    dead_owner.wait()
-    pids = tmp_path / "pids"
-    pids.mkdir()
-    (pids / f"{orphan.pid}.pid").write_text(f"{dead_owner.pid} {orphan.pid}\n")
-    assert _alive(tag)
-    assert reap_stale(pids) == [orphan.pid]
-    orphan.wait(timeout=10)
+    slot = Slot(0, tmp_path, {}, 0, tmp_path / "pids")
+    result: dict = {}
+
+    def work():
+        try:
+            result["build"] = CommandBuilder(_sleeper(tag)).build(tmp_path, tmp_path / "build.log", slot)
+        except KeyboardInterrupt as e:
+            result["interrupted"] = e
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    _until(lambda: _running(tag), "the build never started")
+    kill_all_active()
+    t.join(timeout=60)
+    assert not t.is_alive()
+    assert "build" not in result, f"a killed build was reported: {result.get('build')}"
+    assert "interrupted" in result
     assert _alive(tag) == []
-    assert not list(pids.iterdir())
+    assert not list((tmp_path / "pids").iterdir())
+
+
+def test_a_thread_caught_by_shutdown_between_runs_starts_no_probe(tmp_path):
+    """A build that ends just as Ctrl-C arrives: its thread, past the build
+    and not yet at the probe when kill_all_active runs, must not start the
+    probe. Threads started later, and the main thread, run as usual."""
+    probed = tmp_path / "probed"
+    go = threading.Event()
+    result: dict = {}
+
+    def work():
+        go.wait(60)
+        try:
+            result["run"] = run_logged(f"touch {probed}", tmp_path, tmp_path / "run.log")
+        except KeyboardInterrupt:
+            result["interrupted"] = True
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    kill_all_active()
+    go.set()
+    t.join(timeout=60)
+    assert result == {"interrupted": True}
+    assert not probed.exists()
+
+    later = threading.Thread(target=lambda: result.update(later=run_logged("true", tmp_path, tmp_path / "l.log")))
+    later.start()
+    later.join(timeout=60)
+    assert result["later"].exit_code == 0
+    assert run_logged("true", tmp_path, tmp_path / "m.log").exit_code == 0
+
+
+def test_ctrl_c_during_the_build_starts_no_probe(history, tmp_path):
+    """The whole command: Ctrl-C while `--build-cmd` runs ends with 130 and
+    the build killed, and the probe never starts on the half-built checkout."""
+    h = history(n_commits=20, seed=6, merges=1, noise=SEPARATED)
+    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    probed = tmp_path / "probed"
+    proc = klb_popen("run", "--good", h.good, "--bad", "main", "--build-cmd", f"sleep {tok}",
+                     "--probe-cmd", f"touch {probed}; {PY} probe.py", cwd=h.path)
+    try:
+        _until(lambda: proc.poll() is not None or [p for p in processes_with(tok) if p.name() == "sleep"],
+               "the build never started", timeout=120)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert not probed.exists(), "the probe started after the build was killed"
+    assert wait_gone(tok) == []
+
+
+# The command comes in the environment: in argv, its tag would make the
+# process that runs it look like the probe.
+_UNDER_STOP_SIGNALS = """
+import os, sys
+from pathlib import Path
+from klbisect.proc import interrupt_on_stop_signals, run_logged
+try:
+    with interrupt_on_stop_signals():
+        run_logged(os.environ["KLB_TEST_CMD"], Path(sys.argv[1]), Path(sys.argv[1]) / "run.log")
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def test_sighup_from_a_dropped_terminal_kills_the_probe_and_exits_130(tmp_path):
+    """An ssh session dropped: the terminal is gone (every write to it fails
+    with EIO) and SIGHUP arrives. The probe is killed and the exit is 130,
+    as for Ctrl-C, not a traceback from writing to a dead terminal."""
+    tag = uuid.uuid4().hex
+    master, slave = os.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", _UNDER_STOP_SIGNALS, str(tmp_path)],
+                             env=dict(os.environ, KLB_TEST_CMD=_sleeper(tag)),
+                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    finally:
+        os.close(slave)
+    try:
+        _until(lambda: p.poll() is not None or _running(tag), "the probe never started")
+        os.close(master)   # hangs the terminal up
+        master = -1
+        p.send_signal(signal.SIGHUP)
+        assert p.wait(timeout=60) == 130
+    finally:
+        if master >= 0:
+            os.close(master)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert _gone(tag)
+
+
+def test_an_ignored_sighup_stays_ignored():
+    """`nohup klbisect run ...` must keep running when the terminal closes."""
+    script = ("import os, signal; from klbisect.proc import interrupt_on_stop_signals\n"
+              "with interrupt_on_stop_signals():\n"
+              "    os.kill(os.getpid(), signal.SIGHUP)\n"
+              "    print('still running', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    assert out.returncode == 0 and out.stdout == "still running\n", out.stderr
+
+
+# ---- what a klbisect killed with SIGKILL left ---------------------------------------------------
+
+# A klbisect at work: a probe through run_logged, as a build or probe runs ...
+_OWNER_RUN_LOGGED = """
+import os, sys
+from pathlib import Path
+from klbisect.proc import run_logged
+run_logged(os.environ["KLB_TEST_CMD"], Path(sys.argv[1]), Path(sys.argv[1]) / "run.log", pid_dir=Path(sys.argv[2]))
+"""
+# ... or a server launched as SGLangServer launches it: a plain Popen with
+# child_environ and a pid file in the older "owner pgid" format
+_OWNER_SERVER = """
+import os, subprocess, sys, time
+from pathlib import Path
+from klbisect import proc
+srv = subprocess.Popen(os.environ["KLB_TEST_CMD"], shell=True, env=proc.child_environ(),
+                       preexec_fn=proc._child_setup)
+Path(sys.argv[2]).mkdir(parents=True, exist_ok=True)
+(Path(sys.argv[2]) / f"{srv.pid}.pid").write_text(f"{os.getpid()} {srv.pid}\\n")
+time.sleep(300)
+"""
+
+
+def _killed_owner(script: str, cmd: str, tags: list[str], work: Path, pids: Path) -> int:
+    """Run ``cmd`` under a klbisect-like owner, SIGKILL the owner once every
+    tagged process runs, and return the group id it recorded."""
+    owner = subprocess.Popen([sys.executable, "-c", script, str(work), str(pids)],
+                             env=dict(os.environ, KLB_TEST_CMD=cmd))
+    try:
+        _until(lambda: owner.poll() is not None or all(_running(t) for t in tags), "the probe never started")
+        assert owner.poll() is None
+    finally:
+        owner.kill()
+        owner.wait()
+    files = list(pids.glob("*.pid"))
+    assert len(files) == 1
+    return int(files[0].stem)
+
+
+@pytest.mark.parametrize("owner", [_OWNER_RUN_LOGGED, _OWNER_SERVER], ids=["run_logged", "server"])
+def test_what_a_killed_klbisect_left_is_reaped_wherever_it_went(tmp_path, owner):
+    """Its group, and a child that left the group with setsid (a server's
+    helper): both carry the dead owner's marker in their environment."""
+    in_group, detached = uuid.uuid4().hex, uuid.uuid4().hex
+    pids = tmp_path / "pids"
+    pgid = _killed_owner(owner, f"setsid {_sleeper(detached)} & {_sleeper(in_group)} & wait",
+                         [in_group, detached], tmp_path, pids)
+    try:
+        assert reap_stale(pids) == [pgid]
+        assert _gone(in_group) and _gone(detached)
+        assert not list(pids.iterdir())
+    finally:
+        for p in _alive(in_group) + _alive(detached):
+            p.kill()
+
+
+def test_a_group_id_that_went_to_an_unrelated_process_is_not_reaped(tmp_path):
+    """Pid files of dead owners, in both formats, name group ids that now
+    belong to other process groups (pid reuse): one with no marker, one
+    with the marker of a klbisect that still runs (this test). Both survive,
+    and the stale files go."""
+    plain, other = uuid.uuid4().hex, uuid.uuid4().hex
+    groups = [subprocess.Popen(["sh", "-c", _sleeper(plain)], start_new_session=True),
+              subprocess.Popen(["sh", "-c", _sleeper(other)], start_new_session=True, env=child_environ())]
+    try:
+        _until(lambda: _running(plain) and _running(other), "the sleepers never started")
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        old, new = tmp_path / "old", tmp_path / "new"
+        old.mkdir()
+        for g in groups:
+            (old / f"{g.pid}.pid").write_text(f"{dead.pid} {g.pid}\n")
+        assert reap_stale(old) == []
+        for g in groups:
+            # written by a klbisect process that then exits
+            subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                            "from klbisect.proc import write_pid_file; write_pid_file(Path(sys.argv[1]), "
+                            "int(sys.argv[2]))", str(new), str(g.pid)], check=True, timeout=60)
+        assert reap_stale(new) == []
+        assert all(g.poll() is None for g in groups)
+        assert _running(plain) and _running(other)
+        assert not list(old.iterdir()) and not list(new.iterdir())
+    finally:
+        for g in groups:
+            try:
+                os.killpg(g.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            g.wait()
 
 
 def test_a_live_owners_groups_are_left_alone(tmp_path):
     tag = uuid.uuid4().hex
-    child = subprocess.Popen(["sh", "-c", _sleeper(tag)], start_new_session=True)
+    child = subprocess.Popen(["sh", "-c", _sleeper(tag)], start_new_session=True, env=child_environ())
     try:
+        _until(lambda: _running(tag), "the sleeper never started")
         pids = tmp_path / "pids"
         pids.mkdir()
         (pids / f"{child.pid}.pid").write_text(f"{os.getpid()} {child.pid}\n")
+        (pids / "new.pid").write_text(f"{os.getpid()} {child.pid} {owner_marker()}\n")
         assert reap_stale(pids) == []
-        assert _alive(tag)
+        assert _running(tag)
+        assert len(list(pids.iterdir())) == 2
     finally:
-        child.kill()
+        os.killpg(child.pid, signal.SIGKILL)
         child.wait()
 
 
@@ -87,16 +341,15 @@ def test_klbisect_status_reaps_what_a_killed_klbisect_left(tmp_path):
     and reaps first (here `status` then exits 150: there is no session)."""
     repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    tag = uuid.uuid4().hex
-    orphan = subprocess.Popen(["sh", "-c", _sleeper(tag)], start_new_session=True)
-    dead_owner = subprocess.Popen(["true"])
-    dead_owner.wait()
+    in_group, detached = uuid.uuid4().hex, uuid.uuid4().hex
     pids = repo / ".git" / "klbisect" / "pids"
-    pids.mkdir(parents=True)
-    (pids / f"{orphan.pid}.pid").write_text(f"{dead_owner.pid} {orphan.pid}\n")
-    assert _alive(tag)
-    p = subprocess.run([sys.executable, "-m", "klbisect", "status", "--repo", str(repo)],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 150, p.stderr
-    orphan.wait(timeout=10)
-    assert _alive(tag) == []
+    _killed_owner(_OWNER_RUN_LOGGED, f"setsid {_sleeper(detached)} & {_sleeper(in_group)} & wait",
+                  [in_group, detached], tmp_path, pids)
+    try:
+        p = subprocess.run([sys.executable, "-m", "klbisect", "status", "--repo", str(repo)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 150, p.stderr
+        assert _gone(in_group) and _gone(detached)
+    finally:
+        for q in _alive(in_group) + _alive(detached):
+            q.kill()
