@@ -22,9 +22,10 @@ from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_u
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
+from .probe import STATUS_TIMEOUT
+from .session import (BisectConfig, Workspace, _endpoint_problem, close_builder, commit_runs, make_builder,
+                      make_probe, record, since)
 from .simulate import simulate_bisect
-from .session import (BisectConfig, Workspace, _endpoint_problem, commit_runs, make_builder, make_probe,
-                      record, since)
 
 
 @dataclass
@@ -224,9 +225,11 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
     finally:
         if slot.checkout.exists():
             gitrepo.worktree_remove(ws.repo, slot.checkout)
+        close_builder(builder, progress)
     all_runs = ws.store.runs(probe.key, [sha])
-    with_values = [r for r in all_runs if r.value is not None][-runs:] if runs else []
-    res = Calibration(rev, sha, len(with_values), sum(1 for r in all_runs if r.value is None),
+    measured = [r for r in all_runs if r.value is not None and r.status != STATUS_TIMEOUT]
+    with_values = measured[-runs:] if runs else []
+    res = Calibration(rev, sha, len(with_values), len(all_runs) - len(measured),
                       label_stats([r.values for r in with_values], thresholds, false_fail_rate,
                                   confidence), false_fail_rate, confidence)
     if bad_sha:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import sqlite3
 import sys
 import traceback
@@ -12,7 +13,7 @@ import click
 from . import __version__
 from .build import DEFAULT_BUILD_PATHS
 from .decide import DECISIVE_RUNS, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS
-from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_STORAGE, EXIT_USAGE,
+from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE,
                      KlbisectError)
 from .probe import DEFAULT_TIMEOUT
 
@@ -58,8 +59,9 @@ class Cli(click.Group):
         except (sqlite3.OperationalError, OSError) as e:
             if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 return self._internal(e)
-            self._fail(EXIT_STORAGE, f"klbisect: error: cannot write state ({e}); free disk space and rerun: "
-                       "recorded runs are kept")
+            from .store import storage_error  # noqa: PLC0415
+            err = storage_error(e)
+            self._fail(err.code, f"klbisect: error: {err.message}")
         except SystemExit:
             raise
         except Exception as e:  # noqa: BLE001 - the last line of defence for git bisect
@@ -111,6 +113,36 @@ def range_options(f):
     return click.option("--good", required=True, help="A known-good commit (sha, branch or tag).")(f)
 
 
+class _Number(click.ParamType):
+    """A number an option can use, else one usage line in klbisect's own words
+    ("--max-new-tokens -5: give a whole number, at least 1", exit 150) before
+    anything runs: a bad number used to launch a server per run and end on
+    "printed no metric value". Floats must be finite (nan passes every range
+    check, and a nan timeout never expires)."""
+
+    def __init__(self, cast: type, ok, wants: str):
+        self.name = {int: "integer", float: "float"}[cast]   # the help shows INTEGER / FLOAT, as before
+        self._cast, self._ok, self._wants = cast, ok, wants
+
+    def convert(self, value, param, ctx):
+        try:
+            v = self._cast(value)
+        except (TypeError, ValueError):
+            v = None
+        if v is None or (isinstance(v, float) and not math.isfinite(v)) or not self._ok(v):
+            raise click.UsageError(f"{param.opts[0] if param else 'value'} {value}: give {self._wants}", ctx)
+        return v
+
+
+COUNT = _Number(int, lambda v: v >= 1, "a whole number, at least 1")
+SIDE_RUNS = _Number(int, lambda v: v >= 2, "a whole number, at least 2")   # one run per side tells nothing
+SECONDS = _Number(float, lambda v: v > 0, "seconds, above 0")
+VALUE = _Number(float, lambda v: True, "a finite number")
+KL_VALUE = _Number(float, lambda v: v > 0, "a KL value above 0")
+CONFIDENCE = _Number(float, lambda v: 0.5 < v < 1, "a level above 0.5 and below 1 (e.g. 0.99)")
+RUNS_PER_LAUNCH = _Number(int, lambda v: v >= 0, "a whole number, 0 or more (0: all runs of a commit)")
+
+
 def probe_options(f):
     """How to build and measure a commit (all commands that probe share these)."""
     opts = [
@@ -122,7 +154,7 @@ def probe_options(f):
                      help="SGLang-aware rebuilds (editable install, pinned kernel wheels)."),
         click.option("--build-paths", default=",".join(DEFAULT_BUILD_PATHS), show_default=True,
                      help="Comma-separated globs: rebuild only when a matching file changed."),
-        click.option("--timeout", type=float, default=DEFAULT_TIMEOUT, show_default=True,
+        click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
                      help="Seconds before one probe run is killed."),
         click.option("--metric", default=None, help="Judge one label (default: max over labels)."),
         click.option("--metric-regex", default=None,
@@ -137,25 +169,26 @@ def probe_options(f):
 def search_options(f):
     """How to decide and when to stop (bisecting commands only)."""
     opts = [
-        click.option("--threshold", type=float, default=None,
+        click.option("--threshold", type=VALUE, default=None,
                      help="Classic mode: a run fails at or above this value (no learning)."),
-        click.option("--votes", type=int, default=1, show_default=True,
+        click.option("--votes", type=COUNT, default=1, show_default=True,
                      help="Classic mode: majority of this many runs per commit."),
-        click.option("--max-runs", type=int, default=None,
+        click.option("--max-runs", type=COUNT, default=None,
                      help="At most this many runs with a value per commit [default: 10 when good and "
                           "bad separate, 100 when they overlap]."),
-        click.option("--endpoint-runs", type=int, default=MIN_ENDPOINT_RUNS, show_default=True,
+        click.option("--endpoint-runs", type=SIDE_RUNS, default=MIN_ENDPOINT_RUNS, show_default=True,
                      help=f"Runs per endpoint before checking that they separate. `run` may start "
                           f"searching on fewer than {DECISIVE_RUNS} when they separate widely, adds the runs of "
                           f"commits it places on a side to that side, and answers once each has {DECISIVE_RUNS}; "
                           f"`start` (a verdict per commit) measures both on to {DECISIVE_RUNS} first. Sides "
                           f"that overlap go on to {OVERLAP_ENDPOINT_RUNS} each."),
-        click.option("--max-endpoint-runs", type=int, default=MAX_ENDPOINT_RUNS, show_default=True,
+        click.option("--max-endpoint-runs", type=SIDE_RUNS, default=MAX_ENDPOINT_RUNS, show_default=True,
                      help="Give up when the endpoints still do not separate after this many runs each."),
-        click.option("--confidence", type=float, default=0.99, show_default=True,
+        click.option("--confidence", type=CONFIDENCE, default=0.99, show_default=True,
                      help="Stop when the most likely culprit (or block) reaches this probability."),
         click.option("--all-commits", is_flag=True, help="Also consider commits of merged side branches."),
-        click.option("--max-total-runs", type=int, default=MAX_TOTAL_RUNS, show_default=True),
+        click.option("--max-total-runs", type=COUNT, default=MAX_TOTAL_RUNS, show_default=True,
+                     help="Stop searching after this many runs in all (endpoint runs included)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -167,21 +200,21 @@ def sglang_options(f):
         click.option("--model-path", default=None, help="--probe sglang: model to serve."),
         click.option("--server-args", default="", help="--probe sglang: extra launch_server arguments."),
         click.option("--prompts", default=None, help="--probe sglang: JSON list of token-id lists."),
-        click.option("--runs-per-launch", type=int, default=0,
+        click.option("--runs-per-launch", type=RUNS_PER_LAUNCH, default=0,
                      help="--probe sglang: runs sharing one server launch (0: all runs of a commit)."),
-        click.option("--max-new-tokens", type=int, default=None, help="--probe sglang: tokens per sample."),
+        click.option("--max-new-tokens", type=COUNT, default=None, help="--probe sglang: tokens per sample."),
         click.option("--labels", default=None,
                      help="--probe sglang: comma-separated subset of logprobs_match,prefill_cache_hit,"
                           "decode_cache_hit."),
-        click.option("--num-samples", type=int, default=None, help="--probe sglang: use the first N prompts."),
-        click.option("--launch-timeout", type=float, default=None,
+        click.option("--num-samples", type=COUNT, default=None, help="--probe sglang: use the first N prompts."),
+        click.option("--launch-timeout", type=SECONDS, default=None,
                      help="--probe sglang: seconds for /health_generate to answer 200 (default 600)."),
-        click.option("--request-timeout", type=float, default=None, help="--probe sglang: seconds per request."),
+        click.option("--request-timeout", type=SECONDS, default=None, help="--probe sglang: seconds per request."),
         click.option("--sglang-python", "python", default=None,
                      help="--probe/--build sglang: interpreter that has sglang's dependencies."),
         click.option("--turn-separator", default=None,
                      help="--probe sglang: comma-separated token ids between turns for decode_cache_hit."),
-        click.option("--kl-threshold", type=float, default=None,
+        click.option("--kl-threshold", type=KL_VALUE, default=None,
                      help="--probe sglang: also print pass/fail against this threshold, like the test."),
         click.option("--pip-args", default=None, help="--build sglang: extra pip arguments."),
     ]
@@ -194,10 +227,8 @@ def make_config(kw: dict):
     from .session import BisectConfig
     sglang = {k: kw.pop(k) for k in _SGLANG_KEYS if k in kw}
     if sglang.get("turn_separator"):
-        try:
-            sglang["turn_separator"] = [int(t) for t in sglang["turn_separator"].split(",")]
-        except ValueError:
-            raise KlbisectError("--turn-separator takes token ids separated by commas", EXIT_USAGE) from None
+        sglang["turn_separator"] = _token_ids(sglang["turn_separator"])
+    _check_slots(kw)
     sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0)}
     if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
         raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
@@ -211,6 +242,28 @@ def make_config(kw: dict):
         parallel=kw.get("parallel", 1), gpus_per_probe=kw.get("gpus_per_probe", 0),
         executor=kw.get("executor", "local"), ray_address=kw.get("ray_address"),
     )
+
+
+def _token_ids(text: str) -> list[int]:
+    """--turn-separator: token ids are integers from 0 up."""
+    try:
+        ids = [int(t) for t in text.split(",")]
+    except ValueError:
+        ids = [-1]
+    if any(t < 0 for t in ids):
+        raise KlbisectError(f"--turn-separator {text!r}: give token ids (integers from 0) separated by commas",
+                            EXIT_USAGE)
+    return ids
+
+
+def _check_slots(kw: dict) -> None:
+    """--parallel and --gpus-per-probe (declared on `run`), checked before anything runs."""
+    if kw.get("parallel", 1) < 1:
+        raise KlbisectError(f"--parallel {kw['parallel']}: give the number of commits to probe at once, "
+                            "at least 1", EXIT_USAGE)
+    if kw.get("gpus_per_probe", 0) < 0:
+        raise KlbisectError(f"--gpus-per-probe {kw['gpus_per_probe']}: give the GPUs each probe gets, "
+                            "0 or more (0: no assignment)", EXIT_USAGE)
 
 
 _SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_new_tokens", "labels",

@@ -14,6 +14,12 @@ from .errors import EXIT_USAGE, KlbisectError
 # unittest writes its progress marks (". F E s x") to stderr, so a label line
 # read from the combined output can start with them: ".[logprobs_match] ..."
 _LABEL = re.compile(r"^[\s.FEsx]*\[([A-Za-z0-9_.:/-]+)\]")
+# A verbose runner writes the test's name without a newline, so the test's
+# first print continues that line: unittest -v "test_x (mod.Cls.test_x) ... "
+# (to stderr), pytest -v -s "file.py::Cls::test_x ". Mid-line, only SGLang's
+# own label line "[label] N samples, ..." after such a prefix counts: other
+# bracketed text mid-line (log prefixes, "[Cls] GSM8K accuracy") does not.
+_RUNNER_LABEL = re.compile(r"^(?:.* \.\.\. |\S+::\S+ )\[([A-Za-z0-9_.:/-]+)\] \d+ samples\b")
 # Only a line that starts with avg_kl_div (optionally after its [label]) is a
 # measurement: SGLang's assertion messages repeat "avg_kl_div=..." mid-line.
 _AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?avg_kl_div\s*[=:]\s*"
@@ -26,7 +32,9 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     """Return label -> value for every metric the output printed.
 
     Without ``regex``: every ``avg_kl_div=<float>`` line, labelled by the
-    nearest preceding ``[label]`` line (SGLang's format), plus JSON lines
+    nearest preceding ``[label]`` line (SGLang's format; also its
+    ``[label] N samples`` line after a ``unittest -v`` or ``pytest -v -s``
+    test-name prefix), plus JSON lines
     ``KLBISECT {"label": ..., "value": ...}``. With ``regex``: a named group
     ``value`` (or the first group) and an optional named group ``label``;
     without one, the matches are labelled value, value2, ... in order.
@@ -53,7 +61,7 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
             except (ValueError, KeyError, TypeError, AttributeError):
                 pass
             continue
-        m = _LABEL.match(line)
+        m = _LABEL.match(line) or _RUNNER_LABEL.match(line)
         if m:
             label = m.group(1)
         hit = _AVG_KL.match(line)

@@ -211,7 +211,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
                             "to compare with (default 5)", EXIT_USAGE)
     if not 0 < opts.alpha < 1:
         raise KlbisectError(f"--alpha {opts.alpha:g}: give a test level between 0 and 1 (e.g. 0.001)", EXIT_USAGE)
-    if opts.min_effect < 0:
+    if not (math.isfinite(opts.min_effect) and opts.min_effect >= 0):
         raise KlbisectError(f"--min-effect {opts.min_effect:g}: give how much higher the head's median must be, "
                             "0 or more (0.1 = 10%)", EXIT_USAGE)
     if opts.report_format not in ("md", "html", "json"):
@@ -245,7 +245,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
     from .executors import make_slots  # noqa: PLC0415
     from .measure import Measurer  # noqa: PLC0415
-    from .session import commit_runs, record  # noqa: PLC0415
+    from .session import close_builder, commit_runs, record  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -315,6 +315,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     finally:
         if slot is not None and slot.checkout.exists():
             gitrepo.worktree_remove(ws.repo, slot.checkout)
+        close_builder(builder, progress)
 
     cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
     j = judge(list(cr.values))

@@ -66,10 +66,12 @@ def config_key(kind: str, **parts) -> str:
 
 
 def classify(values: dict[str, float], exit_code: int | None, timed_out: bool) -> str:
-    if values:
-        return STATUS_OK
+    # a run stopped at --timeout is a crash even after printing values: the
+    # labels it never reached are missing from its max (the values are kept)
     if timed_out:
         return STATUS_TIMEOUT
+    if values:
+        return STATUS_OK
     if exit_code == 127:
         return STATUS_NOTFOUND
     return STATUS_CRASH

@@ -88,14 +88,16 @@ def format_status(st: dict) -> str:
     commits = f"{st['n_commits']} candidate commits, " if "n_commits" in st else ""
     state = st["state"]
     if st["kind"] == "gitbisect" and state == "bisecting":
-        state = ("answered; `klbisect reset` ends it" if st.get("result")
-                 else "git bisect in progress")
+        state = ("git bisect was reset outside klbisect; `klbisect reset` ends the session"
+                 if st.get("git_bisect_running") is False
+                 else "answered; `klbisect reset` ends it" if st.get("result") else "git bisect in progress")
     if st["kind"] == "calibrate":
         where = f"rev {str(st['good'])[:12]}" + (f", bad rev {str(st['bad'])[:12]}" if st.get("bad") else "")
     else:
         where = f"good {str(st['good'])[:12]} bad {str(st['bad'])[:12]}"
+    reused = f" (+{st['reused_runs']} reused from earlier sessions)" if st.get("reused_runs") else ""
     lines = [f"Session {st['session']} ({st['kind']}, {state}): {where}, "
-             f"{commits}{st.get('probe_runs', 0)} probe runs"]
+             f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
     m = st.get("model")
     metric = (st.get("config") or {}).get("metric")
     value = f"label {metric}" if metric else "a run's value is the max over its labels"
@@ -222,9 +224,7 @@ def _find_session(ws, session_id: int | None):
         if sess is None or sess.kind not in ("run", "gitbisect"):
             raise KlbisectError(f"session {session_id} is not a bisect session", EXIT_USAGE)
         return sess
-    act = [s for s in (st.active_session("run"), st.active_session("gitbisect")) if s and s.model]
-    if act:
-        return max(act, key=lambda s: s.id)
+    # the newest bisect: an interrupted session of an older question must not hide it
     sess = st.latest_session(("run", "gitbisect"))
     if sess is None:
         raise KlbisectError(f"no bisect session in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)

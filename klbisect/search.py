@@ -432,6 +432,7 @@ class Plan:
     untestable: np.ndarray
     exhausted: np.ndarray
     integrated: bool = False      # judged by the integrated model (the sides overlap)
+    lost: object = None           # decide.Separation: the endpoints' difference faded (stop, no signal)
 
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
@@ -445,7 +446,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     a few endpoint runs are enough to start and the model sharpens as the
     search goes.
     """
-    from .decide import OVERLAP_MAX_RUNS, Model, runs_per_commit  # pure; imported here to keep the module graph flat
+    from .decide import OVERLAP_MAX_RUNS, Model, lost_separation, runs_per_commit  # pure; imported here to keep the module graph flat
 
     n = len(commits) - 1
     # A commit the answer would have to include as "untestable" gets more
@@ -566,7 +567,10 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         if integrated is not None:
             nxt = _most_informative(commits, post, nxt, k, exhausted, untestable, pending,
                                     endpoint_max=max(4 * max_runs, 40), fence=fence)
-    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None)
+    lost = None
+    if done is None and integrated is not None and LOST_CHECK:
+        lost = lost_separation(commits[0].values, commits[n].values)
+    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost)
 
 
 def _integrated_done(parts: tuple[np.ndarray, np.ndarray | float], post: Posterior,
@@ -591,6 +595,8 @@ def _resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
 # alone: anywhere, and where the answer would rest on it.
 GIVE_UP_FALSE_ALARM = 3e-3
 ANSWER_FALSE_ALARM = 1e-4
+# Stop an integrated search whose endpoints no longer differ (decide.lost_separation).
+LOST_CHECK = True
 # Runs each commit beside an answer's boundary must have (plan).
 BOUNDARY_RUNS = 2
 HIGH_SIDE_EXTRA = 0      # ... and the one of them on the high side this many more (an ablation: docs/benchmarks.rst)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import signal
 import sys
 import time
 from contextlib import contextmanager
@@ -30,7 +29,7 @@ from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
-from .proc import log_tail, reap_stale
+from .proc import interrupt_on_stop_signals, log_tail, reap_stale
 from .search import CommitRuns, plan
 from .store import Run, SessionRow, Store
 
@@ -121,6 +120,14 @@ def make_probe(cfg: BisectConfig):
     return CommandProbe(cfg.probe_cmd or "", timeout=cfg.timeout, metric_regex=cfg.metric_regex)
 
 
+def close_builder(builder, progress: Progress) -> None:
+    """End of a session's builds: a builder that changed the user's
+    environment (--build sglang) puts it back, and says so."""
+    close = getattr(builder, "close", None)
+    if close:
+        close(progress)
+
+
 def make_builder(cfg: BisectConfig):
     if cfg.build == "sglang":
         from .sglang import SGLangBuilder  # noqa: PLC0415
@@ -170,7 +177,7 @@ class Workspace:
                                 f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
         try:
             reap_stale(self.pids)
-            with _sigterm_as_interrupt():
+            with interrupt_on_stop_signals():
                 yield self
         finally:
             self._lock.release()
@@ -178,23 +185,6 @@ class Workspace:
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a CI job cancelled, a `kill`) unwinds like Ctrl-C, so probes
-    are killed and state stays consistent."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
 
 
 # ---- recording and reading runs ----------------------------------------------
@@ -230,12 +220,14 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     fixed environment (a network blip, a full disk) needs no other command."""
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
-    for r in ws.store.runs(probe_key, shas):
+    runs = ws.store.runs(probe_key, shas)
+    usual = _usual_labels(runs) if ws.metric is None else frozenset()
+    for r in runs:
         last_run[r.sha] = max(last_run.get(r.sha, 0.0), r.started)
         if _cut_short(r, timeout):
             continue
         c = out[r.sha]
-        if r.value is not None:
+        if r.value is not None and r.status != STATUS_TIMEOUT and not _cut_off(r, usual):
             c.values.append(r.value)
         else:
             c.crashes += 1
@@ -256,6 +248,24 @@ RERUN_KEYS = ("timeout",)
 
 def _question_of(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in RERUN_KEYS}
+
+
+def _usual_labels(runs) -> frozenset:
+    """The label set most runs print (ties: the larger)."""
+    counts: dict[frozenset, int] = {}
+    for r in runs:
+        if r.values and r.status == "ok":
+            key = frozenset(r.values)
+            counts[key] = counts.get(key, 0) + 1
+    return max(counts, key=lambda k: (counts[k], len(k)), default=frozenset())
+
+
+def _cut_off(run, usual: frozenset) -> bool:
+    """A run that failed before printing every label the others print: its
+    max over labels misses the ones it never reached, so it is a crash, not a
+    low value. A failed assertion after the labels is a measurement, and a
+    run that exits 0 with fewer labels skipped them on purpose."""
+    return bool(usual) and run.exit_code != 0 and frozenset(run.values) < usual
 
 
 def _cut_short(run, timeout: float | None) -> bool:
@@ -298,7 +308,8 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
         return KlbisectError(f"the {which} endpoint {sha[:12]} does not build ({b.get('note', 'failed')}); "
-                             f"fix --build-cmd or pick another {which} commit; log: {b.get('log_path')}",
+                             f"{build_fix_hint(build_key)} or pick another {which} commit; "
+                             f"log: {b.get('log_path')}",
                              EXIT_NO_SIGNAL, detail=log_tail(b.get("log_path", "")))
     if not cr.values and cr.crashes >= crash_limit:
         runs = ws.store.runs(probe_key, [sha])
@@ -314,10 +325,20 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
                                  EXIT_NO_SIGNAL, detail=log_tail(last.log_path or ""))
         return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs"
-                             f"{note} (expected avg_kl_div=... lines, or set --metric-regex); log: "
+                             f"{note} ({no_value_hint(probe_key)}); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL,
                              detail=log_tail(last.log_path if last and last.log_path else ""))
     return None
+
+
+def build_fix_hint(build_key: str | None) -> str:
+    from .sglang import build_fix_hint as hint  # noqa: PLC0415 - the words depend on the builder
+    return hint(build_key)
+
+
+def no_value_hint(probe_key: str | None) -> str:
+    from .sglang import no_value_hint as hint  # noqa: PLC0415 - --metric-regex is for --probe-cmd only
+    return hint(probe_key)
 
 
 NEVER_BUILT_LIMIT = 3  # failed builds, none ever good under this --build-cmd: the command is wrong
@@ -334,7 +355,8 @@ def _never_built(ws: Workspace, build_key: str | None, log_path: str | None) -> 
     if any(b["ok"] for b in builds) or len(builds) < NEVER_BUILT_LIMIT:
         return None
     return KlbisectError(f"the build failed on all {len(builds)} commits it was tried on and has never "
-                         f"succeeded here: fix --build-cmd and rerun; log: {log_path}", EXIT_NO_SIGNAL,
+                         f"succeeded here: {build_fix_hint(build_key)}, and rerun; log: {log_path}",
+                         EXIT_NO_SIGNAL,
                          detail=log_tail(log_path or ""))
 
 
@@ -411,9 +433,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             # Spare slots measure the endpoints in parallel; alternate them so an
             # interrupted calibration leaves both sides measured alike. One slot
             # takes each endpoint's runs together: alternating there would check out
-            # and rebuild the other endpoint before every run.
+            # and rebuild the other endpoint, or relaunch its server, before every run.
             ng, nb = (max(m, per_side) if m else 0 for m in (step.more_good, step.more_bad))
-            if width == 1 and (cfg.build_cmd or cfg.build):
+            if width == 1 and (cfg.build_cmd or cfg.build or cfg.probe == "sglang"):
                 need = [good] * ng + [bad] * nb
             else:
                 need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
@@ -573,6 +595,9 @@ def _kernel_notes(ws: Workspace, block: list[tuple[str, str, int | None]], build
 
 # ---- run: the self-driving bisect ---------------------------------------------
 
+CANARY_STREAK = 6     # runs crashed in a row ...
+CANARY_COMMITS = 3    # ... at this many commits: check the environment on the good endpoint
+
 def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stderr,
                executor_factory=None) -> Result:
     """Find the first bad commit between cfg.good and cfg.bad without touching
@@ -623,6 +648,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     ex = executor_factory(cfg, slots, measurer, ws) if executor_factory else _default_executor(cfg, slots, measurer, ws)
     slot_by_index = {s.index: s for s in slots}
     failures: dict[str, int] = {}
+    streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
 
     def handle(results) -> None:
         for r in results:
@@ -644,8 +670,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 if err:
                     raise err
             elif run is not None:
-                shown = "no value (" + run.status + ")" if run.value is None else f"{run.value:.4g}"
+                crashed = run.value is None or run.status == STATUS_TIMEOUT
+                shown = "no value (" + run.status + ")" if crashed else f"{run.value:.4g}"
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
+                streak[:] = streak + [r.sha] if crashed else []
 
     def execute(batch: list[str], stop=None) -> None:
         """Run one measurement for each sha in batch, as slots allow; when
@@ -661,6 +689,23 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             handle(ex.wait())
             if stop is not None and todo and stop():
                 todo.clear()
+
+    def canary(sha: str) -> None:
+        """Many crashes in a row across commits: untestable commits, or the
+        environment broke (a lost GPU, a full disk) and every run from now on
+        will crash. One run of the good endpoint, which printed values, tells
+        them apart before the search spends its budget on crashes."""
+        n = len(streak)
+        progress(f"the last {n} runs crashed at {len(set(streak))} commits: running the good endpoint "
+                 f"{sha[:12]} once to check the environment")
+        execute([sha])
+        last = ws.store.runs(probe_key, [sha])[-1:]
+        if last and (last[0].value is None or last[0].status == STATUS_TIMEOUT):
+            raise KlbisectError(
+                f"the environment broke mid-search: the last {n} runs crashed, and so did the good endpoint "
+                f"{sha[:12]}, which printed values before (see {last[0].log_path}); fix it and rerun the "
+                "same command: finished runs are kept and crashed commits get fresh runs", EXIT_NO_SIGNAL)
+        streak.clear()
 
     try:
         if prev and prev.model and prev.state == "bisecting":
@@ -679,6 +724,13 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             total = len(st.session_runs(sid))
             if pl.done and not ex.in_flight():
                 break
+            if pl.lost is not None and not pl.done and not ex.in_flight():
+                sep = pl.lost
+                raise KlbisectError(
+                    f"good and bad no longer differ after {sep.good['n']}+{sep.bad['n']} endpoint runs "
+                    f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
+                    f"{_fmt_summary(sep.good)}, bad {_fmt_summary(sep.bad)}; there is no regression between "
+                    "these endpoints to find, or it is too small to bisect; runs are kept", EXIT_NO_SIGNAL)
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
@@ -693,6 +745,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                              f"best guess {shas[top.last][:12]} at {top.mass:.3f})")
                     ex.submit(shas[i])
             handle(ex.wait())
+            if len(streak) >= CANARY_STREAK and len(set(streak)) >= CANARY_COMMITS:
+                canary(good)
         reason = "confidence reached"
         return _finish(ws, sid, cands, pl, True, reason, probe_key, build_key, progress)
     except KeyboardInterrupt:
@@ -708,6 +762,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         for s in slots:
             if s.checkout.exists():
                 gitrepo.worktree_remove(ws.repo, s.checkout)
+        close_builder(builder, progress)
 
 
 def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace):
@@ -768,6 +823,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             finally:
                 if slot.checkout.exists():
                     gitrepo.worktree_remove(ws.repo, slot.checkout)
+                close_builder(builder, progress)
             ws.store.update_session(sid, model=model.to_dict(), state="bisecting")
             if isinstance(model, Model) and not model.decisive:
                 progress("warning: good and bad overlap, and `git bisect` needs a final verdict per commit; "
@@ -974,8 +1030,11 @@ def _shown_session(ws: Workspace, session_id: int | None = None):
                 raise KlbisectError(f"no klbisect session {session_id} {where}: `klbisect status` names the "
                                     "latest", EXIT_USAGE)
         else:
-            sess = st.active_session() or st.latest_session(("run", "gitbisect", "calibrate", "nightly"),
-                                                            shown_only=True)
+            # the newest of the two: an interrupted session of an older question
+            # must not hide the bisect that finished after it
+            found = [st.active_session(), st.latest_session(("run", "gitbisect", "calibrate", "nightly"),
+                                                            shown_only=True)]
+            sess = max((x for x in found if x), key=lambda x: x.id, default=None)
     if sess is None:
         raise KlbisectError(f"no klbisect session {where}: start one with `klbisect run` or "
                             "`klbisect start`", EXIT_USAGE)
@@ -1002,7 +1061,10 @@ def status(path: str | Path | None) -> dict:
         commits = probed_commits(ws, sess, cfg, cands, runs, pl)
         out["commits"] = commits
         out["probe_runs"] = len(st.session_runs(sess.id))
+        out["reused_runs"] = max(len(st.runs(probe_key, shas)) - out["probe_runs"], 0)
         out["n_commits"] = len(shas) - 1
+        if sess.kind == "gitbisect" and sess.state == "bisecting":
+            out["git_bisect_running"] = gitrepo.bisect_in_progress(ws.repo)
         if pl is not None:
             out["model"] = pl.model.to_dict()
             out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+from urllib.parse import unquote, urlparse
 
 import psutil
 import requests
@@ -85,6 +86,10 @@ def make_prompts(text_file: str | Path, tokenizer_path: str, out: str | Path,
     Needs ``transformers`` (optional; imported only here) and the model's
     tokenizer, so prompts match what the server tokenizes. Returns the count.
     """
+    # checked first: a negative count would slice prompts off the end, 0 tokens loop forever
+    for option, n in (("--num-samples", num_samples), ("--max-tokens", max_tokens)):
+        if not _is_int(n) or n < 1:
+            raise KlbisectError(f"{option} {n}: give a whole number, at least 1", EXIT_USAGE)
     try:
         from transformers import AutoTokenizer  # noqa: PLC0415 - optional dependency
     except ImportError:
@@ -407,9 +412,7 @@ class SGLangServer:
                 _LIVE.add(self)
             proc._ACTIVE.add(self.proc.pid)   # killed by the executor's Ctrl-C path too
             if self.pid_dir is not None:
-                self.pid_dir.mkdir(parents=True, exist_ok=True)
-                self._pid_file = self.pid_dir / f"{self.proc.pid}.pid"
-                self._pid_file.write_text(f"{os.getpid()} {self.proc.pid}\n")
+                self._pid_file = proc.write_pid_file(self.pid_dir, self.proc.pid)
             limit = t0 + self.launch_timeout
             self._wait_ready(limit if deadline is None else min(limit, deadline))
         except BaseException:
@@ -512,6 +515,43 @@ def _head(checkout: Path) -> str | None:
         return None
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+# option -> (attribute, test, what it takes): the CLI's option types say the same
+# before anything runs; these hold for probes built from a stored session or the API
+_NUMBERS = (
+    ("--max-new-tokens", "max_new_tokens", lambda v: _is_int(v) and v >= 1, "a whole number, at least 1"),
+    ("--num-samples", "num_samples", lambda v: v is None or (_is_int(v) and v >= 1),
+     "a whole number, at least 1"),
+    ("--runs-per-launch", "runs_per_launch", lambda v: _is_int(v) and v >= 0,
+     "a whole number, 0 or more (0: all runs of a commit)"),
+    ("--launch-timeout", "launch_timeout", _positive, "seconds, above 0"),
+    ("--request-timeout", "request_timeout", _positive, "seconds, above 0"),
+    ("--timeout", "timeout", _positive, "seconds, above 0"),
+    ("--kl-threshold", "kl_threshold", lambda v: v is None or _positive(v), "a KL value above 0"),
+    ("--turn-separator", "turn_separator", lambda v: all(_is_int(t) and t >= 0 for t in v),
+     "token ids (integers from 0)"),
+)
+
+
+def number_problem(probe: "SGLangProbe") -> str | None:
+    """The first numeric setting a run could not use, as one line; None when
+    all are fine. A negative --max-new-tokens would otherwise launch a server
+    per run and end on "printed no metric value"."""
+    for option, attr, ok, wants in _NUMBERS:
+        value = getattr(probe, attr)
+        if not ok(value):
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            return f"{option} {shown}: give {wants}"
+    return None
+
+
 @dataclass
 class _Held:
     server: SGLangServer
@@ -556,6 +596,9 @@ class SGLangProbe:
         if owned:
             raise KlbisectError(f"--server-args may not set {', '.join(owned)}: the probe sets them "
                                 "(use --model-path; ports come from the slot)", EXIT_USAGE)
+        problem = number_problem(self)
+        if problem:
+            raise KlbisectError(problem, EXIT_USAGE)
 
     @classmethod
     def from_options(cls, options: Mapping, timeout: float = DEFAULT_TIMEOUT) -> "SGLangProbe":
@@ -839,6 +882,146 @@ def build_commands(python: str, to_install: Mapping[str, str], pip_args: Sequenc
     return cmds
 
 
+# ---------------------------------------------------------------------------
+# The environment before a session, and putting it back
+# ---------------------------------------------------------------------------
+
+# Where pip says a distribution came from (PEP 610's direct_url.json; a legacy
+# `setup.py develop` leaves only an .egg-info in the project instead).
+_ORIGIN_SCRIPT = (
+    "import json, sys\n"
+    "from importlib.metadata import distribution, PackageNotFoundError\n"
+    "try:\n"
+    "    d = distribution(sys.argv[1])\n"
+    "except PackageNotFoundError:\n"
+    "    print('null'); sys.exit(0)\n"
+    "try:\n"
+    "    url = json.loads(d.read_text('direct_url.json') or 'null')\n"
+    "except ValueError:\n"
+    "    url = None\n"
+    "path = getattr(d, '_path', None)\n"
+    "print(json.dumps({'version': d.version, 'direct_url': url, 'path': str(path) if path else None}))\n"
+)
+
+
+@dataclass(frozen=True)
+class InstallOrigin:
+    """Where an interpreter's ``sglang`` came from: what `--build sglang`
+    replaces with an editable install of a worktree that is deleted after
+    the session, and what its end puts back."""
+
+    version: str | None            # None: not installed
+    editable: str | None = None    # project directory of an editable install
+    url: str | None = None         # a pip requirement URL (local wheel, directory, archive, vcs)
+
+    @classmethod
+    def from_metadata(cls, raw: Mapping | None) -> "InstallOrigin":
+        """From ``_ORIGIN_SCRIPT``'s output (None: not installed)."""
+        if not raw or not raw.get("version"):
+            return cls(None)
+        direct = raw.get("direct_url") or {}
+        url = direct.get("url") if isinstance(direct, Mapping) else None
+        if url:
+            if (direct.get("dir_info") or {}).get("editable"):
+                return cls(raw["version"], editable=_file_path(url) or url)
+            vcs = direct.get("vcs_info") or {}
+            if vcs.get("vcs"):
+                rev = vcs.get("commit_id") or vcs.get("requested_revision")
+                url = f"{vcs['vcs']}+{url}" + (f"@{rev}" if rev else "")
+            if direct.get("subdirectory"):
+                url += f"#subdirectory={direct['subdirectory']}"
+            return cls(raw["version"], url=url)
+        path = Path(raw.get("path") or "")
+        if path.suffix == ".egg-info" and path.parent.name not in ("site-packages", "dist-packages"):
+            return cls(raw["version"], editable=str(path.parent))   # setup.py develop / egg-link
+        return cls(raw["version"])
+
+    def describe(self) -> str:
+        if self.version is None:
+            return "no sglang"
+        if self.editable:
+            gone = "" if Path(self.editable).is_dir() else ", which no longer exists"
+            return f"sglang {self.version}, an editable install of {self.editable}{gone}"
+        return f"sglang {self.version} from {self.url or 'a package index'}"
+
+
+def _file_path(url: str) -> str | None:
+    """The local path of a file:// URL; None for any other URL."""
+    parts = urlparse(url)
+    return unquote(parts.path) if parts.scheme == "file" else None
+
+
+def read_origin(python: str, cwd: Path | None = None, timeout: float = 60.0) -> InstallOrigin | None:
+    """Where ``python``'s sglang comes from; None when the interpreter cannot
+    tell (then nothing is restored: guessing could break a working setup)."""
+    try:
+        out = subprocess.run([python, "-c", _ORIGIN_SCRIPT, "sglang"], capture_output=True, text=True,
+                             timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
+        return InstallOrigin.from_metadata(json.loads(out.stdout)) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def restore_command(origin: InstallOrigin, python: str, pip_args: Sequence[str] = ()) -> list[str] | None:
+    """The pip argv that puts ``origin`` back; None when nothing can (an
+    editable project directory that is gone). Non-editable installs are
+    forced: the worktree's editable install may carry the same version."""
+    pip = [python, "-m", "pip"]
+    if origin.version is None:
+        return pip + ["uninstall", "-y", "sglang"]
+    install = pip + ["install", "--no-deps", *pip_args]
+    if origin.editable:
+        return install + ["-e", origin.editable] if Path(origin.editable).is_dir() else None
+    local = _file_path(origin.url) if origin.url else None
+    if origin.url and (local is None or Path(local).exists()):
+        return install + ["--force-reinstall", f"sglang @ {origin.url}"]
+    # from an index, or a local wheel since deleted: the same version from the index
+    return install + ["--force-reinstall", f"sglang=={origin.version}"]
+
+
+def pin_restore_commands(before: Mapping[str, str | None], now: Mapping[str, str | None], python: str,
+                         pip_args: Sequence[str] = ()) -> list[list[str]]:
+    """pip argvs that put back the pinned wheels a session changed (the server
+    checks their versions at start-up, so a stale pin breaks it)."""
+    cmds = []
+    for name, ver in sorted(before.items()):
+        if now.get(name) == ver:
+            continue
+        cmds.append([python, "-m", "pip", "uninstall", "-y", name] if ver is None
+                    else [python, "-m", "pip", "install", "--no-deps", *pip_args, f"{name}=={ver}"])
+    return cmds
+
+
+@dataclass
+class _Before:
+    """The environment as the first build of a session found it."""
+
+    origin: InstallOrigin | None
+    log_dir: Path
+    pins: dict[str, str | None] = field(default_factory=dict)   # only those a build changed
+
+
+def build_fix_hint(build_key: str | None) -> str:
+    """What a failed build asks the user to fix, in terms of the option in use."""
+    if build_key and build_key.startswith("sglang-build:"):
+        return ("see the build log for the failing pip command (--build sglang: --pip-args adds an "
+                "index or --no-build-isolation, --sglang-python picks the interpreter)")
+    return "fix --build-cmd"
+
+
+def no_value_hint(probe_key: str | None) -> str:
+    """What to check when a commit printed no value: --metric-regex applies to
+    --probe-cmd output only, the SGLang probe writes its own lines."""
+    if probe_key and probe_key.startswith("sglang:"):
+        return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "
+                "the server's own log lies beside it; check --model-path, --server-args and --sglang-python")
+    return "expected avg_kl_div=... lines, or set --metric-regex"
+
+
+def _say_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
 @dataclass
 class SGLangBuilder:
     """Reinstall only what a commit's diff requires.
@@ -849,6 +1032,11 @@ class SGLangBuilder:
     pins a version other than the one installed in ``python``'s environment.
     One environment is shared by all slots, so run parallel slots only over
     commits with the same pins (or give each slot its own ``python``).
+
+    That environment is the user's: the first build records where its
+    sglang (and each pinned wheel it changes) came from, and ``close()``
+    puts them back, since the worktree the last build installed from is
+    deleted when the session ends.
     """
 
     python: str = sys.executable
@@ -856,15 +1044,27 @@ class SGLangBuilder:
     install_pins: bool = True
     editable: bool = True
     timeout: float = DEFAULT_BUILD_TIMEOUT
+    _before: _Before | None = field(default=None, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     @classmethod
     def from_options(cls, options: Mapping) -> "SGLangBuilder":
-        opts = {k: v for k, v in dict(options).items() if k in cls.__dataclass_fields__}
+        opts = {k: v for k, v in dict(options).items() if k in cls.__dataclass_fields__ and not k.startswith("_")}
         if isinstance(opts.get("pip_args"), str):
-            opts["pip_args"] = tuple(shlex.split(opts["pip_args"]))
+            try:
+                opts["pip_args"] = tuple(shlex.split(opts["pip_args"]))
+            except ValueError as e:
+                raise KlbisectError(f"--pip-args: {e}", EXIT_USAGE) from None
         elif "pip_args" in opts:
             opts["pip_args"] = tuple(opts["pip_args"])
         return cls(**opts)
+
+    def __getstate__(self) -> dict:
+        # plain data for Ray: a node records and restores its own environment
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_before")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _before=None, _lock=threading.Lock())
 
     @property
     def key(self) -> str:
@@ -878,26 +1078,106 @@ class SGLangBuilder:
 
     def build(self, checkout: Path, log_path: Path, slot: Slot) -> BuildResult:
         start = time.monotonic()
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._remember_origin(log_path.parent)
         pyproject = Path(checkout) / "python" / "pyproject.toml"
         try:
             pins = parse_pins(pyproject.read_text()) if self.install_pins else {}
         except OSError:
             pins = {}
-        todo = pins_to_install(installed_versions(self.python, list(pins)), pins) if pins else {}
-        log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
+        installed = installed_versions(self.python, list(pins)) if pins else {}
+        todo = pins_to_install(installed, pins)
+        self._remember_pins({n: installed.get(n) for n in todo})
         note_parts = [f"installed {n}=={v}" for n, v in sorted(todo.items())]
         with open(log_path, "wb") as log:
             log.write(f"pins in python/pyproject.toml: {pins or 'none'}\n".encode())
-            for argv in build_commands(self.python, todo, self.pip_args, self.editable):
-                part = log_path.with_name(log_path.name + ".part")
-                res = run_logged(argv, cwd=Path(checkout), log_path=part, timeout=self.timeout,
-                                 env=slot.env, pid_dir=slot.pid_dir, header="$ " + shlex.join(argv))
-                log.write(part.read_bytes())
-                log.flush()
-                part.unlink(missing_ok=True)
-                if res.exit_code != 0:
-                    why = "timed out" if res.timed_out else f"exited {res.exit_code}"
-                    return BuildResult(False, time.monotonic() - start, str(log_path),
-                                       f"{shlex.join(argv[3:])} {why}")
+            failed = self._run(build_commands(self.python, todo, self.pip_args, self.editable), Path(checkout),
+                               log, log_path, slot.env, slot.pid_dir)
+        if failed:
+            return BuildResult(False, time.monotonic() - start, str(log_path), failed)
         return BuildResult(True, time.monotonic() - start, str(log_path), "; ".join(note_parts))
+
+    def _run(self, argvs: list[list[str]], cwd: Path, log, log_path: Path, env: Mapping[str, str] | None = None,
+             pid_dir: Path | None = None) -> str | None:
+        """Run pip commands in order into ``log``; the first failure as
+        "<pip args> exited N", or None when all succeeded."""
+        for argv in argvs:
+            part = log_path.with_name(log_path.name + ".part")
+            res = run_logged(argv, cwd=cwd, log_path=part, timeout=self.timeout, env=env, pid_dir=pid_dir,
+                             header="$ " + shlex.join(argv))
+            log.write(part.read_bytes())
+            log.flush()
+            part.unlink(missing_ok=True)
+            if res.exit_code != 0:
+                return f"{shlex.join(argv[3:])} {'timed out' if res.timed_out else f'exited {res.exit_code}'}"
+        return None
+
+    # -- the user's environment -------------------------------------------------
+
+    def _remember_origin(self, log_dir: Path) -> None:
+        """Before the session's first pip command (parallel builds wait here)."""
+        with self._lock:
+            if self._before is None:
+                self._before = _Before(read_origin(self.python, cwd=log_dir), log_dir)
+
+    def _remember_pins(self, versions: Mapping[str, str | None]) -> None:
+        with self._lock:
+            if self._before is not None:
+                for name, ver in versions.items():
+                    self._before.pins.setdefault(name, ver)
+
+    def close(self, say: Callable[[str], None] | None = None) -> list[str]:
+        """End of a session: put back the sglang (and the pinned wheels) that
+        ``python`` had before this builder's first build, and say so in one
+        line; when that fails, one line with what the environment now points
+        at and the command that restores it. Idempotent; returns the lines."""
+        with self._lock:
+            before, self._before = self._before, None
+        if before is None:
+            return []
+        lines = self._restore(before)
+        for line in lines:
+            (say or _say_stderr)(line)
+        return lines
+
+    def _restore(self, before: _Before) -> list[str]:
+        py = self.python
+        now = read_origin(py, cwd=before.log_dir)
+        if before.origin is None:
+            # unknown before (the interpreter did not answer): guessing could break a working setup
+            return [f"klbisect: could not tell where the sglang of {py} came from before the build; it now "
+                    f"has {now.describe()}: reinstall yours if that is not it"] if now and now.version else []
+        cmds = pin_restore_commands(before.pins, installed_versions(py, list(before.pins)), py, self.pip_args)
+        restored = [f"no {c[-1]}" if c[3] == "uninstall" else c[-1] for c in cmds]   # pins: name==ver
+        lines = []
+        if now != before.origin:
+            sglang_cmd = restore_command(before.origin, py, self.pip_args)
+            if sglang_cmd is not None:
+                cmds.append(sglang_cmd)
+                restored.insert(0, before.origin.describe())
+            else:
+                lines.append(f"klbisect: {py} had {before.origin.describe()} before the build and now has "
+                             f"{now.describe() if now else 'an unknown sglang'}; reinstall yours: "
+                             f"{py} -m pip install --no-deps -e <your sglang checkout>/python")
+        if not cmds:
+            return lines
+        before.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = before.log_dir / f"restore-env-{time.strftime('%Y%m%d-%H%M%S')}.log"
+        try:
+            with open(log_path, "wb") as log:
+                failed = self._run(cmds, before.log_dir, log, log_path)
+        except KeyboardInterrupt:
+            _say_stderr(self._not_restored(before, cmds, log_path, "interrupted"))
+            raise
+        except Exception as e:  # noqa: BLE001 - the session is ending: say what to do, never mask its error
+            failed = f"{type(e).__name__}: {e}"
+        if failed:
+            return lines + [self._not_restored(before, cmds, log_path, failed)]
+        return lines + [f"klbisect: {py} is back to {'; '.join(restored)} (log: {log_path})"]
+
+    def _not_restored(self, before: _Before, cmds: list[list[str]], log_path: Path, why: str) -> str:
+        now = read_origin(self.python, cwd=before.log_dir)
+        return (f"klbisect: could not put {self.python} back to {before.origin.describe()} ({why}; "
+                f"log: {log_path}); it now has {now.describe() if now else 'an unknown sglang'}; restore it with: "
+                + " && ".join(shlex.join(c) for c in cmds))

@@ -52,6 +52,8 @@ def simulate_bisect(n: int, run: Callable[[int], float | None], untestable: Cont
         pl = plan(commits, model, confidence, k=1, max_runs=max_runs, crash_limit=crash_limit)
         if pl.done:
             return list(pl.done.indices), runs
+        if pl.lost is not None:
+            return None, runs                          # "good and bad no longer differ"
         if runs >= max_total_runs or not pl.next:
             return None, runs
         measure(pl.next[0])

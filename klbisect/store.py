@@ -8,6 +8,7 @@ bisect writes.
 """
 from __future__ import annotations
 
+import errno
 import json
 import sqlite3
 import time
@@ -116,12 +117,20 @@ class SessionRow:
     ended: float | None
 
 
-def _storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
+def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
+    """What went wrong with the state, and the advice that fits it: a full
+    disk, a read-only or foreign directory, or a damaged database."""
     text = str(e)
     if path is not None and ("not a database" in text or "malformed" in text):
         return KlbisectError(f"klbisect state {path} is damaged ({text}): move it away (e.g. to "
                              f"{path.name}.bad) and rerun; the runs it held are lost, the repository "
                              "is untouched", EXIT_STORAGE)
+    if getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM) or any(
+            t in text for t in ("readonly", "read-only", "unable to open database")):
+        where = f" in {path.parent}" if path is not None else ""
+        return KlbisectError(f"cannot write klbisect state{where} ({text}): the directory is read-only or "
+                             "belongs to another user; make it writable and rerun: runs already recorded "
+                             "are kept", EXIT_STORAGE)
     return KlbisectError(f"cannot write klbisect state ({text}); free disk space and rerun: "
                          "runs already recorded are kept", EXIT_STORAGE)
 
@@ -142,14 +151,27 @@ class Store:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
+            self._inode = self.path.stat().st_ino
         except (sqlite3.Error, OSError) as e:
-            raise _storage_error(e, self.path) from None
+            raise storage_error(e, self.path) from None
+
+    def _check_file(self) -> None:
+        # sqlite keeps writing to a deleted or replaced file: every run after
+        # it would be lost without a word
+        try:
+            same = self.path.stat().st_ino == self._inode
+        except OSError:
+            same = False
+        if not same:
+            raise KlbisectError(f"klbisect state {self.path} was deleted or replaced while this command ran; "
+                                "what it recorded since is lost: rerun the command", EXIT_STORAGE)
 
     def close(self) -> None:
         self.db.close()
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
+        self._check_file()
         try:
             self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -159,7 +181,7 @@ class Store:
                 raise
             self.db.execute("COMMIT")
         except sqlite3.OperationalError as e:
-            raise _storage_error(e) from None
+            raise storage_error(e) from None
 
     # ---- sessions ---------------------------------------------------------
     def create_session(self, kind: str, good: str | None, bad: str | None, probe_key: str,

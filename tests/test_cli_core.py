@@ -289,6 +289,89 @@ def test_classic_all_commits_metric_regex_build_paths(history, tmp_path):
     assert len(marker.read_text().splitlines()) == 1
 
 
+CUT_OFF_PROBE = r"""import subprocess, sys
+from pathlib import Path
+counter = Path(sys.argv[1])
+n = int(counter.read_text()) if counter.exists() else 0
+counter.write_text(str(n + 1))
+p = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True)
+if n % 3 != 2:
+    sys.stdout.write(p.stdout)
+    sys.exit(p.returncode)
+# a crash (a lost GPU) before the label that moved: the labels printed so far, then exit 1
+lines = p.stdout.splitlines()
+cut = next(i for i, ln in enumerate(lines) if ln.startswith("[" + sys.argv[2] + "]"))
+print("\n".join(lines[:cut]))
+print("RuntimeError: CUDA error: an illegal memory access was encountered", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_a_run_cut_off_before_a_label_is_a_crash_not_a_low_value(history, tmp_path):
+    """A probe that dies before printing the one label that moved: the max
+    over the labels it printed would read a bad commit as good. Such a run counts as a crash; a failed assertion after every
+    label stays a measurement."""
+    h = history(n_commits=40, seed=12, noise=SEPARATED)
+    spec = json.loads((h.path / ".probe_noise.json").read_text())
+    wrapper = tmp_path / "cut_off.py"
+    wrapper.write_text(CUT_OFF_PROBE)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd",
+            f"{PY} {wrapper} {tmp_path / 'n'} {spec['moving_label']}",
+            "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert json_tail(p.stdout)["culprit"] == h.culprit
+    assert "endpoints separate" in p.stderr, p.stderr
+    cut = [r for r in db_query(h.path, "SELECT * FROM runs") if spec["moving_label"] not in json.loads(r["vals"])]
+    assert cut and all(r["exit_code"] == 1 for r in cut)
+    st = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    bad_end = next(c for c in st["commits"] if c["sha"] == h.bad)
+    assert bad_end["crashes"] == sum(r["sha"] == h.bad for r in cut) > 0
+    assert all(v > 0.01 for v in bad_end["values"])
+
+
+BREAKS_PROBE = r"""import subprocess, sys
+from pathlib import Path
+counter, broken_after = Path(sys.argv[1]), int(sys.argv[2])
+n = int(counter.read_text()) if counter.exists() else 0
+counter.write_text(str(n + 1))
+if n >= broken_after and Path(sys.argv[3]).exists():
+    print("RuntimeError: CUDA error: no CUDA-capable device is detected", file=sys.stderr)
+    sys.exit(1)
+p = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True)
+sys.stdout.write(p.stdout)
+sys.exit(p.returncode)
+"""
+
+
+def test_an_environment_that_breaks_mid_search_stops_it_and_a_rerun_resumes(history, tmp_path):
+    """Once the endpoints are learned every run crashes (a lost GPU): after a
+    few crashes in a row at several commits, one run of the good endpoint
+    crashes too, and the search stops (154) instead of calling commit after
+    commit untestable. Fixed, the same command resumes and names the culprit."""
+    h = history(n_commits=200, seed=14, noise=SEPARATED)
+    wrapper, broken = tmp_path / "breaks.py", tmp_path / "gpu-lost"
+    wrapper.write_text(BREAKS_PROBE)
+    broken.touch()
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd",
+            f"{PY} {wrapper} {tmp_path / 'n'} 14 {broken}", "--json")
+    p = klb(*args, cwd=h.path)
+    line = error_line(p, 154)
+    assert "environment broke" in line and h.good[:12] in line
+    runs = db_query(h.path, "SELECT * FROM runs")
+    assert len(runs) <= 14 + 8, len(runs)
+    broken.unlink()
+    again = klb(*args, cwd=h.path)
+    assert again.returncode == 0, again.stderr
+    assert json_tail(again.stdout)["culprit"] == h.culprit
+
+
+def test_a_run_stopped_by_the_timeout_after_printing_values_is_a_crash(tmp_path):
+    slot = _slot(tmp_path)
+    r = CommandProbe("echo '[a]'; echo avg_kl_div=0.02; sleep 30", timeout=1.0).run(
+        slot.checkout, tmp_path / "t.log", slot)
+    assert r.status == "timeout" and r.values == {"a": 0.02}
+
+
 SIDE_PROBE = """import os, random
 bad = os.path.exists("regressed")
 print("[m] x samples")
@@ -789,6 +872,19 @@ def test_sigterm_stops_a_run_like_ctrl_c(history):
     assert worktrees(h.path) == [str(h.path)]
 
 
+def test_status_shows_the_bisect_that_finished_after_an_interrupted_one(history):
+    """An interrupted session of another question stays unfinished; the
+    bisect that finished after it is what status and report show."""
+    h, tok, first, err = _signal_mid_probe(history, lambda p: p.send_signal(signal.SIGINT))
+    assert first.returncode == 130, err
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    st = klb("status", cwd=h.path).stdout
+    assert st.startswith("Session 2 (run, done)") and f"First bad commit: {h.culprit}" in st, st
+    rep = klb("report", "--offline", cwd=h.path).stdout
+    assert h.culprit[:12] in rep.splitlines()[0]
+
+
 def test_sigkilled_klbisect_leaves_nothing_after_the_next_command(history):
     """klbisect killed hard cannot clean up: the probe's shell dies with it
     (PDEATHSIG) and the next klbisect reaps the rest of its process group."""
@@ -889,3 +985,29 @@ def test_a_damaged_state_database_says_so(history):
     db.write_bytes(os.urandom(4096))
     line = error_line(klb("status", cwd=h.path), 156)
     assert "is damaged" in line and "move it away" in line and "free disk space" not in line
+
+
+def test_a_state_file_deleted_mid_command_is_noticed(tmp_path):
+    """sqlite would go on writing to the unlinked file and the command would
+    answer as if its runs were kept; the next write says what happened."""
+    from klbisect.errors import KlbisectError
+    from klbisect.store import Store
+    st = Store(tmp_path / "klbisect" / "state.db")
+    try:
+        sid = st.create_session("run", "a" * 40, "b" * 40, "cmd:x", {}, [])
+        (tmp_path / "klbisect" / "state.db").unlink()
+        with pytest.raises(KlbisectError) as e:
+            st.update_session(sid, state="done")
+        assert e.value.code == 156 and "deleted or replaced" in e.value.message
+    finally:
+        st.close()
+
+
+def test_a_read_only_state_directory_is_not_called_a_full_disk(tmp_path):
+    import errno as _errno
+
+    from klbisect.store import storage_error
+    ro = storage_error(OSError(_errno.EROFS, "Read-only file system"), tmp_path / "state.db")
+    assert "read-only" in ro.message and "free disk space" not in ro.message and ro.code == 156
+    full = storage_error(OSError(_errno.ENOSPC, "No space left on device"))
+    assert "free disk space" in full.message

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import math
-
+import os
+import subprocess
+import sys
 
 from klbisect.metric import DEFAULT_LABEL, JSON_PREFIX, parse_values, scalar
 
@@ -129,3 +131,67 @@ def test_labels_after_unittest_progress_marks():
            "F.[prefill_cache_hit] 8 samples\navg_kl_div=0.0105\nF\n")
     assert parse_values(out) == {"decode_cache_hit": 0.009, "logprobs_match": 0.004,
                                  "prefill_cache_hit": 0.0105}
+
+
+# SGLang's kl_multiturn_utils prints "[label] N samples, T turns, max_new_tokens=M"
+UNITTEST_FILE = """\
+import unittest
+
+
+def measure(label, value):
+    print(f"[{label}] 18 samples, 2 turns, max_new_tokens=512")
+    print(f"kl_divs={[value, value]}")
+    print(f"avg_kl_div={value}")
+
+
+class TestKL(unittest.TestCase):
+    def test_decode_cache_hit(self):
+        measure("decode_cache_hit", 0.0098)
+
+    def test_logprobs_match(self):
+        \"\"\"Helper 1: a docstring moves the name to its own line.\"\"\"
+        measure("logprobs_match", 0.0047)
+
+    def test_prefill_cache_hit(self):
+        measure("prefill_cache_hit", 0.0045)
+        self.assertLess(0.0045, 0.001, "avg_kl_div=0.0045 >= 0.001")
+
+
+unittest.main()
+"""
+
+
+def test_labels_after_unittest_verbose_prefix(tmp_path):
+    """`python3 test_x.py -v` writes "test_x (...) ... " to stderr with no
+    newline, so the test's label lands mid-line; without reading it there,
+    every value was "value" and the last label's KL won over the max."""
+    test_file = tmp_path / "test_kl.py"
+    test_file.write_text(UNITTEST_FILE)
+    out = subprocess.run([sys.executable, str(test_file), "-v"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path).stdout
+    assert " ... [decode_cache_hit] 18 samples" in out, out   # the line the parser must read
+    v = parse_values(out)
+    assert v == {"decode_cache_hit": 0.0098, "logprobs_match": 0.0047, "prefill_cache_hit": 0.0045}, out
+    assert scalar(v) == 0.0098
+
+
+def test_labels_after_pytest_verbose_prefix():
+    out = ("test_kl.py::TestKL::test_decode_cache_hit [decode_cache_hit] 18 samples, 2 turns, max_new_tokens=512\n"
+           "avg_kl_div=0.0098\nPASSED\n"
+           "test_kl.py::TestKL::test_logprobs_match [logprobs_match] 18 samples, 2 turns, max_new_tokens=512\n"
+           "avg_kl_div=0.0047\nPASSED\n")
+    assert parse_values(out) == {"decode_cache_hit": 0.0098, "logprobs_match": 0.0047}
+
+
+def test_brackets_mid_line_are_not_labels():
+    """Mid-line, only SGLang's "[label] N samples" after a test runner's
+    prefix names a label: log prefixes and other bracketed text do not."""
+    out = ("test_decode (x.T.test_decode) ... [decode_cache_hit] 18 samples, 2 turns\n"
+           "avg_kl_div=0.0098\n"
+           "test_gsm8k (x.T.test_gsm8k) ... [TestKL] GSM8K accuracy: 0.950 (threshold: 0.93)\n"
+           "INFO 10:00:01 [logprobs_match] 18 samples, 2 turns\n"
+           "server| [2026-01-01 10:00:02 TP0] [prefill_cache_hit] 18 samples\n"
+           "test_x (x.T.test_x) ... [done] all samples\n"
+           "avg_kl_div=0.0031\n")
+    # none of the later lines switched the label: the second value is still decode_cache_hit's
+    assert parse_values(out) == {"decode_cache_hit": 0.0031}

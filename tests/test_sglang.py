@@ -22,8 +22,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from click.testing import CliRunner
 
 from klbisect import github
+from klbisect.cli import cli as cli_main
 from klbisect.errors import EXIT_USAGE, KlbisectError
 from klbisect.metric import parse_values
 from klbisect.probe import Slot
@@ -131,8 +133,9 @@ def test_builder_runs_pins_then_editable(tmp_path):
     res = SGLangBuilder(python=str(fake_py)).build(checkout, tmp_path / "build.log", Slot(0, checkout))
     assert res.ok, Path(res.log_path).read_text()
     calls = [json.loads(line) for line in record.read_text().splitlines()]
-    assert calls[0][0] == "-c" and calls[0][2:] == ["sglang-kernel", "flashinfer-python"]  # versions query
-    assert calls[1:] == [["-m", "pip", "install", "--no-deps", "flashinfer-python==0.6.1"],
+    assert calls[0][0] == "-c" and calls[0][2:] == ["sglang"]   # where sglang came from, before any change
+    assert calls[1][0] == "-c" and calls[1][2:] == ["sglang-kernel", "flashinfer-python"]  # versions query
+    assert calls[2:] == [["-m", "pip", "install", "--no-deps", "flashinfer-python==0.6.1"],
                          ["-m", "pip", "install", "--no-deps", "sglang-kernel==0.4.4"],
                          ["-m", "pip", "install", "--no-deps", "-e", "python"]]
     assert "installed sglang-kernel==0.4.4" in res.note
@@ -235,6 +238,275 @@ def test_probe_options_and_key(tmp_path):
         SGLangProbe(model_path="m", prompts=prompts, server_args="--tp 2 --port=3000")
     with pytest.raises(KlbisectError, match="unknown SGLang label"):
         SGLangProbe(model_path="m", prompts=prompts, labels=("kl",))
+
+
+# ---------------------------------------------------------------------------
+# numeric options: usage errors (exit 150) before anything runs
+# ---------------------------------------------------------------------------
+
+def _tiny_repo(path: Path) -> Path:
+    path.mkdir()
+    for args in (("init", "-q"), ("commit", "-q", "--allow-empty", "-m", "a"),
+                 ("commit", "-q", "--allow-empty", "-m", "b")):
+        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", *args], cwd=path, check=True)
+    return path
+
+
+@pytest.mark.parametrize("command, args", [
+    ("run", ["--launch-timeout", "-1"]), ("run", ["--request-timeout", "-3"]),
+    ("run", ["--max-new-tokens", "-5"]), ("run", ["--max-new-tokens", "0"]),
+    ("run", ["--launch-timeout", "0"]), ("run", ["--launch-timeout", "nan"]),
+    ("run", ["--num-samples", "-1"]), ("run", ["--num-samples", "0"]),
+    ("run", ["--runs-per-launch", "-1"]), ("run", ["--kl-threshold", "0"]),
+    ("run", ["--turn-separator", "11,-1"]), ("run", ["--timeout", "inf"]),
+    ("run", ["--gpus-per-probe", "-1"]), ("run", ["--max-total-runs", "0"]), ("run", ["--threshold", "nan"]),
+    ("start", ["--max-new-tokens", "-5"]), ("calibrate", ["--launch-timeout", "-1"]),
+    ("nightly", ["--request-timeout", "-3"]),
+])
+def test_bad_numbers_are_usage_errors_before_anything_runs(tmp_path, command, args):
+    """They used to launch a server per run and end on "printed no metric
+    value" (exit 154), or be replaced by a default without a word."""
+    repo = _tiny_repo(tmp_path / "r")
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2, 3]]")
+    rng = {"run": ["--good", "HEAD~1", "--bad", "HEAD"], "start": ["--good", "HEAD~1", "--bad", "HEAD"],
+           "calibrate": ["--rev", "HEAD"], "nightly": []}[command]
+    res = CliRunner().invoke(cli_main, [command, "--repo", str(repo), *rng, "--probe", "sglang",
+                                        "--model-path", "m", "--prompts", str(prompts), *args])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == EXIT_USAGE, res.stderr
+    assert len(lines) == 1 and lines[0].startswith("klbisect: error:") and args[0] in lines[0], res.stderr
+    assert not (repo / ".git" / "klbisect").exists()    # no session, no run, no server
+
+
+@pytest.mark.parametrize("args", [["--num-samples", "-1"], ["--num-samples", "0"], ["--max-tokens", "0"]])
+def test_make_prompts_bad_counts_are_usage_errors(tmp_path, args):
+    """--num-samples -1 used to drop the last prompt without a word."""
+    text = tmp_path / "t.txt"
+    text.write_text("some text")
+    res = CliRunner().invoke(cli_main, ["make-prompts", str(text), "--tokenizer", "x",
+                                        "--out", str(tmp_path / "o.json"), *args])
+    assert res.exit_code == EXIT_USAGE and args[0] in res.stderr, res.stderr
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_probe_rejects_bad_numbers_from_any_caller(tmp_path):
+    """A stored session or the API builds probes without the CLI's option types."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2]]")
+    for kw, fragment in (({"max_new_tokens": -5}, "--max-new-tokens -5"), ({"num_samples": -1}, "--num-samples"),
+                         ({"launch_timeout": float("nan")}, "--launch-timeout"),
+                         ({"request_timeout": 0}, "--request-timeout"), ({"turn_separator": (3, -1)}, "3,-1")):
+        with pytest.raises(KlbisectError, match=re.escape(fragment)) as e:
+            SGLangProbe(model_path="m", prompts=prompts, **kw)
+        assert e.value.code == EXIT_USAGE
+
+
+def test_failure_hints_name_the_option_in_use(tmp_path):
+    """--build sglang has no --build-cmd to fix, --probe sglang no output for
+    --metric-regex to read."""
+    from klbisect.build import CommandBuilder
+    from klbisect.probe import CommandProbe
+    from klbisect.sglang import build_fix_hint, no_value_hint
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2]]")
+    sglang_build, sglang_probe = SGLangBuilder().key, SGLangProbe(model_path="m", prompts=prompts).key
+    assert "--build-cmd" not in build_fix_hint(sglang_build) and "--pip-args" in build_fix_hint(sglang_build)
+    assert "--metric-regex" not in no_value_hint(sglang_probe) and "--model-path" in no_value_hint(sglang_probe)
+    assert build_fix_hint(CommandBuilder("make").key) == "fix --build-cmd"
+    assert "--metric-regex" in no_value_hint(CommandProbe("true").key)
+
+
+# ---------------------------------------------------------------------------
+# --build sglang: the user's environment is put back at the end
+# ---------------------------------------------------------------------------
+
+def test_install_origin_from_pip_metadata():
+    from klbisect.sglang import InstallOrigin, pin_restore_commands, restore_command
+    O = InstallOrigin.from_metadata
+    assert O(None) == InstallOrigin(None)
+    editable = O({"version": "0.5.1", "direct_url": {"url": "file:///src/sg%20lang/python",
+                                                     "dir_info": {"editable": True}}})
+    assert editable == InstallOrigin("0.5.1", editable="/src/sg lang/python")
+    vcs = O({"version": "0.5.1", "direct_url": {"url": "https://github.com/sgl-project/sglang",
+                                                "vcs_info": {"vcs": "git", "commit_id": "abc"},
+                                                "subdirectory": "python"}})
+    assert vcs.url == "git+https://github.com/sgl-project/sglang@abc#subdirectory=python"
+    wheel = O({"version": "0.5.1", "direct_url": {"url": "file:///gone/sglang-0.5.1-py3-none-any.whl",
+                                                  "archive_info": {}}})
+    index = O({"version": "0.5.1", "direct_url": None, "path": "/v/lib/site-packages/sglang-0.5.1.dist-info"})
+    develop = O({"version": "0.5.1", "direct_url": None, "path": "/src/sglang/python/sglang.egg-info"})
+    assert (index, develop.editable) == (InstallOrigin("0.5.1"), "/src/sglang/python")
+    pip = ["/py", "-m", "pip"]
+    assert restore_command(InstallOrigin(None), "/py") == pip + ["uninstall", "-y", "sglang"]
+    assert restore_command(editable, "/py") is None                       # its directory is gone
+    assert restore_command(vcs, "/py", ("-q",)) == pip + ["install", "--no-deps", "-q", "--force-reinstall",
+                                                         f"sglang @ {vcs.url}"]
+    # a local wheel that is gone: the same version from the index
+    assert restore_command(wheel, "/py")[-2:] == ["--force-reinstall", "sglang==0.5.1"]
+    assert restore_command(index, "/py")[-1] == "sglang==0.5.1"
+    assert pin_restore_commands({"sglang-kernel": "0.3.1", "flashinfer-python": None, "x": "1"},
+                                {"sglang-kernel": "0.3.2", "flashinfer-python": "0.6.1", "x": "1"}, "/py") == [
+        pip + ["uninstall", "-y", "flashinfer-python"], pip + ["install", "--no-deps", "sglang-kernel==0.3.1"]]
+
+
+# An interpreter that only pretends: it keeps "installed" state in a JSON file,
+# answers klbisect's metadata queries from it and applies pip install/uninstall.
+FAKE_PIP = """\
+import json, os, sys
+state_file, args = os.environ["FAKE_PIP_STATE"], sys.argv[1:]
+st = json.load(open(state_file))
+with open(state_file + ".calls", "a") as f:
+    f.write(json.dumps(args) + "\\n")
+if os.environ.get("FAKE_PIP_FAIL") and os.environ["FAKE_PIP_FAIL"] in args:
+    sys.exit(1)
+if args[0] == "-c":
+    if "direct_url" in args[1]:
+        print(json.dumps(st["sglang"]))
+    else:
+        print(json.dumps({n: st["pkgs"].get(n) for n in args[2:]}))
+elif args[2] == "install":
+    for i, a in enumerate(args):
+        if a == "-e":
+            url = "file://" + os.path.abspath(args[i + 1])
+            st["sglang"] = {"version": "0.0.1", "direct_url": {"url": url, "dir_info": {"editable": True}}}
+        elif "==" in a:
+            name, ver = a.split("==")
+            if name == "sglang":
+                st["sglang"] = {"version": ver, "direct_url": None}
+            else:
+                st["pkgs"][name] = ver
+elif args[2] == "uninstall":
+    if args[-1] == "sglang":
+        st["sglang"] = None
+    else:
+        st["pkgs"].pop(args[-1], None)
+json.dump(st, open(state_file, "w"))
+"""
+
+
+def test_build_sglang_puts_back_pinned_wheels_and_an_index_install(tmp_path, monkeypatch):
+    """A build also swaps the pinned kernel/flashinfer wheels, which the server
+    checks at start-up: they go back too, and a restore that fails says how."""
+    fake_py = tmp_path / "py"
+    fake_py.write_text(f"#!{sys.executable}\n{FAKE_PIP}")
+    fake_py.chmod(0o755)
+    state = tmp_path / "state.json"
+    before = {"sglang": {"version": "0.4.0", "direct_url": None,
+                         "path": "/v/lib/python3/site-packages/sglang-0.4.0.dist-info"},
+              "pkgs": {"sglang-kernel": "0.4.3"}}
+    state.write_text(json.dumps(before))
+    monkeypatch.setenv("FAKE_PIP_STATE", str(state))
+    checkout = tmp_path / "co"
+    (checkout / "python").mkdir(parents=True)
+    (checkout / "python" / "pyproject.toml").write_text(PYPROJECT_NEW)
+    for attempt in ("fails", "works"):
+        builder = SGLangBuilder(python=str(fake_py))
+        assert builder.build(checkout, tmp_path / "logs" / "build.log", Slot(0, checkout)).ok
+        assert json.loads(state.read_text())["pkgs"] == {"sglang-kernel": "0.4.4", "flashinfer-python": "0.6.1"}
+        if attempt == "fails":       # offline: the index version cannot be fetched
+            monkeypatch.setenv("FAKE_PIP_FAIL", "sglang==0.4.0")
+            [line] = builder.close(lambda line: None)
+            assert line.startswith(f"klbisect: could not put {fake_py} back to sglang 0.4.0 from a package index")
+            assert f"now has sglang 0.0.1, an editable install of {checkout / 'python'}" in line
+            assert line.endswith(f"restore it with: {fake_py} -m pip uninstall -y flashinfer-python && "
+                                 f"{fake_py} -m pip install --no-deps sglang-kernel==0.4.3 && "
+                                 f"{fake_py} -m pip install --no-deps --force-reinstall sglang==0.4.0"), line
+            monkeypatch.delenv("FAKE_PIP_FAIL")
+            state.write_text(json.dumps(before))
+        else:
+            [line] = builder.close(lambda line: None)
+            after = json.loads(state.read_text())
+            assert after["pkgs"] == before["pkgs"] and after["sglang"]["version"] == "0.4.0", line
+            assert after["sglang"]["direct_url"] is None                       # not an editable install
+            assert line.startswith(f"klbisect: {fake_py} is back to sglang 0.4.0 from a package index; "
+                                   "no flashinfer-python; sglang-kernel==0.4.3 (log: "), line
+
+
+@pytest.fixture
+def venv(tmp_path):
+    """A fresh interpreter environment with pip and setuptools from this one
+    (so editable installs build offline, with --no-build-isolation)."""
+    v = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(v)], check=True)
+    py = v / "bin" / "python"
+    probe = subprocess.run([str(py), "-c", "import setuptools, importlib.util as u; "
+                            "assert u.find_spec('pip') and u.find_spec('sglang') is None"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("needs pip and setuptools, and no sglang, in this interpreter's site-packages")
+    return py
+
+
+def _sglang_project(root: Path, where: str) -> Path:
+    """A git checkout whose python/ is an installable sglang that says where it lives."""
+    pkg = root / "python" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"WHERE = {where!r}\n")
+    (root / "python" / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "sglang"\nversion = "0.0.1"\n[tool.setuptools]\npackages = ["sglang"]\n')
+    for args in (("init", "-q"), ("add", "-A"), ("commit", "-q", "-m", "sglang")):
+        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", *args], cwd=root, check=True)
+    return root
+
+
+def _where(py: Path, cwd: Path) -> str | None:
+    out = subprocess.run([str(py), "-c", "import importlib.util as u\n"
+                          "s = u.find_spec('sglang')\n"
+                          "print(__import__('sglang').WHERE if s else None)"],
+                         cwd=cwd, capture_output=True, text=True, check=True)
+    return None if out.stdout.strip() == "None" else out.stdout.strip()
+
+
+def _build_in_worktree(builder: SGLangBuilder, user: Path, tmp_path: Path, name: str) -> None:
+    """What a session does: build a worktree, then delete it."""
+    wt = tmp_path / name
+    subprocess.run(["git", "-C", str(user), "worktree", "add", "-q", "--detach", str(wt), "HEAD"], check=True)
+    (wt / "python" / "sglang" / "__init__.py").write_text("WHERE = 'worktree'\n")
+    res = builder.build(wt, tmp_path / "logs" / f"build-{name}.log", Slot(0, wt))
+    assert res.ok, Path(res.log_path).read_text()
+    assert _where(builder.python, tmp_path) == "worktree"
+    subprocess.run(["git", "-C", str(user), "worktree", "remove", "--force", str(wt)], check=True)
+
+
+def test_build_sglang_puts_the_users_sglang_back(venv, tmp_path):
+    """--build sglang `pip install -e`s each worktree into the user's
+    interpreter, and the worktree is deleted when the session ends: without
+    close(), `import sglang` failed afterwards."""
+    user = _sglang_project(tmp_path / "mine", "user checkout")
+    said: list[str] = []
+    # no sglang before: none after
+    builder = SGLangBuilder(python=str(venv), pip_args=("--no-build-isolation",))
+    _build_in_worktree(builder, user, tmp_path, "wt1")
+    lines = builder.close(said.append)
+    assert _where(venv, tmp_path) is None, lines
+    assert len(lines) == 1 and "is back to no sglang" in lines[0] and said == lines
+    # the maintainer's own editable install: back to it, and a second close does nothing
+    subprocess.run([str(venv), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                    str(user / "python")], check=True, cwd=tmp_path)
+    builder = SGLangBuilder(python=str(venv), pip_args=("--no-build-isolation",))
+    _build_in_worktree(builder, user, tmp_path, "wt2")
+    lines = builder.close(lambda line: None)
+    assert _where(venv, tmp_path) == "user checkout", lines
+    assert len(lines) == 1 and f"an editable install of {user / 'python'}" in lines[0], lines
+    assert builder.close(lambda line: None) == []
+    # a builder that never built leaves the environment alone
+    assert SGLangBuilder(python=str(venv)).close(lambda line: None) == []
+
+
+def test_build_sglang_says_how_to_restore_what_it_cannot(venv, tmp_path):
+    user = _sglang_project(tmp_path / "mine", "user checkout")
+    subprocess.run([str(venv), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
+                    str(user / "python")], check=True, cwd=tmp_path)
+    builder = SGLangBuilder(python=str(venv), pip_args=("--no-build-isolation",))
+    _build_in_worktree(builder, user, tmp_path, "wt")
+    (user / "python").rename(user / "moved")       # the editable install's directory is gone
+    lines = builder.close(lambda line: None)
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith("klbisect: ") and f"{user / 'python'}, which no longer exists" in line
+    assert f"now has sglang 0.0.1, an editable install of {tmp_path / 'wt' / 'python'}" in line
+    assert f"{venv} -m pip install --no-deps -e" in line
 
 
 # ---------------------------------------------------------------------------
