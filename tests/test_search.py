@@ -724,3 +724,25 @@ def test_an_answer_whose_boundary_commits_hold_all_their_runs_meets_the_users_ma
     commits[5].values.pop()
     pl = plan(commits, model, 0.99)
     assert pl.done is None and pl.next == [5]
+
+
+def test_an_integrated_search_whose_endpoints_stop_differing_gives_up():
+    """A range with no regression can hint at one (p <= 0.2 on ten runs a
+    side); as the search measures the endpoints again the hint fades, and
+    the plan says so instead of searching noise to --max-total-runs. A real
+    overlapping shift keeps its hint."""
+    from klbisect.decide import LOST_ENDPOINT_RUNS, lost_separation
+    rng = np.random.default_rng(5)
+    same_g = list(0.004 * np.exp(0.25 * rng.standard_normal(40)))
+    same_b = same_g[20:] + same_g[:20]      # the same runs in another order: no difference at all
+    shifted = list(0.005 * np.exp(0.25 * rng.standard_normal(40)))
+    assert lost_separation(same_g[:LOST_ENDPOINT_RUNS - 1], same_b[:LOST_ENDPOINT_RUNS - 1]) is None
+    assert lost_separation(same_g, same_b) is not None
+    assert lost_separation(same_g, shifted) is None
+    cs = commits_for(30)
+    cs[0].values, cs[30].values = same_g, same_b
+    cs[15].values = [0.004, 0.0041]
+    pl = plan(cs, Model.fit(same_g[:10], same_b[:10]), 0.99)
+    assert pl.integrated and pl.done is None and pl.lost is not None
+    cs[30].values = shifted
+    assert plan(cs, Model.fit(same_g[:10], shifted[:10]), 0.99).lost is None
