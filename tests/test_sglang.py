@@ -807,3 +807,23 @@ def test_bisect_finds_planted_sglang_commit(repo, tmp_path):
     result = session.run_bisect(repo.path, cfg, progress=lambda msg: None)
     assert result.culprit == repo.culprit, result
     assert not [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
+
+
+def test_one_slot_launches_a_server_per_endpoint_not_per_run(repo, tmp_path):
+    """--probe sglang on one slot: the endpoints' runs are taken one side
+    after the other, so the server launched for a side serves all its runs
+    (alternating sides relaunched it for every run: minutes each)."""
+    from klbisect.session import BisectConfig, Workspace, run_bisect
+    cfg = BisectConfig(
+        good=repo.good, bad=repo.bad, probe="sglang", parallel=1, confidence=0.95,
+        sglang={"model_path": "fake-tiny", "prompts": str(repo.prompts), "max_new_tokens": 16,
+                "labels": "logprobs_match", "launch_timeout": 60},
+    )
+    assert run_bisect(repo.path, cfg, progress=lambda msg: None).culprit == repo.culprit
+    ws = Workspace(repo.path)
+    try:
+        ends = [r for r in ws.store.session_runs(ws.store.latest_session().id) if r.sha in (repo.good, repo.bad)]
+    finally:
+        ws.close()
+    launches = sum("launching:" in Path(r.log_path).read_text() for r in ends)
+    assert len(ends) >= 12 and launches <= 3, (len(ends), launches)
