@@ -601,20 +601,19 @@ def endpoint_step(good: Sequence[float], bad: Sequence[float], n_min: int = MIN_
     return EndpointStep("more", int(ng < n_max), int(nb < n_max), sep)
 
 
-LOST_ENDPOINT_RUNS = 2 * OVERLAP_ENDPOINT_RUNS   # runs a side before a faded hint ends the search
-LOST_MIN_EFFECT = 0.3    # spreads: the smallest shift the endpoints' p-value must keep pace with
+LOST_ENDPOINT_RUNS = 30  # runs a side (unequal counts weighed as their harmonic mean) ...
+LOST_P = 0.5             # ... after which a p-value above this ends an integrated search
 
 
 def lost_separation(good: Sequence[float], bad: Sequence[float]) -> Separation | None:
-    """The endpoints' difference, when it has faded: an integrated search
-    starts on a hint (p <= OVERLAP_P at OVERLAP_ENDPOINT_RUNS a side, which a
-    range with no regression in it gives often, looked at run after run)
-    and measures the endpoints again as it goes. A real shift's z-score
-    grows with the square root of the runs; noise's does not. So from
-    LOST_ENDPOINT_RUNS a side the p-value must stay under what a shift of
-    LOST_MIN_EFFECT spreads would give (never above OVERLAP_P); when it does
-    not, there is nothing between them to find, and the search would spend
-    --max-total-runs on noise."""
+    """The endpoints' difference, when it has gone: an integrated search
+    starts on a hint (p <= OVERLAP_P at OVERLAP_ENDPOINT_RUNS a side, which
+    a range with no regression in it gives often, looked at run after run)
+    and measures the endpoints again as it goes. With LOST_ENDPOINT_RUNS a
+    side and p above LOST_P, the two look alike: there is nothing between
+    them to find, and the search would spend --max-total-runs on noise.
+    docs/statistics.rst ("A range with no regression") measures both sides
+    of it: searches of noise cut short, and real overlapping shifts kept."""
     if not good or not bad:
         return None
     # the search re-measures whichever endpoint is worth more: unequal counts
@@ -623,8 +622,7 @@ def lost_separation(good: Sequence[float], bad: Sequence[float]) -> Separation |
     if n < LOST_ENDPOINT_RUNS:
         return None
     sep = separation(good, bad)
-    p_max = min(OVERLAP_P, 2.0 * float(_stats().norm.sf(LOST_MIN_EFFECT * math.sqrt(n / 2.0))))
-    return sep if sep.p_value > p_max else None
+    return sep if sep.p_value > LOST_P else None
 
 
 # ---- calibration statistics (klbisect calibrate, status) -------------------
