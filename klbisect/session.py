@@ -683,8 +683,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         while todo or ex.in_flight():
             while todo and ex.free():
                 # a free slot that has a queued commit built takes it first: with more
-                # slots than commits, a slot would otherwise rebuild whichever came next
-                j = next((k for k, s in enumerate(todo) if warm(s)), 0) if warm else 0
+                # slots than commits, a slot would otherwise rebuild whichever came next.
+                # It looks no further ahead than one round of slots, so a fast side
+                # cannot run ahead of the other (the early stops compare both sides).
+                j = next((k for k, s in enumerate(todo[:ex.slots]) if warm(s)), 0) if warm else 0
                 ex.submit(todo.pop(j))
             handle(ex.wait())
             if stop is not None and todo and stop():
