@@ -7,6 +7,7 @@ is what a user gets.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -64,6 +65,17 @@ def klb(*args, cwd, timeout: float = 300, env: dict | None = None) -> subprocess
 def klb_popen(*args, cwd, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([PY, "-m", "klbisect", *map(str, args)], cwd=str(cwd), env=child_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@contextlib.contextmanager
+def reaped(proc: subprocess.Popen):
+    """A klbisect started in the background, killed if the test leaves it running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def git(cwd, *args, check: bool = True) -> str:

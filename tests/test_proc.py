@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import PY, SEPARATED, klb_popen, processes_with, wait_gone
+from conftest import PY, SEPARATED, klb_popen, processes_with, reaped, wait_gone
 from klbisect.build import CommandBuilder
 from klbisect.probe import Slot
 from klbisect.proc import child_environ, kill_all_active, owner_marker, reap_stale, run_logged
@@ -157,18 +157,13 @@ def test_ctrl_c_during_the_build_starts_no_probe(history, tmp_path):
     h = history(n_commits=20, seed=6, merges=1, noise=SEPARATED)
     tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
     probed = tmp_path / "probed"
-    proc = klb_popen("run", "--good", h.good, "--bad", "main", "--build-cmd", f"sleep {tok}",
-                     "--probe-cmd", f"touch {probed}; {PY} probe.py", cwd=h.path)
-    try:
+    with reaped(klb_popen("run", "--good", h.good, "--bad", "main", "--build-cmd", f"sleep {tok}",
+                          "--probe-cmd", f"touch {probed}; {PY} probe.py", cwd=h.path)) as proc:
         _until(lambda: proc.poll() is not None or [p for p in processes_with(tok) if p.name() == "sleep"],
                "the build never started", timeout=120)
         assert proc.poll() is None, proc.communicate()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
     assert not probed.exists(), "the probe started after the build was killed"
