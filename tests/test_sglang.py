@@ -814,9 +814,10 @@ def test_one_slot_launches_a_server_per_endpoint_not_per_run(repo, tmp_path):
     after the other, so the server launched for a side serves all its runs
     (alternating sides relaunched it for every run: minutes each)."""
     from klbisect.session import BisectConfig, Workspace, run_bisect
+    # 12 new tokens: a probe of its own, so no earlier test's runs or finished session are reused
     cfg = BisectConfig(
         good=repo.good, bad=repo.bad, probe="sglang", parallel=1, confidence=0.95,
-        sglang={"model_path": "fake-tiny", "prompts": str(repo.prompts), "max_new_tokens": 16,
+        sglang={"model_path": "fake-tiny", "prompts": str(repo.prompts), "max_new_tokens": 12,
                 "labels": "logprobs_match", "launch_timeout": 60},
     )
     assert run_bisect(repo.path, cfg, progress=lambda msg: None).culprit == repo.culprit
