@@ -437,3 +437,14 @@ def test_a_failed_post_is_an_exit_code(tmp_path):
     logs = [f for f in (repo / ".git" / "klbisect").rglob("*") if f.is_file()]
     assert any("probe sees GITHUB_TOKEN = (unset)" in f.read_text(errors="replace") for f in logs)
     assert not [f for f in logs if TOKEN.encode() in f.read_bytes()]
+
+
+def test_two_equal_head_runs_do_not_change_the_verdict():
+    """KL values printed to six digits tie now and then. scipy's automatic
+    choice then switched to the normal approximation, whose p against a
+    three-run baseline is six times the exact one: one tie among twenty
+    runs turned a clear regression into "good"."""
+    base = [0.004, 0.0041, 0.0042]
+    head = [0.0081 + i * 1e-6 for i in range(20)]
+    tied = [0.0081] * 2 + head[2:]
+    assert compare(head, base).verdict == compare(tied, base).verdict == "regressed"
