@@ -228,7 +228,6 @@ def make_config(kw: dict):
     sglang = {k: kw.pop(k) for k in _SGLANG_KEYS if k in kw}
     if sglang.get("turn_separator"):
         sglang["turn_separator"] = _token_ids(sglang["turn_separator"])
-    _check_slots(kw)
     sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0)}
     if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
         raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
@@ -256,16 +255,6 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
-def _check_slots(kw: dict) -> None:
-    """--parallel and --gpus-per-probe (declared on `run`), checked before anything runs."""
-    if kw.get("parallel", 1) < 1:
-        raise KlbisectError(f"--parallel {kw['parallel']}: give the number of commits to probe at once, "
-                            "at least 1", EXIT_USAGE)
-    if kw.get("gpus_per_probe", 0) < 0:
-        raise KlbisectError(f"--gpus-per-probe {kw['gpus_per_probe']}: give the GPUs each probe gets, "
-                            "0 or more (0: no assignment)", EXIT_USAGE)
-
-
 _SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_new_tokens", "labels",
                 "num_samples", "launch_timeout", "request_timeout", "python", "turn_separator",
                 "kl_threshold", "pip_args")
@@ -282,8 +271,9 @@ def _emit_json(obj) -> None:
 @range_options
 @probe_options
 @search_options
-@click.option("--parallel", type=int, default=1, show_default=True, help="Probe this many commits at once.")
-@click.option("--gpus-per-probe", type=int, default=0, show_default=True,
+@click.option("--parallel", type=COUNT, default=1, show_default=True, help="Probe this many commits at once.")
+@click.option("--gpus-per-probe", type=_Number(int, lambda v: v >= 0, "a whole number, 0 or more (0: no assignment)"),
+              default=0, show_default=True,
               help="GPUs given to each parallel probe (CUDA_VISIBLE_DEVICES); 0: no assignment.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--ray-address", default=None, help="auto or ray://HOST:PORT (with --executor ray).")
@@ -405,7 +395,7 @@ def calibrate(repo, rev, runs, bad_rev, commits, thresholds, false_fail_rate, co
               help="Where to create the demo repository (default: a new temporary directory).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same history.")
-@click.option("--parallel", type=int, default=2, show_default=True, help="Probes at a time.")
+@click.option("--parallel", type=COUNT, default=2, show_default=True, help="Probes at a time.")
 @click.option("--json", "as_json", is_flag=True)
 def demo(directory, device, seed, parallel, as_json):
     """Bisect the embedded example engine: a tiny torch transformer whose

@@ -259,7 +259,7 @@ def _tiny_repo(path: Path) -> Path:
     ("run", ["--num-samples", "-1"]), ("run", ["--num-samples", "0"]),
     ("run", ["--runs-per-launch", "-1"]), ("run", ["--kl-threshold", "0"]),
     ("run", ["--turn-separator", "11,-1"]), ("run", ["--timeout", "inf"]),
-    ("run", ["--gpus-per-probe", "-1"]), ("run", ["--max-total-runs", "0"]), ("run", ["--threshold", "nan"]),
+    ("run", ["--gpus-per-probe", "-1"]), ("run", ["--parallel", "0"]), ("run", ["--max-total-runs", "0"]), ("run", ["--threshold", "nan"]),
     ("start", ["--max-new-tokens", "-5"]), ("calibrate", ["--launch-timeout", "-1"]),
     ("nightly", ["--request-timeout", "-3"]),
 ])
