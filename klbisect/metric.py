@@ -38,7 +38,10 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     ``KLBISECT {"label": ..., "value": ...}``. With ``regex``: a named group
     ``value`` (or the first group) and an optional named group ``label``;
     without one, the matches are labelled value, value2, ... in order.
-    A label printed twice keeps its last value; NaN and inf are dropped
+    ``avg_kl_div`` lines before any label (older tests print none) are
+    value, value2, ... in order, as with a regex without a label group, so
+    a run's value is still the max over all of them. A label printed twice
+    keeps its last value; NaN and inf are dropped
     because they carry no ordering a decision could use.
     """
     values: dict[str, float] = {}
@@ -53,6 +56,7 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
             _put(values, label, raw)
         return values
     label = DEFAULT_LABEL
+    unlabelled = 0
     for line in text.splitlines():
         if line.startswith(JSON_PREFIX):
             try:
@@ -65,7 +69,10 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
         if m:
             label = m.group(1)
         hit = _AVG_KL.match(line)
-        if hit:
+        if hit and m is None and label == DEFAULT_LABEL:
+            unlabelled += 1
+            _put(values, DEFAULT_LABEL if unlabelled == 1 else f"{DEFAULT_LABEL}{unlabelled}", hit.group(1))
+        elif hit:
             _put(values, label, hit.group(1))
     return values
 

@@ -9,6 +9,7 @@ bisect writes.
 from __future__ import annotations
 
 import errno
+import os
 import json
 import sqlite3
 import time
@@ -260,7 +261,7 @@ class Store:
                 "INSERT INTO runs (session_id, probe_key, sha, started, duration, exit_code, status, "
                 "vals, value, log_path, slot) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (session_id, probe_key, sha, started, duration, exit_code, status,
-                 json.dumps(values), value, log_path, slot))
+                 json.dumps(values), value, self._rel(log_path), slot))
             return int(cur.lastrowid)
 
     def runs(self, probe_key: str, shas: list[str] | None = None, session_id: int | None = None) -> list[Run]:
@@ -282,7 +283,27 @@ class Store:
     def _run(self, r) -> Run:
         vals = json.loads(r["vals"])
         return Run(r["id"], r["session_id"], r["probe_key"], r["sha"], r["started"], r["duration"],
-                   r["exit_code"], r["status"], vals, scalar(vals, self.metric), r["log_path"], r["slot"])
+                   r["exit_code"], r["status"], vals, scalar(vals, self.metric), self._abs(r["log_path"]), r["slot"])
+
+    # Logs under the state directory are stored relative to it, so that they
+    # are still found after the repository is moved or copied.
+    def _rel(self, log_path: str | None) -> str | None:
+        if not log_path:
+            return log_path
+        try:
+            return Path(log_path).resolve().relative_to(self.path.parent.resolve()).as_posix()
+        except ValueError:
+            return str(log_path)
+
+    def _abs(self, log_path: str | None) -> str | None:
+        if not log_path or os.path.isabs(log_path):
+            return log_path
+        return str(self.path.parent / log_path)
+
+    def _build_row(self, r) -> dict:
+        d = dict(r)
+        d["log_path"] = self._abs(d.get("log_path"))
+        return d
 
     # ---- builds -----------------------------------------------------------
     def add_build(self, build_key: str, checkout: str, sha: str, ok: bool, started: float,
@@ -290,7 +311,7 @@ class Store:
         with self.tx() as db:
             db.execute("INSERT INTO builds (build_key, checkout, sha, ok, started, duration, log_path, note) "
                        "VALUES (?,?,?,?,?,?,?,?)",
-                       (build_key, checkout, sha, int(ok), started, duration, log_path, note))
+                       (build_key, checkout, sha, int(ok), started, duration, self._rel(log_path), note))
 
     def last_good_build(self, build_key: str, checkout: str) -> str | None:
         row = self.db.execute("SELECT sha FROM builds WHERE build_key=? AND checkout=? AND ok=1 "
@@ -302,10 +323,10 @@ class Store:
                               (build_key, sha)).fetchone()
         if row is None or row["ok"]:
             return None
-        return dict(row)
+        return self._build_row(row)
 
     def builds(self, build_key: str) -> list[dict]:
-        return [dict(r) for r in self.db.execute("SELECT * FROM builds WHERE build_key=? ORDER BY id",
+        return [self._build_row(r) for r in self.db.execute("SELECT * FROM builds WHERE build_key=? ORDER BY id",
                                                  (build_key,))]
 
     # ---- verdicts ---------------------------------------------------------

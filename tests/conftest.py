@@ -116,6 +116,12 @@ def state_dir(repo) -> Path:
     return (Path(repo) / common).resolve() / "klbisect"
 
 
+def log_file(repo, row) -> Path:
+    """A run's or build's log, from its row as stored (relative to the state
+    directory, or absolute when it lies elsewhere)."""
+    return state_dir(repo) / row["log_path"]
+
+
 def db_query(repo, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
     db = state_dir(repo) / "state.db"
     if not db.exists():

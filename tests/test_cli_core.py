@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +18,7 @@ import filelock
 import pytest
 
 from conftest import (HEX40, PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb,
-                      klb_popen, probe_cmd, processes_with, state_dir, user_state, wait_gone)
+                      klb_popen, log_file, probe_cmd, processes_with, state_dir, user_state, wait_gone)
 from klbisect import repo as gitrepo
 from klbisect.probe import CommandProbe, Slot
 
@@ -156,15 +157,15 @@ def test_run_end_to_end(history, tmp_path):
     assert db.exists() and db.parent.parent == (repo / ".git").resolve()
     runs = session_runs(repo)
     assert res["probe_runs"] == len(runs)
-    assert all(Path(r["log_path"]).exists() for r in runs)
+    assert all(log_file(repo, r).exists() for r in runs)
     # item 8: one detached worktree under the git dir, reused for every commit
-    cwds = {Path(r["log_path"]).read_text().splitlines()[0] for r in runs}
+    cwds = {log_file(repo, r).read_text().splitlines()[0] for r in runs}
     assert len(cwds) == 1
     assert Path(cwds.pop()).parent == state_dir(repo) / "worktrees"
     # a crash is only ever a commit that really crashes (a stale build would be one too)
     for r in runs:
         if r["status"] != "ok":
-            assert r["sha"] in h.crashing, (r["sha"], r["status"], Path(r["log_path"]).read_text()[-500:])
+            assert r["sha"] in h.crashing, (r["sha"], r["status"], log_file(repo, r).read_text()[-500:])
         else:
             assert set(json.loads(r["vals"])) == set(LABELS)
 
@@ -175,7 +176,7 @@ def test_run_end_to_end(history, tmp_path):
     for b in builds:
         if not b["ok"]:
             assert b["sha"] in h.build_broken
-            assert "error" in Path(b["log_path"]).read_text()
+            assert "error" in log_file(repo, b).read_text()
     built_at = {b["started"]: b for b in builds}
     measurements = sorted({(r["started"], r["sha"]) for r in runs}
                           | {(b["started"], b["sha"]) for b in builds})
@@ -244,7 +245,7 @@ def test_build_failure_makes_a_commit_untestable_and_keeps_its_log(history, tmp_
     assert "build failed" in {c["sha"]: c["why"] for c in res["candidate_info"]}[before_culprit]
     failed = db_query(h.path, "SELECT * FROM builds WHERE ok=0")
     assert [b["sha"] for b in failed] == [before_culprit]
-    log = Path(failed[0]["log_path"])
+    log = log_file(h.path, failed[0])
     assert log.exists() and f"building {before_culprit}" in log.read_text()
     assert not db_query(h.path, "SELECT * FROM runs WHERE sha=?", (before_culprit,)), "no probe after a failed build"
     assert "build failed" in p.stderr
@@ -531,6 +532,20 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
             assert empty.stdout == ""
     assert "no klbisect session 99999" in error_line(klb("log", "--session", "99999", "--repo", repo,
                                                          cwd=elsewhere), 150)
+
+
+def test_logs_are_found_after_the_repository_is_moved(history, tmp_path):
+    h = history(n_commits=30, seed=5, noise=SEPARATED)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    moved = tmp_path / "moved"
+    shutil.move(str(h.path), str(moved))
+    lg = klb("log", "--json", cwd=moved)
+    assert lg.returncode == 0, lg.stderr
+    rows = json.loads(lg.stdout)
+    assert rows and all(Path(r["log_path"]).is_file() for r in rows)
+    assert all(Path(r["log_path"]).is_relative_to(moved.resolve()) for r in rows)
+    assert "avg_kl_div" in Path(rows[0]["log_path"]).read_text()
 
 
 # ---- item 5: endpoints --------------------------------------------------------------------------------

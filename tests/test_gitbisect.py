@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb, probe_cmd,
-                      user_state)
+from conftest import (PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb, log_file,
+                      probe_cmd, user_state)
 
 EXACT_THRESHOLD = "0.0065"
 VERDICT = re.compile(r"klbisect: ([0-9a-f]{12}) is (GOOD|BAD|SKIP)")
@@ -99,7 +99,7 @@ def test_start_then_git_bisect_run_names_the_culprit(history, tmp_path):
     assert len(marker.read_text().splitlines()) == len(builds) < len(runs)
     for r in runs:
         if r["status"] != "ok":
-            assert r["sha"] in h.crashing, Path(r["log_path"]).read_text()[-400:]
+            assert r["sha"] in h.crashing, log_file(repo, r).read_text()[-400:]
 
     rs = klb("reset", cwd=repo)
     assert rs.returncode == 0 and "git bisect reset" in rs.stdout

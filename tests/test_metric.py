@@ -42,6 +42,17 @@ def test_label_printed_twice_keeps_last_value():
     assert parse_values(text) == {"x": 0.2}
 
 
+def test_older_tests_without_labels_keep_every_value():
+    """SGLang commits older than the [label] lines print one avg_kl_div per
+    test: the run's value must be the worst of them, not the last."""
+    text = "avg_kl_div=0.004\n.\navg_kl_div=0.012\n.\navg_kl_div=0.005\nOK\n"
+    got = parse_values(text)
+    assert got == {DEFAULT_LABEL: 0.004, f"{DEFAULT_LABEL}2": 0.012, f"{DEFAULT_LABEL}3": 0.005}
+    assert scalar(got) == 0.012
+    # once labels appear, an unlabelled line belongs to the label before it, as always
+    assert parse_values("[a]\navg_kl_div=0.1\navg_kl_div=0.2\n") == {"a": 0.2}
+
+
 def test_nan_and_inf_are_dropped():
     text = "[a]\navg_kl_div=nan\n[b]\navg_kl_div=inf\n[c]\navg_kl_div=0.003\n"
     assert parse_values(text) == {"c": 0.003}
