@@ -22,6 +22,7 @@ from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_u
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
+from .metric import fmt_value
 from .probe import STATUS_TIMEOUT
 from .session import (BisectConfig, Workspace, _endpoint_problem, close_builder, commit_runs, make_builder,
                       make_probe, record, since)
@@ -90,13 +91,24 @@ def default_thresholds(values: list[float]) -> list[float]:
     return [c for c in cands if lo <= c <= 2 * hi][:8]
 
 
+MAX_LABEL = "(max over labels)"
+
+
 def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate: float,
                 confidence: float, good: list[LabelStats] | None = None) -> list[LabelStats]:
     """Per label: percentiles, exceedances and a recommended threshold; with
     ``good`` (the good commit's labels) these are a bad commit's runs, so
     instead of a threshold of their own they get how often they fail the
-    good commit's, with a lower bound on that rate."""
+    good commit's, with a lower bound on that rate.
+
+    With two labels or more, a row for their max comes last: a KL test
+    fails when any label fails, so one threshold's false-failure rate for
+    the whole test is the max's, not any one label's (and the max is what
+    a bisect judges unless --metric picks a label)."""
     labels = sorted({k for d in values_by_run for k in d})
+    if len(labels) > 1:
+        values_by_run = [{**d, MAX_LABEL: max(d.values())} if d else d for d in values_by_run]
+        labels.append(MAX_LABEL)
     recommended = {ls.label: ls.recommended for ls in good or []}
     out = []
     for lab in labels:
@@ -207,7 +219,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                 r = record(ws, sid, probe.key, build_key, out, slot.checkout)
                 got = r is not None and r.value is not None
                 progress(f"{which}{target[:12]} run: "
-                         + ("build failed" if r is None else "no value" if r.value is None else f"{r.value:.4g}")
+                         + ("build failed" if r is None else "no value" if r.value is None else fmt_value(r.value))
                          + f" ({values + got}/{runs} values)")
 
             before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
@@ -256,8 +268,8 @@ def format_calibration(c: Calibration) -> str:
         lines.append(title)
         for ls in labs:
             s = ls.summary
-            lines.append(f"  [{ls.label}] n={s['n']} min {s['min']:.4g}  p5 {s['p5']:.4g}  p25 {s['p25']:.4g}  "
-                         f"median {s['median']:.4g}  p75 {s['p75']:.4g}  p95 {s['p95']:.4g}  max {s['max']:.4g}")
+            lines.append(f"  [{ls.label}] n={s['n']}  " + "  ".join(
+                f"{k} {fmt_value(s[k])}" for k in ("min", "p5", "p25", "median", "p75", "p95", "max")))
             for e in ls.exceedances:
                 bound = (f">= {e['rate_lower_bound']:.3g}" if bad and "rate_lower_bound" in e
                          else f"<= {e['rate_upper_bound']:.3g}")
@@ -265,14 +277,15 @@ def format_calibration(c: Calibration) -> str:
                              f"(true rate {bound} at {c.confidence:.0%} confidence)")
             k = ls.catch
             if bad and k is not None:
-                lines.append(f"      fails the recommended {k['threshold']:.4g} in {k['above']}/{k['runs']} runs "
+                lines.append(f"      fails the recommended {fmt_value(k['threshold'])} in {k['above']}/{k['runs']} "
+                             "runs "
                              f"(true rate >= {k['rate_lower_bound']:.3g} at {c.confidence:.0%} confidence): "
                              "how often one CI run catches this regression")
             elif bad and ls.recommended is None:
                 lines.append("      no recommended threshold to try: the good commit had none for this label")
             elif ls.recommended is not None:
                 lines.append(f"      recommended threshold for <= {c.false_fail_rate:g} false failures: "
-                             f"{ls.recommended:.4g} ({ls.recommended_how})")
+                             f"{fmt_value(ls.recommended)} ({ls.recommended_how})")
             else:
                 lines.append(f"      no threshold recommended: {ls.recommended_how}")
     block("Per label:", c.labels)

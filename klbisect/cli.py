@@ -15,6 +15,7 @@ from .build import DEFAULT_BUILD_PATHS
 from .decide import DECISIVE_RUNS, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE,
                      KlbisectError)
+from .metric import fmt_value
 from .probe import DEFAULT_TIMEOUT
 
 
@@ -284,9 +285,10 @@ def run(repo, as_json, **kw):
     from .session import run_bisect
     res = run_bisect(repo, make_config(kw))
     click.echo(format_result(res), err=as_json)
+    code = 0 if res.complete else EXIT_NOT_SURE
     if as_json:
-        _emit_json(res.to_json())
-    return 0 if res.complete else EXIT_NOT_SURE
+        _emit_json({**res.to_json(), "exit_code": code})
+    return code
 
 
 @cli.command()
@@ -346,7 +348,7 @@ def log(repo, session_id, as_json):
         return 0
     for r in rows:
         t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
-        vals = " ".join(f"{k}={v:.4g}" for k, v in r["values"].items()) or r["status"]
+        vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or r["status"]
         click.echo(f"{t} {r['sha'][:12]} exit={r['exit_code']} {r['duration'] or 0:6.1f}s  {vals}")
         click.echo(f"         {r['subject'][:70]}  log: {r['log_path']}")
     return 0

@@ -22,10 +22,17 @@ _LABEL = re.compile(r"^[\s.FEsx]*\[([A-Za-z0-9_.:/-]+)\]")
 _RUNNER_LABEL = re.compile(r"^(?:.* \.\.\. |\S+::\S+ )\[([A-Za-z0-9_.:/-]+)\] \d+ samples\b")
 # Only a line that starts with avg_kl_div (optionally after its [label]) is a
 # measurement: SGLang's assertion messages repeat "avg_kl_div=..." mid-line.
-_AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?avg_kl_div\s*[=:]\s*"
-                     r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)")
+# numpy 2 prints an f"{x=}" of a numpy scalar as "np.float64(0.004)"
+_AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?avg_kl_div\s*[=:]\s*(?:np\.float\d+\()?"
+                     r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?nan|[-+]?inf)", re.IGNORECASE)
+# colour codes a test runner or logger wraps around the line
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 JSON_PREFIX = "KLBISECT "  # JSON-lines form: KLBISECT {"label": "x", "value": 0.004}
 DEFAULT_LABEL = "value"
+# What a NaN or +inf stands as: a metric that broke is the worst value a run
+# can print (KL grows as numerics fail), larger than any real KL, and finite
+# so that medians, log space and sqlite take it. -inf carries no order: dropped.
+NONFINITE = 1e9
 
 
 def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
@@ -41,8 +48,9 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     ``avg_kl_div`` lines before any label (older tests print none) are
     value, value2, ... in order, as with a regex without a label group, so
     a run's value is still the max over all of them. A label printed twice
-    keeps its last value; NaN and inf are dropped
-    because they carry no ordering a decision could use.
+    keeps its last value. NaN and +inf (numerics that broke) stand as
+    NONFINITE, the worst value; -inf is dropped. ANSI colour codes are
+    ignored.
     """
     values: dict[str, float] = {}
     if regex:
@@ -57,7 +65,7 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
         return values
     label = DEFAULT_LABEL
     unlabelled = 0
-    for line in text.splitlines():
+    for line in _ANSI.sub("", text).splitlines():
         if line.startswith(JSON_PREFIX):
             try:
                 obj = json.loads(line[len(JSON_PREFIX):])
@@ -94,7 +102,9 @@ def _put(values: dict[str, float], label: str, raw) -> None:
         v = float(raw)
     except (TypeError, ValueError):
         return
-    if math.isfinite(v):
+    if math.isnan(v) or v == math.inf:
+        values[label] = NONFINITE
+    elif math.isfinite(v):
         values[label] = v
 
 
@@ -105,3 +115,17 @@ def scalar(values: dict[str, float], metric: str | None = None) -> float | None:
     if metric:
         return values.get(metric)
     return max(values.values())
+
+
+def fmt_value(value: float) -> str:
+    """A metric value as people read it: NONFINITE, which stands for a NaN
+    or inf the probe printed, reads as nan."""
+    # (half: a centre computed in log space comes back a hair under it)
+    return "nan" if value >= NONFINITE / 2 else f"{value:.4g}"
+
+
+def fmt_summary(s: dict) -> str:
+    """decide.summarize's numbers as one phrase: median [min, max] n=."""
+    if not s.get("n"):
+        return "no values"
+    return f"median {fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] n={s['n']}"

@@ -46,6 +46,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
+from .metric import fmt_summary, fmt_value
 from .errors import EXIT_POST_FAILED, EXIT_USAGE, KlbisectError
 
 Progress = Callable[[str], None]
@@ -117,10 +118,10 @@ def compare(head: list[float], baseline: list[float], alpha: float = 0.001, min_
     big = ratio >= 1.0 + min_effect if mb > 0 else mh > mb
     if p <= alpha and big:
         return Comparison("regressed", p, ratio, False, sh, sb,
-                          f"head median {mh:.4g} vs baseline {mb:.4g} (x{ratio:.2f}), "
+                          f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} (x{ratio:.2f}), "
                           f"Mann-Whitney p={p:.2g} <= {alpha:g}")
     suspicious = big and p <= 0.25
-    why = (f"head median {mh:.4g} vs baseline {mb:.4g} (x{ratio:.2f}), Mann-Whitney p={p:.2g}")
+    why = (f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} (x{ratio:.2f}), Mann-Whitney p={p:.2g}")
     return Comparison("good", p, ratio, suspicious, sh, sb, why)
 
 
@@ -316,7 +317,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                 progress(f"  build failed: {out.build.log_path}")
             elif run is not None:
                 progress(f"  run {len(mine) + 1}: "
-                         + (f"{run.value:.4g}" if run.value is not None else f"no value ({run.status})"))
+                         + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
     finally:
         if slot is not None and slot.checkout.exists():
             gitrepo.worktree_remove(ws.repo, slot.checkout)
@@ -574,10 +575,10 @@ def format_night(rec: dict) -> str:
              f"  verdict: {rec['verdict'].upper()} — {rec['reason']}"]
     hs, bs = rec.get("head_summary") or {}, rec.get("baseline_summary") or {}
     if hs.get("n"):
-        lines.append(f"  head:     median {hs['median']:.4g} [{hs['min']:.4g}, {hs['max']:.4g}] n={hs['n']}"
+        lines.append(f"  head:     {fmt_summary(hs)}"
                      + (f", {rec['crashes']} crashed" if rec.get("crashes") else ""))
     if bs.get("n"):
-        lines.append(f"  baseline: median {bs['median']:.4g} [{bs['min']:.4g}, {bs['max']:.4g}] n={bs['n']} "
+        lines.append(f"  baseline: {fmt_summary(bs)} "
                      f"from nights {', '.join(rec.get('baseline_nights') or [])}")
     if rec.get("culprit"):
         pr = f" (#{rec['pr']})" if rec.get("pr") else ""
@@ -665,7 +666,7 @@ def history_table(trend: dict):
         cells = []
         for lab in trend["labels"]:
             s = n["labels"].get(lab) or {}
-            cells.append(escape(f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] {s['n']}")
+            cells.append(escape(f"{fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] {s['n']}")
                          if s.get("n") else "-")
         v = n["verdict"]
         style = {"regressed": "bold red", "known": "red", "suspect": "magenta", "crashed": "yellow"}.get(v, "")

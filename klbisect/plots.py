@@ -8,6 +8,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from .metric import NONFINITE, fmt_value
+
 GOOD_C, BAD_C, UNK_C, CULPRIT_C = "#2b7bba", "#d62728", "#7f7f7f", "#ff7f0e"
 
 
@@ -41,13 +43,20 @@ def session_plot(data: dict, out: str | Path | None = None) -> bytes:
     runs = data.get("runs", [])
     fig, ax = plt.subplots(figsize=(10, 4.2))
     try:
-        xs_v = [r["index"] for r in runs if r["value"] is not None]
-        ys_v = [r["value"] for r in runs if r["value"] is not None]
+        valued = [r for r in runs if r["value"] is not None and r["value"] < NONFINITE / 2]
+        xs_v = [r["index"] for r in valued]
+        ys_v = [r["value"] for r in valued]
         colors = [BAD_C if r.get("side") == "bad" else GOOD_C if r.get("side") == "good" else UNK_C
-                  for r in runs if r["value"] is not None]
+                  for r in valued]
         positive = bool(ys_v) and min(ys_v) > 0
         if ys_v:
             ax.scatter(xs_v, ys_v, s=14, c=colors, alpha=0.75, linewidths=0, zorder=3)
+        broke = [r["index"] for r in runs if r["value"] is not None and r["value"] >= NONFINITE / 2]
+        if broke:
+            # on the axis's top edge: at 1e9 they would squash every real value flat
+            ax.scatter(broke, [1.0] * len(broke), marker="^", s=22, c=BAD_C, alpha=0.8,
+                       transform=ax.get_xaxis_transform(), clip_on=False, zorder=3,
+                       label=f"nan or inf ({len(broke)} runs)")
         crashed = [r["index"] for r in runs if r["value"] is None]
         if crashed:
             ax.scatter(crashed, [0.0] * len(crashed), marker="x", s=18, c="k", alpha=0.6,
@@ -58,7 +67,7 @@ def session_plot(data: dict, out: str | Path | None = None) -> bytes:
         b = data.get("boundary")
         if b is not None and (not positive or b > 0):
             what = "threshold" if data.get("model", {}).get("kind") == "threshold" else "learned boundary"
-            ax.axhline(b, ls="--", lw=1, c="k", alpha=0.6, label=f"{what} {b:.4g}")
+            ax.axhline(b, ls="--", lw=1, c="k", alpha=0.6, label=f"{what} {fmt_value(b)}")
         cands = [c["index"] for c in data.get("culprit_commits", [])]
         if cands:
             lo, hi = min(cands), max(cands)

@@ -117,6 +117,19 @@ def parents(repo: git.Repo, sha: str) -> list[str]:
     return _git(repo, "rev-list", "--parents", "-n", "1", sha).split()[1:]
 
 
+def merged_by(repo: git.Repo, sha: str, head: str) -> str | None:
+    """The commit on ``head``'s first-parent line that brought ``sha`` in
+    (the merge of its side branch), or None when ``sha`` is on that line:
+    a side branch's commits carry no "(#N)", their merge names the PR."""
+    # git's --ancestry-path does not follow a merge's second parent under
+    # --first-parent: intersect the two walks instead
+    after = set(_git(repo, "rev-list", "--ancestry-path", f"{sha}..{head}").split())
+    line = [c for c in _git(repo, "rev-list", "--first-parent", "--reverse", f"{sha}..{head}").split() if c in after]
+    if not line or parents(repo, line[0])[:1] == [sha]:
+        return None
+    return line[0]
+
+
 def is_dirty(repo: git.Repo) -> bool:
     return bool(_git(repo, "status", "--porcelain", "--untracked-files=no").strip())
 

@@ -7,13 +7,14 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
+from .metric import fmt_value
 from .session import Result
 
 
 def _range(s: dict) -> str:
     if not s or not s.get("n"):
         return "no runs"
-    return f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] n={s['n']}"
+    return f"{fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] n={s['n']}"
 
 
 def pr_text(pr: int | None) -> str:
@@ -91,6 +92,8 @@ def format_status(st: dict) -> str:
         state = ("git bisect was reset outside klbisect; `klbisect reset` ends the session"
                  if st.get("git_bisect_running") is False
                  else "answered; `klbisect reset` ends it" if st.get("result") else "git bisect in progress")
+    if st.get("stopped"):
+        state += f"; stopped: {st['stopped']}"
     if st["kind"] == "calibrate":
         where = f"rev {str(st['good'])[:12]}" + (f", bad rev {str(st['bad'])[:12]}" if st.get("bad") else "")
     else:
@@ -103,8 +106,8 @@ def format_status(st: dict) -> str:
     value = f"label {metric}" if metric else "a run's value is the max over its labels"
     if m and m.get("kind") == "learned":
         f = math.exp if m["log_space"] else (lambda x: x)
-        lines.append(f"Learned from the endpoints ({value}): good around {f(m['mu_good']):.4g}, bad around "
-                     f"{f(m['mu_bad']):.4g} ({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
+        lines.append(f"Learned from the endpoints ({value}): good around {fmt_value(f(m['mu_good']))}, bad around "
+                     f"{fmt_value(f(m['mu_bad']))} ({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
                      f"spreads apart{', log scale' if m['log_space'] else ''}); "
                      + Model.from_dict(m).regime)
     elif m and m.get("kind") == "threshold":
@@ -316,7 +319,7 @@ def _md_cell(text: str, limit: int = 70) -> str:
 
 
 def _vals(values: list[float], k: int = 6) -> str:
-    s = ", ".join(f"{v:.4g}" for v in values[:k])
+    s = ", ".join(fmt_value(v) for v in values[:k])
     return s + (f" +{len(values) - k} more" if len(values) > k else "")
 
 
@@ -335,6 +338,10 @@ def _headline(data: dict) -> str:
     r = data["result"]
     if r["culprit"]:
         pr = f" (#{r['pr']})" if r.get("pr") else ""
+        if not r.get("complete", True):
+            # pasted into an issue, a title names the PR to blame: not on a guess
+            return (f"KL regression: most likely first bad commit {r['culprit'][:12]}{pr} "
+                    f"(confidence {r['confidence']:.2f}, not reached)")
         return f"KL regression: first bad commit {r['culprit'][:12]}{pr}"
     return f"KL regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
@@ -377,7 +384,7 @@ def _labels_md(r: dict) -> list[str]:
 def _range_md(s: dict) -> str:
     if not s or not s.get("n"):
         return "no runs"
-    return f"{s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] ({s['n']})"
+    return f"{fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] ({s['n']})"
 
 
 def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: str | None = None) -> str:
@@ -425,7 +432,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
             "good and bad runs overlap, so every run was weighed with both sides' distributions "
             "integrated out (rank based), not plugged in; " if overlap else
             "a model learned from the endpoints; ")
-            + f"a run is as likely good as bad at {data['boundary']:.4g}")
+            + f"a run is as likely good as bad at {fmt_value(data['boundary'])}")
     head.append("")
     labels = _labels_md(r)
     if labels:
@@ -556,7 +563,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
         cls = "bad" if shown.startswith("bad") else "good" if shown.startswith("good") else ""
         parts.append(f"<tr class='{cls}'><td class='num'>{c['index']}</td><td>{sha_a(c['sha'], 10)}</td>"
                      f"<td>{e(c['subject'])}</td><td>{pr_a(c['pr'])}</td>"
-                     f"<td>{e(', '.join(f'{v:.4g}' for v in c['values']))}"
+                     f"<td>{e(', '.join(f'{fmt_value(v)}' for v in c['values']))}"
                      f"{'; ' if extra and c['values'] else ''}{e(extra)}</td>"
                      f"<td class='v'>{e(shown)}</td><td class='num'>{c['p_bad']:.3f}</td></tr>")
     parts.append("</table>")
@@ -590,6 +597,7 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
     "data"}``; writes it to ``out`` when given (not "-"), and the PNG plot
     to ``plot`` (default: next to ``out``, or under the klbisect dir)."""
     import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
@@ -601,7 +609,10 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
     png = session_plot(data, plot_path)
     data["plot"] = plot_path
     if fmt == "md":
-        text = render_markdown(data, plot_note=plot_path)
+        # a report file names its plot from where it lies, as a link in it would
+        note = (os.path.relpath(plot_path, Path(out).resolve().parent) if out and out != "-"
+                else plot_path)
+        text = render_markdown(data, plot_note=note)
     elif fmt == "html":
         text = render_html(data, png)
     else:

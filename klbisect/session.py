@@ -27,7 +27,7 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_ST
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
-from .metric import check_regex, scalar
+from .metric import check_regex, fmt_summary, fmt_value, scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
 from .proc import interrupt_on_stop_signals, log_tail, reap_stale
 from .search import CommitRuns, plan
@@ -250,9 +250,10 @@ def _question_of(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in RERUN_KEYS}
 
 
-def _usual_labels(runs) -> frozenset:
-    """The label set most runs print (ties: the larger)."""
-    counts: dict[frozenset, int] = {}
+def _usual_labels(runs, counts: dict[frozenset, int] | None = None) -> frozenset:
+    """The label set most runs print (ties: the larger). ``counts`` carries
+    the tally from one call to the next, for runs that come one at a time."""
+    counts = {} if counts is None else counts
     for r in runs:
         if r.values and r.status == "ok":
             key = frozenset(r.values)
@@ -418,16 +419,14 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             if step.action == "ready":
                 model = Model.fit(g.values, b.values)
                 progress(f"endpoints {'separate' if model.separates else 'differ, but their runs overlap'}: "
-                         f"good median {sep.good['median']:.4g} "
-                         f"[{sep.good['min']:.4g}, {sep.good['max']:.4g}] n={sep.good['n']}, "
-                         f"bad median {sep.bad['median']:.4g} [{sep.bad['min']:.4g}, {sep.bad['max']:.4g}] "
-                         f"n={sep.bad['n']} (p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
+                         f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
+                         f"(p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
                          f"{'' if model.decisive else '; ' + model.regime})")
                 return model
             if step.action == "fail":
                 raise KlbisectError(
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
-                    f"(p={sep.p_value:.2g}): good {_fmt_summary(sep.good)}, bad {_fmt_summary(sep.bad)}; "
+                    f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
                     "(--max-endpoint-runs)", EXIT_NO_SIGNAL)
             # Spare slots measure the endpoints in parallel; alternate them so an
@@ -448,13 +447,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
 
 
 def _fmt_vals(vals: list[float]) -> str:
-    return "[" + ", ".join(f"{v:.4g}" for v in vals[:12]) + (", ..." if len(vals) > 12 else "") + "]"
-
-
-def _fmt_summary(s: dict) -> str:
-    if not s.get("n"):
-        return "no values"
-    return f"median {s['median']:.4g} [{s['min']:.4g}, {s['max']:.4g}] n={s['n']}"
+    return "[" + ", ".join(fmt_value(v) for v in vals[:12]) + (", ..." if len(vals) > 12 else "") + "]"
 
 
 # ---- the result -----------------------------------------------------------------
@@ -528,10 +521,15 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     notes = _kernel_notes(ws, [cands[i] for i in top.indices], build_key)
     if single and not _first_parent(ws, sid):
         notes += _order_notes(ws, cands, top.last, {r.sha for r in runs})
+    pr = first[2] if single else None
+    if single and pr is None and not _first_parent(ws, sid):
+        # a side branch's commit: the PR is its merge's
+        merge = gitrepo.merged_by(ws.repo, first[0], shas[-1])
+        pr = gitrepo.parse_pr(gitrepo.subject(ws.repo, merge)) if merge else None
     return Result(
         culprit=block[0] if single else None,
         candidates=block,
-        pr=first[2] if single else None,
+        pr=pr,
         subject=first[1] if single else " | ".join(cands[i][1] for i in top.indices),
         confidence=float(top.mass),
         probe_runs=len(sess_runs),
@@ -636,6 +634,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         sid = prev.id
         progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
         st.update_session(sid, config=cfg.stored())
+        if st.get(f"stopped:{sid}"):
+            st.put(f"stopped:{sid}", "")
     else:
         sid = st.create_session("run", good, bad, probe_key, cfg.stored(), cands)
     progress(f"{len(shas) - 1} candidate commits between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
@@ -649,6 +649,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     slot_by_index = {s.index: s for s in slots}
     failures: dict[str, int] = {}
     streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
+    label_sets: dict[frozenset, int] = {}   # the label sets runs printed: _usual_labels, as they come
 
     def handle(results) -> None:
         for r in results:
@@ -671,7 +672,18 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     raise err
             elif run is not None:
                 crashed = run.value is None or run.status == STATUS_TIMEOUT
-                shown = "no value (" + run.status + ")" if crashed else f"{run.value:.4g}"
+                usual = _usual_labels([run], label_sets)
+                if run.value is None and run.status == "ok":
+                    shown = f"no value for --metric {ws.metric}"
+                elif crashed:
+                    shown = f"no value ({run.status})"
+                elif ws.metric is None and _cut_off(run, usual):
+                    # judged as a crash (commit_runs): say so where the value would mislead
+                    shown = (f"{fmt_value(run.value)} from {len(run.values)} of {len(usual)} labels, then "
+                             f"exit {run.exit_code}: counted as a crash")
+                    crashed = True
+                else:
+                    shown = fmt_value(run.value)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
                 streak[:] = streak + [r.sha] if crashed else []
 
@@ -731,7 +743,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 raise KlbisectError(
                     f"good and bad no longer differ after {sep.good['n']}+{sep.bad['n']} endpoint runs "
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
-                    f"{_fmt_summary(sep.good)}, bad {_fmt_summary(sep.bad)}; there is no regression between "
+                    f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
                     "these endpoints to find, or it is too small to bisect; runs are kept", EXIT_NO_SIGNAL)
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
@@ -755,6 +767,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         ex.close()
         progress(f"interrupted: {len(st.session_runs(sid))} finished runs are saved; "
                  "rerun the same command to resume")
+        _note_stop(st, sid, "interrupted; rerun the same command to resume")
+        raise
+    except KlbisectError as e:
+        _note_stop(st, sid, e.message)
         raise
     finally:
         ex.close()
@@ -765,6 +781,14 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             if s.checkout.exists():
                 gitrepo.worktree_remove(ws.repo, s.checkout)
         close_builder(builder, progress)
+
+
+def _note_stop(st: Store, sid: int, why: str) -> None:
+    """Why a session stopped short, for `status` (cleared when it goes on)."""
+    try:
+        st.put(f"stopped:{sid}", why)
+    except KlbisectError:
+        pass    # the state itself failed (a full disk): the error being raised says so
 
 
 def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace):
@@ -893,7 +917,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 run = record(ws, sess.id, probe.key, build_key, out, ws.top)
                 if run is not None:
                     progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
-                             f"{'no value (' + run.status + ')' if run.value is None else f'{run.value:.4g}'}")
+                             f"{'no value (' + run.status + ')' if run.value is None else f'{fmt_value(run.value)}'}")
             ws.store.set_verdict(sess.id, sha, v.decision, {"reason": v.reason, "values": v.values})
             progress(f"klbisect: {sha[:12]} is {v.decision.upper()}: {v.reason}")
             return v
@@ -971,9 +995,10 @@ def explain_commit(entry: dict, model) -> str:
     if entry.get("build_failed"):
         parts.append("its build failed, so it cannot be measured (untestable)")
     if entry.get("crashes"):
-        parts.append(f"{entry['crashes']} run(s) crashed without a value (not counted as evidence)")
+        parts.append(f"{entry['crashes']} run(s) gave no value to judge (crashed, timed out, stopped before "
+                     "printing every label, or printed no --metric label; not counted as evidence)")
     if vals:
-        shown = ", ".join(f"{v:.4g}" for v in vals[:6]) + (" ..." if len(vals) > 6 else "")
+        shown = ", ".join(fmt_value(v) for v in vals[:6]) + (" ..." if len(vals) > 6 else "")
         llr = entry.get("log_lr", 0.0)
         side = "bad" if llr > 0 else "good"
         if isinstance(model, ThresholdModel):
@@ -981,8 +1006,8 @@ def explain_commit(entry: dict, model) -> str:
             parts.append(f"{len(vals)} run(s) [{shown}]: {fails} at or above the threshold {model.threshold:g}")
         elif model is not None:
             parts.append(f"{len(vals)} run(s) [{shown}] look {side}: together {math.exp(min(abs(llr), 700)):.3g} "
-                         f"times likelier if the commit is {side} (good runs sit near {model.centre(GOOD):.4g}, "
-                         f"bad near {model.centre(BAD):.4g})")
+                         f"times likelier if the commit is {side} (good runs sit near {fmt_value(model.centre(GOOD))}, "
+                         f"bad near {fmt_value(model.centre(BAD))})")
     if "p_bad" in entry:
         parts.append(f"with every other run, P(this commit is bad) = {entry['p_bad']:.4f}")
     if entry.get("verdict") and entry.get("reason"):
@@ -1050,7 +1075,8 @@ def status(path: str | Path | None) -> dict:
         ws.use_metric(sess.config.get("metric"))
         st = ws.store
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
-                     "bad": sess.bad, "config": sess.config}
+                     "bad": sess.bad, "config": sess.config,
+                     "stopped": None if sess.state == "done" else (st.get(f"stopped:{sess.id}") or None)}
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
             out["calibration"] = sess.result          # None until it finishes; rerun it to resume

@@ -31,6 +31,12 @@ def test_calibrate_reports_labels_thresholds_and_bisect_cost(history):
     assert catch["runs"] == 8 == len(bad_values)
     assert catch["above"] == sum(v >= catch["threshold"] for v in bad_values)
     assert 0 <= catch["rate_lower_bound"] <= catch["above"] / 8
+    # the test fails when any label fails: the last row is the max over labels, the value a bisect judges
+    whole = res["labels"][-1]
+    assert whole["label"] == "(max over labels)" and len(res["labels"]) > 2
+    runs = [json.loads(r["vals"]) for r in db_query(h.path, "SELECT vals FROM runs WHERE sha = ?", (h.good,))]
+    assert whole["summary"]["max"] == max(max(v.values()) for v in runs)
+    assert whole["recommended"] >= whole["summary"]["max"] >= max(ls["summary"]["max"] for ls in res["labels"][:-1])
     # 30 good runs (22 more, the 8 reused) narrow it: one CI run catches the regression often
     # (19-29 times in 30 over ten tries; a third is asked)
     more = klb("calibrate", "--rev", h.good, "--runs", "30", "--bad-rev", h.bad, "--commits", "200",

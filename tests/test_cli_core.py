@@ -324,10 +324,32 @@ def test_a_run_cut_off_before_a_label_is_a_crash_not_a_low_value(history, tmp_pa
     assert "endpoints separate" in p.stderr, p.stderr
     cut = [r for r in db_query(h.path, "SELECT * FROM runs") if spec["moving_label"] not in json.loads(r["vals"])]
     assert cut and all(r["exit_code"] == 1 for r in cut)
+    assert "labels, then exit 1: counted as a crash" in p.stderr
     st = json.loads(klb("status", "--json", cwd=h.path).stdout)
     bad_end = next(c for c in st["commits"] if c["sha"] == h.bad)
     assert bad_end["crashes"] == sum(r["sha"] == h.bad for r in cut) > 0
     assert all(v > 0.01 for v in bad_end["values"])
+
+
+NAN_PROBE = r"""import re, subprocess, sys
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+# the regression breaks the numerics: its KL prints as nan, and the test's assertion fails
+out = re.sub(r"avg_kl_div=([0-9.e-]+)", lambda m: "avg_kl_div=" + ("nan" if float(m.group(1)) > 0.008 else m.group(1)), out)
+print(out)
+sys.exit(1 if "=nan" in out else 0)
+"""
+
+
+def test_a_regression_that_prints_nan_is_bisected_as_the_worst_value(history, tmp_path):
+    h = history(n_commits=40, seed=14, noise=SEPARATED)
+    wrapper = tmp_path / "nan_probe.py"
+    wrapper.write_text(NAN_PROBE)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}", "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert json_tail(p.stdout)["culprit"] == h.culprit
+    st = klb("status", cwd=h.path).stdout
+    # shown as what the probe printed, not as the number that stands for it
+    assert "bad around nan" in st and re.search(r"\[nan, nan", st) and not re.search(r"[\[ ]1e\+09", st), st
 
 
 BREAKS_PROBE = r"""import subprocess, sys
@@ -364,6 +386,42 @@ def test_an_environment_that_breaks_mid_search_stops_it_and_a_rerun_resumes(hist
     again = klb(*args, cwd=h.path)
     assert again.returncode == 0, again.stderr
     assert json_tail(again.stdout)["culprit"] == h.culprit
+
+
+def test_a_culprit_on_a_merged_branch_gets_its_merges_pr(tmp_path):
+    """GitHub's merge button: the branch's own commits carry no "(#N)", the
+    merge commit names the PR. --all-commits names the branch commit, and the
+    PR to blame is the merge's."""
+    repo = tmp_path / "merged"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+
+    def commit(subject: str, path: str) -> str:
+        (repo / path).write_text("x")
+        git(repo, "add", path)
+        git(repo, "commit", "-q", "-m", subject)
+        return git(repo, "rev-parse", "HEAD").strip()
+
+    (repo / "probe.py").write_text(SIDE_PROBE)
+    git(repo, "add", "probe.py")
+    git(repo, "commit", "-q", "-m", "Add the KL probe (#1)")
+    root = git(repo, "rev-parse", "HEAD").strip()
+    for i in (3, 4, 5):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    git(repo, "checkout", "-q", "-b", "dev/fast-prefill")
+    commit("wip: fuse the prefill kernels", "k1.txt")
+    culprit = commit("quantize the prefill path", "regressed")
+    commit("address review comments", "k2.txt")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "dev/fast-prefill", "-m", "Merge pull request #77 from dev/fast-prefill")
+    merge = git(repo, "rev-parse", "HEAD").strip()
+    for i in (8, 9):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json"]
+    res = json_tail(klb(*args, "--all-commits", cwd=repo).stdout)
+    assert (res["culprit"], res.get("pr")) == (culprit, 77), res
+    res = json_tail(klb(*args, cwd=repo).stdout)
+    assert (res["culprit"], res.get("pr")) == (merge, 77), res
 
 
 def test_a_run_stopped_by_the_timeout_after_printing_values_is_a_crash(tmp_path):
@@ -954,6 +1012,10 @@ def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):
             cwd=h.path)
     assert "never nosuch" in error_line(p, 150)
     assert len(db_query(h.path, "SELECT id FROM runs")) <= 5
+    # status says why the session stopped, and that the runs printed no --metric label, not that they crashed
+    st = klb("status", cwd=h.path).stdout
+    assert "stopped: --metric nosuch" in st.splitlines()[0] and "printed no --metric label" in st, st
+    assert "no value for --metric nosuch" in p.stderr
     # a build that always fails: one build per endpoint (two slots), not six
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", "false",
             cwd=h.path)

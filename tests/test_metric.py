@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from klbisect.metric import DEFAULT_LABEL, JSON_PREFIX, parse_values, scalar
+from klbisect.metric import DEFAULT_LABEL, JSON_PREFIX, NONFINITE, parse_values, scalar
 
 SGLANG = """\
 [server] launching on 127.0.0.1:30000
@@ -53,10 +53,18 @@ def test_older_tests_without_labels_keep_every_value():
     assert parse_values("[a]\navg_kl_div=0.1\navg_kl_div=0.2\n") == {"a": 0.2}
 
 
-def test_nan_and_inf_are_dropped():
-    text = "[a]\navg_kl_div=nan\n[b]\navg_kl_div=inf\n[c]\navg_kl_div=0.003\n"
-    assert parse_values(text) == {"c": 0.003}
-    assert parse_values("avg_kl_div=nan") == {}
+def test_nan_and_inf_are_the_worst_value_and_minus_inf_is_dropped():
+    """NaN logprobs (an FP8 overflow, say) are the clearest regression there
+    is: SGLang's assertLess fails on them, and so must the bisect's value."""
+    text = "[a]\navg_kl_div=nan\n[b]\navg_kl_div=inf\n[c]\navg_kl_div=0.003\n[d]\navg_kl_div=-inf\n"
+    assert parse_values(text) == {"a": NONFINITE, "b": NONFINITE, "c": 0.003}
+    assert scalar(parse_values(text)) == NONFINITE > 1e6
+    assert parse_values("avg_kl_div=NaN") == {DEFAULT_LABEL: NONFINITE}
+
+
+def test_colour_codes_and_numpy_scalars_are_read():
+    assert parse_values("\x1b[32m[a] 3 samples\x1b[0m\n\x1b[32mavg_kl_div=0.0074\x1b[0m\n") == {"a": 0.0074}
+    assert parse_values("avg_kl_div=np.float64(0.0082)\n") == {DEFAULT_LABEL: 0.0082}
 
 
 def test_no_value_is_empty():
@@ -98,7 +106,7 @@ def test_json_lines():
             f'{JSON_PREFIX}{{"label": "c"}}\n'
             f'{JSON_PREFIX}[1, 2]\n'
             f'{JSON_PREFIX}{{"label": "d", "value": NaN}}\n')
-    assert parse_values(text) == {"a": 0.004, "b": 0.012, DEFAULT_LABEL: 0.5}
+    assert parse_values(text) == {"a": 0.004, "b": 0.012, DEFAULT_LABEL: 0.5, "d": NONFINITE}
 
 
 def test_json_lines_mix_with_sglang():

@@ -77,6 +77,23 @@ def test_markdown_report(bisected, tmp_path):
     plot = Path(rep["plot"])
     assert plot == out.with_suffix(".png") and plot.read_bytes()[:8] == PNG
     assert plot.stat().st_size > 5000
+    assert text.startswith(f"### KL regression: first bad commit {h.culprit[:12]}")
+    # the plot is named from where the report lies, wherever it was written from
+    deeper = tmp_path / "sub" / "r.md"
+    write_report(h.path, fmt="md", out=str(deeper), offline=True)
+    assert "plot: `r.png`" in deeper.read_text()
+
+
+def test_an_answer_short_of_the_mark_is_not_titled_as_the_culprit(bisected):
+    """Pasted into an issue, the title names the PR to blame: not on a guess."""
+    h, res = bisected
+    data = report_data(h.path, offline=True)
+    data["result"] = {**data["result"], "complete": False, "confidence": 0.76,
+                      "reason": "stopped at --max-total-runs 40"}
+    from klbisect.report import render_markdown
+    title = render_markdown(data).splitlines()[0]
+    assert title.startswith(f"### KL regression: most likely first bad commit {h.culprit[:12]}")
+    assert "0.76, not reached" in title
 
 
 def test_html_is_self_contained_with_the_plot(bisected, tmp_path):
