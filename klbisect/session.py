@@ -1079,6 +1079,9 @@ def status(path: str | Path | None) -> dict:
                      "stopped": None if sess.state == "done" else (st.get(f"stopped:{sess.id}") or None)}
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
+            # a resumed calibration counts the runs its commits already had
+            at = [sha for sha in (sess.good, sess.bad) if sha]
+            out["reused_runs"] = max(len(st.runs(sess.probe_key, at)) - out["probe_runs"], 0)
             out["calibration"] = sess.result          # None until it finishes; rerun it to resume
             return out
         if sess.kind not in ("run", "gitbisect"):

@@ -68,7 +68,7 @@ def test_calibrate_resumes_from_the_run_store(history):
     # status shows the latest calibration, not an empty bisect
     st = klb("status", cwd=h.path)
     assert st.returncode == 0, st.stderr
-    assert "(calibrate, done)" in st.stdout and "2 probe runs" in st.stdout and "candidate" not in st.stdout
+    assert "(calibrate, done)" in st.stdout and "2 probe runs (+4 reused" in st.stdout and "candidate" not in st.stdout
     assert "6 runs with values" in st.stdout and "runs at or above" in st.stdout
 
 
