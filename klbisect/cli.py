@@ -42,6 +42,7 @@ class Cli(click.Group):
         argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
         # --json promises stdout ends with one JSON object: a failure says so there too
         self._json = "--json" in argv
+        self._nightly = argv[:1] == ["nightly"]
         try:
             rv = super().main(*args, **kwargs)
             sys.exit(rv if isinstance(rv, int) else 0)
@@ -73,9 +74,11 @@ class Cli(click.Group):
         if detail:
             click.echo(detail, err=True)
         if getattr(self, "_json", False):
+            # the keys a success of the command would have, so a script reads one shape
+            keys = ({"regressed": None, "verdict": "error", "culprit": None, "pr": None, "report": None,
+                     "posted": False} if getattr(self, "_nightly", False) else {"culprit": None, "complete": False})
             try:
-                _emit_json({"culprit": None, "complete": False, "error": line.split(": ", 1)[-1],
-                            "exit_code": code})
+                _emit_json({**keys, "error": line.split(": ", 1)[-1], "exit_code": code})
             except OSError:
                 pass   # stdout gone (a closed pipe): the exit code still says it
         sys.exit(code)

@@ -268,6 +268,10 @@ def test_no_probe_and_bad_post_target_are_usage_errors(tmp_path):
     assert p.returncode == 150 and "klbisect: error:" in p.stderr and "Traceback" not in p.stderr
     p = nightly(d.path, "2025-03-01", "--post-to", "not-a-target")
     assert p.returncode == 150 and "owner/repo#ISSUE" in p.stderr
+    # --json: the failure is the last stdout line, with the keys a night's answer has
+    obj = json.loads(p.stdout.splitlines()[-1])
+    assert {"regressed", "verdict", "culprit", "pr", "report", "posted"} <= set(obj)
+    assert obj["verdict"] == "error" and obj["exit_code"] == 150 and "owner/repo#ISSUE" in obj["error"]
     # options that would silently never compare, or compare nonsense, stop before any run
     for opt, value in (("--baseline-nights", "0"), ("--alpha", "1.5"), ("--min-effect", "-0.2")):
         p = nightly(d.path, "2025-03-01", opt, value)
