@@ -22,7 +22,7 @@ from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_u
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
-from .metric import fmt_value
+from .metric import NONFINITE, fmt_value
 from .probe import STATUS_TIMEOUT
 from .session import (BisectConfig, Workspace, _endpoint_problem, close_builder, commit_runs, make_builder,
                       make_probe, record, since)
@@ -113,14 +113,18 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
     out = []
     for lab in labels:
         vals = [d[lab] for d in values_by_run if lab in d]
-        ths = thresholds or default_thresholds(vals)
+        # a printed nan fails any threshold (exceedances count it), but its stand-in
+        # would drag percentiles and candidate thresholds up to 1e9: those use the rest
+        finite = [v for v in vals if v < NONFINITE / 2]
+        summary = {**summarize(finite), "nan": len(vals) - len(finite)}
+        ths = thresholds or default_thresholds(finite or vals)
         ex = [{"threshold": t, "above": k, "runs": n,
                "rate_upper_bound": exceedance_upper_bound(k, n, confidence),
                "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
               for t, k, n in exceedances(vals, ths)]
         if good is None:
-            rec, how = recommend_threshold(vals, rate, confidence)
-            out.append(LabelStats(lab, summarize(vals), ex, rec, how))
+            rec, how = recommend_threshold(finite, rate, confidence)
+            out.append(LabelStats(lab, summary, ex, rec, how))
             continue
         t = recommended.get(lab)
         catch = None
@@ -128,7 +132,7 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
             (_, k, n), = exceedances(vals, [t])
             catch = {"threshold": t, "above": k, "runs": n,
                      "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
-        out.append(LabelStats(lab, summarize(vals), ex, None, "a bad commit's runs", catch))
+        out.append(LabelStats(lab, summary, ex, None, "a bad commit's runs", catch))
     return out
 
 
@@ -268,8 +272,9 @@ def format_calibration(c: Calibration) -> str:
         lines.append(title)
         for ls in labs:
             s = ls.summary
-            lines.append(f"  [{ls.label}] n={s['n']}  " + "  ".join(
-                f"{k} {fmt_value(s[k])}" for k in ("min", "p5", "p25", "median", "p75", "p95", "max")))
+            lines.append(f"  [{ls.label}] n={s['n']}" + (f" and {s['nan']} nan" if s.get("nan") else "")
+                         + "  " + "  ".join(f"{k} {fmt_value(s[k])}" for k in
+                                            ("min", "p5", "p25", "median", "p75", "p95", "max") if k in s))
             for e in ls.exceedances:
                 bound = (f">= {e['rate_lower_bound']:.3g}" if bad and "rate_lower_bound" in e
                          else f"<= {e['rate_upper_bound']:.3g}")

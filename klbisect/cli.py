@@ -78,7 +78,8 @@ class Cli(click.Group):
             keys = ({"regressed": None, "verdict": "error", "culprit": None, "pr": None, "report": None,
                      "posted": False} if getattr(self, "_nightly", False) else {"culprit": None, "complete": False})
             try:
-                _emit_json({**keys, "error": line.split(": ", 1)[-1], "exit_code": code})
+                _emit_json({**keys, "error": line.removeprefix("klbisect: ").removeprefix("error: "),
+                            "exit_code": code})
             except OSError:
                 pass   # stdout gone (a closed pipe): the exit code still says it
         sys.exit(code)

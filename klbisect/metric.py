@@ -129,3 +129,12 @@ def fmt_summary(s: dict) -> str:
     if not s.get("n"):
         return "no values"
     return f"median {fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] n={s['n']}"
+
+
+def fmt_ratio(after: float, before: float) -> str:
+    """after / before as "x1.83": blank with no positive before (a ratio of
+    tiny or negative values means nothing), "x nan" where either stands for a
+    nan the probe printed."""
+    if max(after, before) >= NONFINITE / 2:
+        return "x nan"
+    return f"x{after / before:.2f}" if before > 0 and after >= 0 else ""

@@ -46,7 +46,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
-from .metric import fmt_summary, fmt_value
+from .metric import fmt_ratio, fmt_summary, fmt_value
 from .errors import EXIT_POST_FAILED, EXIT_USAGE, KlbisectError
 
 Progress = Callable[[str], None]
@@ -116,13 +116,21 @@ def compare(head: list[float], baseline: list[float], alpha: float = 0.001, min_
     mb, mh = float(np.median(b)), float(np.median(h))
     ratio = mh / mb if mb > 0 else (math.inf if mh > mb else 1.0)
     big = ratio >= 1.0 + min_effect if mb > 0 else mh > mb
+    change = fmt_ratio(mh, mb) or "x n/a"
     if p <= alpha and big:
         return Comparison("regressed", p, ratio, False, sh, sb,
-                          f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} (x{ratio:.2f}), "
+                          f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} ({change}), "
                           f"Mann-Whitney p={p:.2g} <= {alpha:g}")
     suspicious = big and p <= 0.25
-    why = (f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} (x{ratio:.2f}), Mann-Whitney p={p:.2g}")
+    why = f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} ({change}), Mann-Whitney p={p:.2g}"
     return Comparison("good", p, ratio, suspicious, sh, sb, why)
+
+
+def reachable(head_runs: int, baseline_runs: int, alpha: float) -> bool:
+    """Can a one-sided Mann-Whitney test of this many runs a side reach
+    ``alpha`` at all? Its smallest p, every head run above every baseline
+    run, is 1 / C(n + m, m): three baseline runs against ten never pass 0.001."""
+    return baseline_runs > 0 and 1.0 / math.comb(head_runs + baseline_runs, baseline_runs) <= alpha
 
 
 @dataclass
@@ -289,13 +297,35 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     measurer = None
     target = opts.runs
     cap_values = max(cfg.max_runs or DEFAULT_MAX_RUNS, opts.runs)
+    base_tries = 0
+
+    def measure(sha: str):
+        nonlocal slot, measurer
+        if slot is None:
+            slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+        out = measurer.measure(sha, slot)
+        return out, record(ws, sid, probe_key, build_key, out, slot.checkout)
+
     try:
         while True:
             cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
-            mine = st.session_runs(sid)
+            mine = [r for r in st.session_runs(sid) if r.sha == head]
             mine_crashes = sum(1 for r in mine if r.value is None)
             if len(cr.values) >= target:
                 j = judge(list(cr.values))
+                if (j.more and baseline_shas and base_tries < cap_values
+                        and not reachable(cap_values, len(baseline), opts.alpha)):
+                    # a young baseline: even every head run above every baseline run could
+                    # not reach --alpha, so the night would stay suspect however clear
+                    base_tries += 1
+                    progress(f"  borderline, and {len(baseline)} baseline runs cannot reach p <= {opts.alpha:g} "
+                             f"with {cap_values} head runs: one more run of the baseline head "
+                             f"{baseline_shas[0][:12]}")
+                    measure(baseline_shas[0])
+                    again = commit_runs(ws, probe_key, build_key, baseline_shas, cfg.timeout)
+                    baseline[:] = [v for sha in baseline_shas for v in again[sha].values]
+                    continue
                 if j.more and len(cr.values) < cap_values:
                     target = len(cr.values) + 1
                     progress(f"  borderline ({j.reason}): one more run")
@@ -308,11 +338,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                 break  # a crashed night: no value, so no evidence of anything
             if len(mine) >= cap_values + cfg.crash_limit:
                 break
-            if slot is None:
-                slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
-                measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
-            out = measurer.measure(head, slot)
-            run = record(ws, sid, probe_key, build_key, out, slot.checkout)
+            out, run = measure(head)
             if out.build_failed:
                 progress(f"  build failed: {out.build.log_path}")
             elif run is not None:

@@ -7,7 +7,7 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
-from .metric import fmt_value
+from .metric import fmt_ratio, fmt_value
 from .session import Result
 
 
@@ -38,7 +38,8 @@ def format_result(res: Result | dict) -> str:
     r = res if isinstance(res, dict) else res.to_json()
     lines = []
     if r["culprit"]:
-        lines.append(f"First bad commit: {r['culprit']}")
+        # a guess short of the mark does not read as the answer
+        lines.append(f"{_first_bad(r.get('complete', True))}: {r['culprit']}")
         lines.append(f"  {_with_pr(r['subject'], r['pr'])}")
     else:
         lines.append(f"First bad commit is one of {len(r['candidates'])} commits "
@@ -83,6 +84,11 @@ PLACED_NOTE = ("* placed by the search from every run; its own runs alone fall s
                "a verdict of its own needs")
 
 
+def _first_bad(complete: bool) -> str:
+    """How an answer is introduced: a guess short of the mark does not read as one."""
+    return "First bad commit" if complete else "Most likely (NOT sure) first bad commit"
+
+
 def format_status(st: dict) -> str:
     if not st.get("session"):
         return "No klbisect session in this repository."
@@ -94,6 +100,8 @@ def format_status(st: dict) -> str:
                  else "answered; `klbisect reset` ends it" if st.get("result") else "git bisect in progress")
     if st.get("stopped"):
         state += f"; stopped: {st['stopped']}"
+    elif st.get("result") and not st["result"].get("complete", True) and st["kind"] == "run":
+        state += f"; stopped short of the mark: {st['result'].get('reason')}"
     if st["kind"] == "calibrate":
         where = f"rev {str(st['good'])[:12]}" + (f", bad rev {str(st['bad'])[:12]}" if st.get("bad") else "")
     else:
@@ -375,7 +383,7 @@ def _labels_md(r: dict) -> list[str]:
            "|---|---|---|---:|"]
     for lab, s in label_rows(r):
         b, a = s.get("before") or {}, s.get("after") or {}
-        ch = f"x{a['median'] / b['median']:.2f}" if b.get("n") and a.get("n") and b["median"] else ""
+        ch = fmt_ratio(a["median"], b["median"]) if b.get("n") and a.get("n") else ""
         name = _md_cell(lab, 40) if lab.startswith("(") else f"`{_md_cell(lab, 40)}`"
         out.append(f"| {name} | {_range_md(b)} | {_range_md(a)} | {ch} |")
     return out
@@ -400,7 +408,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
         pr = f" ({_pr_link(c['pr'], slug)})" if c.get("pr") else ""
         meta = prs.get(str(c["pr"])) if c.get("pr") else None
         author = f" by @{meta['author']}" if meta and meta.get("author") else ""
-        head.append(f"**First bad commit:** {_sha_link(c['sha'], slug)} "
+        head.append(f"**{_first_bad(r.get('complete', True))}:** "
+                    f"{_sha_link(c['sha'], slug)} "
                     f"{_md_cell(_culprit_title(c, prs), 200)}{pr}{author}")
     else:
         head.append(f"**The first bad commit is one of these {len(r['candidates'])} commits** "
@@ -520,7 +529,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
         title = e(_culprit_title(c, prs))
         link = pr_url(c)
         title_html = f'<a href="{e(link)}">{title}</a>' if link else title
-        parts.append(f"<p><b>First bad commit:</b> {sha_a(c['sha'])} {title_html}"
+        parts.append(f"<p><b>{_first_bad(r.get('complete', True))}:</b> {sha_a(c['sha'])} {title_html}"
                      + (f" ({pr_a(c['pr'])})" if c.get("pr") else "") + "</p>")
     else:
         info = {i["sha"]: i for i in r.get("candidate_info", [])}

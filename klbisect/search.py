@@ -51,7 +51,7 @@ class Posterior:
         logp = logp - logp.max()
         p = np.exp(logp)
         self.p_first_bad = np.concatenate([[0.0], p / p.sum()])   # index b -> P(B=b)
-        self.p_bad = np.cumsum(self.p_first_bad)                    # index i -> P(commit i bad)
+        self.p_bad = np.minimum(np.cumsum(self.p_first_bad), 1.0)  # index i -> P(commit i bad); no 1 + 4e-15
 
     def blocks(self) -> list[Block]:
         out: list[Block] = []

@@ -8,6 +8,7 @@ moment it finishes, so any of these can be interrupted and rerun.
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import sys
 import time
@@ -325,10 +326,17 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                              f"that ignores SIGTERM is killed 5 s later); raise "
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
                                  EXIT_NO_SIGNAL, detail=log_tail(last.log_path or ""))
+        tail = log_tail(last.log_path if last and last.log_path else "")
+        if re.search(r"can't open file|No such file or directory|ModuleNotFoundError|ERROR: file or directory "
+                     r"not found", tail):
+            # the usual cause: a KL test added after --good is not in that commit's checkout
+            hint = ("the probe's own file is missing there: a test newer than the good commit must be copied "
+                    "outside the repository and --probe-cmd pointed at the copy")
+        else:
+            hint = no_value_hint(probe_key)
         return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs"
-                             f"{note} ({no_value_hint(probe_key)}); log: "
-                             f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL,
-                             detail=log_tail(last.log_path if last and last.log_path else ""))
+                             f"{note} ({hint}); log: "
+                             f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
     return None
 
 
@@ -638,6 +646,12 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             st.put(f"stopped:{sid}", "")
     else:
         sid = st.create_session("run", good, bad, probe_key, cfg.stored(), cands)
+        earlier = len(st.runs(probe_key, shas))
+        if earlier:
+            # runs are matched by the probe command alone: say so, since a changed
+            # environment (a new wheel, another GPU) would make them stale
+            progress(f"reusing {earlier} runs this probe command recorded earlier at these commits "
+                     "(`klbisect reset --purge` forgets them, if the environment changed since)")
     progress(f"{len(shas) - 1} candidate commits between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
@@ -1107,7 +1121,7 @@ def status(path: str | Path | None) -> dict:
             out["result"] = sess.result
         res = out["result"] or {}
         # the same top-level keys as `run --json`, so one parser reads both
-        out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
+        out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence", "complete")},
                    candidates=res.get("candidates") or [])
         return out
     finally:

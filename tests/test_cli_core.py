@@ -1029,6 +1029,9 @@ def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):
     # three each, and a run that was already in flight on the other slot
     assert re.search(r"printed no metric value in [34] runs, nor the bad endpoint in [34]", line), line
     assert len(db_query(h.path, "SELECT id FROM runs")) - before <= 7
+    # a KL test newer than the good commit: the hint says what to do with it
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} test/test_kl_new.py", cwd=h.path)
+    assert "copied outside the repository" in error_line(p, 154)
 
 
 def test_a_metric_regex_that_cannot_work_is_refused_before_any_run(history):
@@ -1052,6 +1055,7 @@ def test_a_build_command_that_never_works_is_not_an_answer(history):
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd",
             f"{PY} -c 'raise SystemExit(\"no compiler\")'", "--json", cwd=h.path)
     assert "has never succeeded here: fix --build-cmd" in error_line(p, 154)
+    assert "reusing 12 runs this probe command recorded earlier" in p.stderr
     assert len(db_query(h.path, "SELECT * FROM builds WHERE ok = 0")) <= 4
 
 

@@ -261,6 +261,19 @@ def test_day_by_day(tmp_path, loopback):
     assert meds["2025-03-04"] > 1.5 * meds["2025-03-03"]
 
 
+def test_a_regression_on_the_second_night_is_not_left_suspect_by_a_young_baseline(tmp_path):
+    """Three baseline runs against ten head runs can never reach p <= 0.001
+    (1 / C(13, 3) = 0.0035): the night measures the baseline head again
+    rather than call a clear regression suspect."""
+    d = Days(tmp_path)
+    assert tail_json(nightly(d.path, "2025-03-01"))["regressed"] is False
+    culprit = d.set_json(2, d.spec["bad_when"], d.spec["bad_when"]["value"], f"{REG_TITLE} (#{REG_PR})")
+    p = nightly(d.path, "2025-03-02")
+    r = tail_json(p)
+    assert r["regressed"] is True and r["culprit"] == culprit, p.stderr
+    assert "baseline runs cannot reach p <= 0.001" in p.stderr
+
+
 def test_no_probe_and_bad_post_target_are_usage_errors(tmp_path):
     d = Days(tmp_path)
     p = subprocess.run([PY, "-m", "klbisect", "nightly", "--repo", str(d.path)], cwd=d.path,
