@@ -315,9 +315,11 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             if len(cr.values) >= target:
                 j = judge(list(cr.values))
                 if (j.more and baseline_shas and base_tries < cap_values
-                        and not reachable(cap_values, len(baseline), opts.alpha)):
+                        and not reachable(cap_values, len(baseline), opts.alpha)
+                        and reachable(cap_values, len(baseline) + cap_values - base_tries, opts.alpha)):
                     # a young baseline: even every head run above every baseline run could
-                    # not reach --alpha, so the night would stay suspect however clear
+                    # not reach --alpha, so the night would stay suspect however clear (and
+                    # when the runs it may still get could not reach it either, none are spent)
                     base_tries += 1
                     progress(f"  borderline, and {len(baseline)} baseline runs cannot reach p <= {opts.alpha:g} "
                              f"with {cap_values} head runs: one more run of the baseline head "
