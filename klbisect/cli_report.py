@@ -29,10 +29,11 @@ def report(repo, fmt, out, session_id, plot, offline):
         fmt = {"html": "html", "htm": "html", "json": "json"}.get(ext, "md")
     rep = write_report(repo, fmt=fmt, out=out, session_id=session_id, plot=plot, offline=offline)
     if rep["path"]:
-        click.echo(f"klbisect: wrote {rep['path']} (plot {rep['plot']})", err=True)
+        click.echo(f"klbisect: wrote {rep['path']}" + (f" (plot {rep['plot']})" if rep["plot"] else ""), err=True)
     else:
         click.echo(rep["text"])
-        click.echo(f"klbisect: plot {rep['plot']}", err=True)
+        if rep["plot"]:
+            click.echo(f"klbisect: plot {rep['plot']}", err=True)
     return 0
 
 

@@ -614,7 +614,8 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
     if fmt not in ("md", "html", "json"):
         raise KlbisectError(f"unknown report format {fmt!r}; use md, html or json", EXIT_USAGE)
     data = data if data is not None else report_data(path, session_id, offline)
-    plot_path = plot or default_plot_path(data, out)
+    # HTML carries its plot inside: a PNG file beside it only when asked for (--plot)
+    plot_path = plot or (None if fmt == "html" else default_plot_path(data, out))
     png = session_plot(data, plot_path)
     data["plot"] = plot_path
     if fmt == "md":

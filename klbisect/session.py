@@ -1076,6 +1076,11 @@ def _shown_session(ws: Workspace, session_id: int | None = None):
             found = [st.active_session(), st.latest_session(("run", "gitbisect", "calibrate", "nightly"),
                                                             shown_only=True)]
             sess = max((x for x in found if x), key=lambda x: x.id, default=None)
+            live = st.active_session("gitbisect")
+            if live is not None and sess is not None and sess.id != live.id and gitrepo.bisect_in_progress(ws.repo):
+                # the checkout is mid `git bisect run`: that session is the one being
+                # looked at, even if a `run` of another range finished since
+                sess = live
     if sess is None:
         raise KlbisectError(f"no klbisect session {where}: start one with `klbisect run` or "
                             "`klbisect start`", EXIT_USAGE)

@@ -336,3 +336,21 @@ def test_crash_skip_limit_follows_the_crash_rate():
     assert crash_skip_limit(5, 12, 2) >= 6            # about 40%: 0.4^6 < 0.5%
     assert crash_skip_limit(12, 12, 2) == 12          # only crashes seen: the most there is
     assert crash_skip_limit(0, 12, 4) == 4            # never below --crash-limit
+
+
+def test_status_keeps_to_a_live_git_bisect_when_a_run_finishes_meanwhile(history):
+    """`klbisect run` works in a worktree, so it may run during a git bisect;
+    `status` and `log` then still show the bisect the checkout is in."""
+    h = history(n_commits=40, seed=17, noise=SEPARATED)
+    repo = h.path
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=repo).returncode == 0
+    later = h.shas[min(h.culprit_index + 3, len(h.shas) - 1)]
+    other = klb("run", "--good", h.good, "--bad", later, "--probe-cmd", probe_cmd(), "--json", cwd=repo)
+    assert other.returncode == 0, other.stderr
+    st = json.loads(klb("status", "--json", cwd=repo).stdout)
+    assert st["kind"] == "gitbisect", st["kind"]
+    p = bisect_run(repo)
+    assert f"{h.culprit} is the first bad commit" in p.stdout, p.stdout[-2000:]
+    st = json.loads(klb("status", "--json", cwd=repo).stdout)
+    assert st["kind"] == "gitbisect" and st["culprit"] == h.culprit
+    assert klb("reset", cwd=repo).returncode == 0
