@@ -110,6 +110,9 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
         values_by_run = [{**d, MAX_LABEL: max(d.values())} if d else d for d in values_by_run]
         labels.append(MAX_LABEL)
     recommended = {ls.label: ls.recommended for ls in good or []}
+    # a bad commit's runs are counted against the good commit's lines, so the two
+    # blocks read side by side (its own would start at its own p25, above them)
+    good_lines = {ls.label: [e["threshold"] for e in ls.exceedances] for ls in good or []}
     out = []
     for lab in labels:
         vals = [d[lab] for d in values_by_run if lab in d]
@@ -117,7 +120,7 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
         # would drag percentiles and candidate thresholds up to 1e9: those use the rest
         finite = [v for v in vals if v < NONFINITE / 2]
         summary = {**summarize(finite), "nan": len(vals) - len(finite)}
-        ths = thresholds or default_thresholds(finite or vals)
+        ths = thresholds or good_lines.get(lab) or default_thresholds(finite or vals)
         ex = [{"threshold": t, "above": k, "runs": n,
                "rate_upper_bound": exceedance_upper_bound(k, n, confidence),
                "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}

@@ -47,6 +47,12 @@ def test_calibrate_reports_labels_thresholds_and_bisect_cost(history):
     line = next(ln for ln in bad_part.split("[prefill_cache_hit]")[1].splitlines() if "fails the recommended" in ln)
     k = int(line.split(" in ")[1].split("/")[0])
     assert k >= 10 and "/30 runs (true rate >= 0." in line and "how often one CI run catches" in line
+    # without --thresholds, the bad commit's runs are counted at the good commit's lines, row by row
+    same = json.loads(klb("calibrate", "--rev", h.good, "--runs", "30", "--bad-rev", h.bad, "--commits", "200",
+                          "--probe-cmd", probe_cmd(), "--json", cwd=h.path).stdout)
+    lines = {ls["label"]: [e["threshold"] for e in ls["exceedances"]] for ls in same["labels"]}
+    for ls in same["bad_labels"]:
+        assert [e["threshold"] for e in ls["exceedances"]] == lines[ls["label"]] != []
     # the cost of a bisect replays the real search on resampled runs
     cost = res["cost"]
     assert cost["commits"] == 200 and cost["simulated_accuracy"] >= 0.9
