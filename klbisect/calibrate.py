@@ -22,7 +22,7 @@ from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_u
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
-from .metric import NONFINITE, fmt_value
+from .metric import broke, fmt_value
 from .probe import STATUS_TIMEOUT
 from .session import (BisectConfig, Workspace, _endpoint_problem, close_builder, commit_runs, make_builder,
                       make_probe, record, since)
@@ -118,7 +118,7 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
         vals = [d[lab] for d in values_by_run if lab in d]
         # a printed nan fails any threshold (exceedances count it), but its stand-in
         # would drag percentiles and candidate thresholds up to 1e9: those use the rest
-        finite = [v for v in vals if v < NONFINITE / 2]
+        finite = [v for v in vals if not broke(v)]
         summary = {**summarize(finite), "nan": len(vals) - len(finite)}
         ths = thresholds or good_lines.get(lab) or default_thresholds(finite or vals)
         ex = [{"threshold": t, "above": k, "runs": n,

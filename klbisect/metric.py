@@ -117,24 +117,31 @@ def scalar(values: dict[str, float], metric: str | None = None) -> float | None:
     return max(values.values())
 
 
+def broke(value: float) -> bool:
+    """Does this value stand for a nan or inf the probe printed? (Half of
+    NONFINITE: a centre computed in log space comes back a hair under it.)"""
+    return value >= NONFINITE / 2
+
+
 def fmt_value(value: float) -> str:
-    """A metric value as people read it: NONFINITE, which stands for a NaN
-    or inf the probe printed, reads as nan."""
-    # (half: a centre computed in log space comes back a hair under it)
-    return "nan" if value >= NONFINITE / 2 else f"{value:.4g}"
+    """A metric value as people read it: a nan's stand-in reads as nan."""
+    return "nan" if broke(value) else f"{value:.4g}"
+
+
+def fmt_span(s: dict) -> str:
+    """decide.summarize's median [min, max]."""
+    return f"{fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}]"
 
 
 def fmt_summary(s: dict) -> str:
     """decide.summarize's numbers as one phrase: median [min, max] n=."""
-    if not s.get("n"):
-        return "no values"
-    return f"median {fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] n={s['n']}"
+    return f"median {fmt_span(s)} n={s['n']}" if s.get("n") else "no values"
 
 
 def fmt_ratio(after: float, before: float) -> str:
     """after / before as "x1.83": blank with no positive before (a ratio of
     tiny or negative values means nothing), "x nan" where either stands for a
     nan the probe printed."""
-    if max(after, before) >= NONFINITE / 2:
+    if broke(after) or broke(before):
         return "x nan"
     return f"x{after / before:.2f}" if before > 0 and after >= 0 else ""

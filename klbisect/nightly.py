@@ -46,8 +46,8 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
-from .metric import fmt_ratio, fmt_summary, fmt_value
 from .errors import EXIT_POST_FAILED, EXIT_USAGE, KlbisectError
+from .metric import fmt_ratio, fmt_span, fmt_summary, fmt_value
 
 Progress = Callable[[str], None]
 
@@ -116,14 +116,11 @@ def compare(head: list[float], baseline: list[float], alpha: float = 0.001, min_
     mb, mh = float(np.median(b)), float(np.median(h))
     ratio = mh / mb if mb > 0 else (math.inf if mh > mb else 1.0)
     big = ratio >= 1.0 + min_effect if mb > 0 else mh > mb
-    change = fmt_ratio(mh, mb) or "x n/a"
+    why = (f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} ({fmt_ratio(mh, mb) or 'x n/a'}), "
+           f"Mann-Whitney p={p:.2g}")
     if p <= alpha and big:
-        return Comparison("regressed", p, ratio, False, sh, sb,
-                          f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} ({change}), "
-                          f"Mann-Whitney p={p:.2g} <= {alpha:g}")
-    suspicious = big and p <= 0.25
-    why = f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} ({change}), Mann-Whitney p={p:.2g}"
-    return Comparison("good", p, ratio, suspicious, sh, sb, why)
+        return Comparison("regressed", p, ratio, False, sh, sb, f"{why} <= {alpha:g}")
+    return Comparison("good", p, ratio, big and p <= 0.25, sh, sb, why)
 
 
 def reachable(head_runs: int, baseline_runs: int, alpha: float) -> bool:
@@ -694,7 +691,7 @@ def history_table(trend: dict):
         cells = []
         for lab in trend["labels"]:
             s = n["labels"].get(lab) or {}
-            cells.append(escape(f"{fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] {s['n']}")
+            cells.append(escape(f"{fmt_span(s)} {s['n']}")
                          if s.get("n") else "-")
         v = n["verdict"]
         style = {"regressed": "bold red", "known": "red", "suspect": "magenta", "crashed": "yellow"}.get(v, "")

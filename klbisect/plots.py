@@ -8,7 +8,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from .metric import NONFINITE, fmt_value
+from .metric import broke, fmt_value
 
 GOOD_C, BAD_C, UNK_C, CULPRIT_C = "#2b7bba", "#d62728", "#7f7f7f", "#ff7f0e"
 
@@ -43,7 +43,7 @@ def session_plot(data: dict, out: str | Path | None = None) -> bytes:
     runs = data.get("runs", [])
     fig, ax = plt.subplots(figsize=(10, 4.2))
     try:
-        valued = [r for r in runs if r["value"] is not None and r["value"] < NONFINITE / 2]
+        valued = [r for r in runs if r["value"] is not None and not broke(r["value"])]
         xs_v = [r["index"] for r in valued]
         ys_v = [r["value"] for r in valued]
         colors = [BAD_C if r.get("side") == "bad" else GOOD_C if r.get("side") == "good" else UNK_C
@@ -51,12 +51,12 @@ def session_plot(data: dict, out: str | Path | None = None) -> bytes:
         positive = bool(ys_v) and min(ys_v) > 0
         if ys_v:
             ax.scatter(xs_v, ys_v, s=14, c=colors, alpha=0.75, linewidths=0, zorder=3)
-        broke = [r["index"] for r in runs if r["value"] is not None and r["value"] >= NONFINITE / 2]
-        if broke:
+        nans = [r["index"] for r in runs if r["value"] is not None and broke(r["value"])]
+        if nans:
             # on the axis's top edge: at 1e9 they would squash every real value flat
-            ax.scatter(broke, [1.0] * len(broke), marker="^", s=22, c=BAD_C, alpha=0.8,
+            ax.scatter(nans, [1.0] * len(nans), marker="^", s=22, c=BAD_C, alpha=0.8,
                        transform=ax.get_xaxis_transform(), clip_on=False, zorder=3,
-                       label=f"nan or inf ({len(broke)} runs)")
+                       label=f"nan or inf ({len(nans)} runs)")
         crashed = [r["index"] for r in runs if r["value"] is None]
         if crashed:
             ax.scatter(crashed, [0.0] * len(crashed), marker="x", s=18, c="k", alpha=0.6,

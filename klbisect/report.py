@@ -7,14 +7,14 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
-from .metric import fmt_ratio, fmt_value
+from .metric import fmt_ratio, fmt_span, fmt_value
 from .session import Result
 
 
 def _range(s: dict) -> str:
     if not s or not s.get("n"):
         return "no runs"
-    return f"{fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] n={s['n']}"
+    return f"{fmt_span(s)} n={s['n']}"
 
 
 def pr_text(pr: int | None) -> str:
@@ -392,7 +392,7 @@ def _labels_md(r: dict) -> list[str]:
 def _range_md(s: dict) -> str:
     if not s or not s.get("n"):
         return "no runs"
-    return f"{fmt_value(s['median'])} [{fmt_value(s['min'])}, {fmt_value(s['max'])}] ({s['n']})"
+    return f"{fmt_span(s)} ({s['n']})"
 
 
 def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: str | None = None) -> str:

@@ -642,8 +642,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         sid = prev.id
         progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
         st.update_session(sid, config=cfg.stored())
-        if st.get(f"stopped:{sid}"):
-            st.put(f"stopped:{sid}", "")
+        if st.get(_stop_key(sid)):
+            st.put(_stop_key(sid), "")
     else:
         sid = st.create_session("run", good, bad, probe_key, cfg.stored(), cands)
         earlier = len(st.runs(probe_key, shas))
@@ -797,10 +797,14 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         close_builder(builder, progress)
 
 
+def _stop_key(sid: int) -> str:
+    return f"stopped:{sid}"
+
+
 def _note_stop(st: Store, sid: int, why: str) -> None:
     """Why a session stopped short, for `status` (cleared when it goes on)."""
     try:
-        st.put(f"stopped:{sid}", why)
+        st.put(_stop_key(sid), why)
     except KlbisectError:
         pass    # the state itself failed (a full disk): the error being raised says so
 
@@ -931,7 +935,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 run = record(ws, sess.id, probe.key, build_key, out, ws.top)
                 if run is not None:
                     progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
-                             f"{'no value (' + run.status + ')' if run.value is None else f'{fmt_value(run.value)}'}")
+                             f"{'no value (' + run.status + ')' if run.value is None else fmt_value(run.value)}")
             ws.store.set_verdict(sess.id, sha, v.decision, {"reason": v.reason, "values": v.values})
             progress(f"klbisect: {sha[:12]} is {v.decision.upper()}: {v.reason}")
             return v
@@ -1095,7 +1099,7 @@ def status(path: str | Path | None) -> dict:
         st = ws.store
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
-                     "stopped": None if sess.state == "done" else (st.get(f"stopped:{sess.id}") or None)}
+                     "stopped": None if sess.state == "done" else (st.get(_stop_key(sess.id)) or None)}
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
             # a resumed calibration counts the runs its commits already had

@@ -153,6 +153,7 @@ class Store:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
             self._inode = self.path.stat().st_ino
+            self._root = self.path.parent.resolve()   # where log paths are kept relative to
         except (sqlite3.Error, OSError) as e:
             raise storage_error(e, self.path) from None
 
@@ -291,7 +292,7 @@ class Store:
         if not log_path:
             return log_path
         try:
-            return Path(log_path).resolve().relative_to(self.path.parent.resolve()).as_posix()
+            return Path(log_path).resolve().relative_to(self._root).as_posix()
         except ValueError:
             return str(log_path)
 
