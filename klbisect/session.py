@@ -7,6 +7,7 @@ moment it finishes, so any of these can be interrupted and rerun.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import shutil
@@ -902,6 +903,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             ws.use_metric(cfg.metric)
             probe, builder = make_probe(cfg), make_builder(cfg)
             build_key = builder.key if builder else None
+            _adopt_env(ws, sess.id, builder)
             sha = gitrepo.head_sha(ws.top)
             model = _refined_model(ws, sess, cfg, probe.key, build_key)
             slot = Slot(0, ws.top, {}, port_bases(1)[0], ws.pids)  # the user's own checkout
@@ -928,6 +930,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
                     break
                 out = measurer.measure(sha, slot)
+                _keep_env(ws, sess.id, builder)
                 if out.build is not None and out.build.ok and build_key:
                     ws.store.put(f"last_build:{build_key}:{ws.top}", sha)
                 elif out.build is not None and build_key:
@@ -941,6 +944,42 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             return v
     finally:
         ws.close()
+
+
+def _env_key(sid: int) -> str:
+    return f"env_before:{sid}"
+
+
+def _adopt_env(ws: Workspace, sid: int, builder) -> None:
+    """`git bisect run` starts a `klbisect probe` per commit: a builder that
+    changes the user's environment (--build sglang) takes over what the
+    first of them found, so `klbisect reset` can put that back."""
+    adopt = getattr(builder, "adopt_origin", None)
+    raw = ws.store.get(_env_key(sid))
+    if adopt and raw:
+        adopt(json.loads(raw))
+
+
+def _keep_env(ws: Workspace, sid: int, builder) -> None:
+    saved = getattr(builder, "saved_origin", None)
+    data = saved() if saved else None
+    if data is not None:
+        ws.store.put(_env_key(sid), json.dumps(data))
+
+
+def _restore_env(ws: Workspace, sess: SessionRow) -> list[str]:
+    """At `klbisect reset`: what a git bisect session's probes changed in
+    the user's environment, put back (one line saying so, or how to)."""
+    raw = ws.store.get(_env_key(sess.id))
+    if not raw:
+        return []
+    builder = make_builder(BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad}))
+    if not hasattr(builder, "adopt_origin"):
+        return []
+    builder.adopt_origin(json.loads(raw))
+    lines = builder.close(lambda line: None)
+    ws.store.put(_env_key(sess.id), "")
+    return lines
 
 
 def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key: str, build_key):
@@ -1156,12 +1195,16 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
     try:
         with ws.locked():
             st = ws.store
+            ended = []
             while (sess := st.active_session()) is not None:
                 st.update_session(sess.id, state="ended", ended=time.time())
                 done.append(f"ended session {sess.id} ({sess.kind})")
+                ended.append(sess)
             if gitrepo.bisect_in_progress(ws.repo):
                 gitrepo.bisect_reset(ws.repo)
                 done.append("git bisect reset")
+            for sess in ended:   # after git's reset: an editable install of the checkout is at its HEAD again
+                done.extend(_restore_env(ws, sess))
             if ws.worktrees.exists():
                 for wt in ws.worktrees.iterdir():
                     gitrepo.worktree_remove(ws.repo, wt)

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 from urllib.parse import unquote, urlparse
@@ -1126,6 +1126,32 @@ class SGLangBuilder:
             if self._before is not None:
                 for name, ver in versions.items():
                     self._before.pins.setdefault(name, ver)
+
+    def saved_origin(self) -> dict | None:
+        """What ``close()`` would put back, as JSON-able data: `git bisect
+        run` starts one `klbisect probe` process per commit, so the
+        environment the first of them found is kept in the store until
+        `klbisect reset`."""
+        with self._lock:
+            b = self._before
+            if b is None:
+                return None
+            origin = asdict(b.origin) if b.origin is not None else None
+            return {"origin": origin, "log_dir": str(b.log_dir), "pins": dict(b.pins)}
+
+    def adopt_origin(self, saved: Mapping | None) -> None:
+        """Take over an earlier process's ``saved_origin()``: what it found
+        comes first, pins this process changes later are added."""
+        if not saved:
+            return
+        with self._lock:
+            origin = saved.get("origin")
+            before = _Before(InstallOrigin(**origin) if origin is not None else None, Path(saved["log_dir"]),
+                             dict(saved.get("pins") or {}))
+            if self._before is not None:
+                for name, ver in self._before.pins.items():
+                    before.pins.setdefault(name, ver)
+            self._before = before
 
     def close(self, say: Callable[[str], None] | None = None) -> list[str]:
         """End of a session: put back the sglang (and the pinned wheels) that

@@ -494,6 +494,40 @@ def test_build_sglang_puts_the_users_sglang_back(venv, tmp_path):
     assert SGLangBuilder(python=str(venv)).close(lambda line: None) == []
 
 
+def test_git_bisect_run_with_build_sglang_puts_the_environment_back_at_reset(venv, tmp_path):
+    """Under `git bisect run` every `klbisect probe` is its own process and
+    installs the checkout into the user's interpreter: `klbisect reset`
+    puts back what the first probe found (here: no sglang at all)."""
+    from conftest import child_env, klb, klbisect_script
+    user = _sglang_project(tmp_path / "mine", "user checkout")
+    (user / "probe.py").write_text(
+        "import os, pathlib\n"
+        "bad = pathlib.Path('level.txt').read_text().strip() == 'bad'\n"
+        "u = int.from_bytes(os.urandom(4), 'little') / 2**32\n"
+        "print('avg_kl_div=%.5f' % ((0.007 + 0.006 * u) if bad else (0.003 + 0.003 * u)))\n")
+    env = child_env()
+    for i in range(8):
+        (user / "level.txt").write_text("bad\n" if i >= 5 else "good\n")
+        (user / "python" / "sglang" / "__init__.py").write_text(f"WHERE = 'commit {i}'\n")
+        subprocess.run(["git", "add", "-A"], cwd=user, check=True, env=env)
+        subprocess.run(["git", "commit", "-q", "-m", f"change {i} (#{100 + i})"], cwd=user, check=True, env=env)
+    good = subprocess.run(["git", "rev-parse", "HEAD~7"], cwd=user, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    build = ["--build", "sglang", "--sglang-python", str(venv), "--pip-args", "--no-build-isolation"]
+    st = klb("start", "--good", good, "--bad", "HEAD", "--probe-cmd", "python probe.py", *build, cwd=user)
+    assert st.returncode == 0, st.stderr
+    assert _where(venv, tmp_path) is None, st.stderr          # start put its endpoint builds back itself
+    run = subprocess.run(["git", "bisect", "run", *klbisect_script(), "probe"], cwd=user, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert "change 5 (#105)" in run.stdout, run.stdout + run.stderr
+    assert _where(venv, tmp_path) is not None                 # the probes installed the checkout
+    rs = klb("reset", cwd=user)
+    assert rs.returncode == 0, rs.stderr
+    assert _where(venv, tmp_path) is None, rs.stdout + rs.stderr
+    assert "is back to no sglang" in rs.stdout, rs.stdout
+    assert "nothing to reset" in klb("reset", cwd=user).stdout
+
+
 def test_build_sglang_says_how_to_restore_what_it_cannot(venv, tmp_path):
     user = _sglang_project(tmp_path / "mine", "user checkout")
     subprocess.run([str(venv), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
