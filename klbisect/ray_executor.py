@@ -19,13 +19,18 @@ node can reach), by default the path of the repository being bisected (right
 for a single machine or a shared filesystem). Where nodes keep clones:
 ``KLBISECT_RAY_CACHE``, by default ``~/.cache/klbisect/ray`` on each node.
 Nodes need klbisect (and the probe's own requirements) installed.
+A builder that installs into the node's interpreter (--build sglang) records
+it there before the session's first build, and the executor's close() puts
+every node it used back.
 
 ``ray`` is imported only here and only when this executor is used.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import sys
 import pickle
 import socket
 import time
@@ -39,6 +44,7 @@ from .measure import Measurer, Outcome
 MAX_NODE_WORKTREES = 64          # worktrees one node keeps per repository
 LOG_RETURN_LIMIT = 4 << 20       # bytes of each log sent back (the tail)
 DEFAULT_MAX_RETRIES = 2          # Ray's retries of a task whose worker/node died
+ENV_FILE = "env_before.json"     # a node's interpreter before the session's first build there
 
 
 def default_cache_dir() -> Path:
@@ -191,6 +197,7 @@ def run_task(spec: TaskSpec) -> dict:
             clone = node_clone(spec.repo_url, cache, spec.sha)
             _checkout(clone, wt, spec.sha)
         probe, builder = _make_probe_builder(spec)
+        _node_origin(cache, builder)
         env: dict[str, str] = {}
         if spec.gpus > 0:
             cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -212,6 +219,8 @@ def run_task(spec: TaskSpec) -> dict:
         except BaseException:
             last_file.unlink(missing_ok=True)   # a half-finished build: rebuild next time
             raise
+        finally:
+            _node_origin(cache, builder, keep=True)
         if builder is not None:
             now = measurer.last_built.get(n)
             if now:
@@ -224,7 +233,7 @@ def run_task(spec: TaskSpec) -> dict:
             if data is not None:
                 logs[p] = data
         return {"outcome": out, "logs": logs, "node": socket.gethostname(), "worktree": n,
-                "env": env}
+                "env": env, "node_id": _node_id()}
     finally:
         close = getattr(probe, "close", None)
         if callable(close):
@@ -233,6 +242,49 @@ def run_task(spec: TaskSpec) -> dict:
             except Exception:
                 pass
         wt_lock.release()
+
+
+def _node_id() -> str | None:
+    try:
+        import ray  # noqa: PLC0415
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - called directly, outside Ray
+        return None
+
+
+def _node_origin(cache: Path, builder, keep: bool = False) -> None:
+    """A builder that installs into this node's interpreter (--build sglang)
+    takes over what the node's first task found there, recorded before any
+    build of this session, so the end of the session can put it back; with
+    ``keep``, after a build, the pinned wheels it changed are added."""
+    if not hasattr(builder, "adopt_origin"):
+        return
+    import filelock  # noqa: PLC0415
+    path = cache / ENV_FILE
+    with filelock.FileLock(str(cache / "env.lock")):
+        if path.exists():
+            builder.adopt_origin(json.loads(path.read_text()))   # the file's record comes first
+        elif not keep:
+            builder.remember_origin(cache / "logs")
+        saved = builder.saved_origin()
+        if saved is not None:
+            path.write_text(json.dumps(saved))
+
+
+def restore_node(cache_dir: str | None, repo_url: str, builder) -> list[str]:
+    """End of a session on one node: put back the interpreter's sglang as
+    the node's first task found it (one line saying so, or how to)."""
+    import filelock  # noqa: PLC0415
+    base = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache = base / hashlib.sha256(repo_url.encode()).hexdigest()[:16]
+    path = cache / ENV_FILE
+    with filelock.FileLock(str(cache / "env.lock")):
+        if not path.exists():
+            return []
+        builder.adopt_origin(json.loads(path.read_text()))
+        lines = builder.close(lambda line: None)
+        path.unlink()
+    return [f"{line} (on {socket.gethostname()})" for line in lines]
 
 
 # ---- on the driver -----------------------------------------------------------------
@@ -261,6 +313,8 @@ class RayExecutor:
             max_retries=max_retries, retry_exceptions=False, name="klbisect-probe")
         self._refs: dict[Any, tuple[str, int]] = {}   # ref -> (sha, logical slot)
         self.task_info: list[dict] = []               # node, worktree, env of each finished task
+        self._builder = builder if hasattr(builder, "adopt_origin") else None
+        self._nodes: set[str] = set()                 # Ray node ids whose interpreter a build may have changed
 
     @classmethod
     def from_config(cls, cfg, ws, measurer: Measurer) -> "RayExecutor":
@@ -317,6 +371,8 @@ class RayExecutor:
         out: Outcome = res["outcome"]
         out.slot = slot
         self._localize_logs(out, res.get("logs") or {}, res.get("node", "?"))
+        if res.get("node_id"):
+            self._nodes.add(res["node_id"])
         self.task_info.append({"sha": sha, "slot": slot, "node": res.get("node"),
                                "worktree": res.get("worktree"), "env": res.get("env", {})})
         why = infrastructure_failure(out)
@@ -364,9 +420,32 @@ class RayExecutor:
             except Exception:
                 pass
         self._refs.clear()
+        self._restore_nodes()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False
+
+
+    def _restore_nodes(self) -> None:
+        """--build sglang installed each worktree into its node's interpreter:
+        one task per node puts that back, as `run` does on its own machine."""
+        nodes, self._nodes = self._nodes, set()
+        if self._builder is None or not nodes:
+            return
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: PLC0415
+        ray, t = self._ray, self._template
+        task = ray.remote(restore_node)
+        refs = {task.options(num_cpus=0, max_retries=0, name="klbisect-restore-env",
+                             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+                .remote(t.cache_dir, t.repo_url, self._builder): node for node in sorted(nodes)}
+        for ref, node in refs.items():
+            try:
+                lines = ray.get(ref, timeout=self._builder.timeout)
+            except Exception as e:  # noqa: BLE001 - the session is ending: say what to do, never mask its error
+                lines = [f"klbisect: could not put back the sglang of Ray node {node} "
+                         f"({type(e).__name__}: {e}); reinstall it there"]
+            for line in lines:
+                print(line, file=sys.stderr, flush=True)
 
 
 def _config_dict(cfg) -> dict:

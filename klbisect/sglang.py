@@ -1080,7 +1080,7 @@ class SGLangBuilder:
         start = time.monotonic()
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._remember_origin(log_path.parent)
+        self.remember_origin(log_path.parent)
         pyproject = Path(checkout) / "python" / "pyproject.toml"
         try:
             pins = parse_pins(pyproject.read_text()) if self.install_pins else {}
@@ -1115,11 +1115,12 @@ class SGLangBuilder:
 
     # -- the user's environment -------------------------------------------------
 
-    def _remember_origin(self, log_dir: Path) -> None:
+    def remember_origin(self, log_dir: Path) -> None:
         """Before the session's first pip command (parallel builds wait here)."""
         with self._lock:
             if self._before is None:
-                self._before = _Before(read_origin(self.python, cwd=log_dir), log_dir)
+                Path(log_dir).mkdir(parents=True, exist_ok=True)
+                self._before = _Before(read_origin(self.python, cwd=log_dir), Path(log_dir))
 
     def _remember_pins(self, versions: Mapping[str, str | None]) -> None:
         with self._lock:

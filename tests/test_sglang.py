@@ -528,6 +528,34 @@ def test_git_bisect_run_with_build_sglang_puts_the_environment_back_at_reset(ven
     assert "nothing to reset" in klb("reset", cwd=user).stdout
 
 
+def test_ray_nodes_put_their_sglang_back_when_the_executor_closes(venv, tmp_path, capfd):
+    """--executor ray with --build sglang installs each node's worktree into
+    that node's interpreter: closing the executor puts every node back."""
+    ray = pytest.importorskip("ray")
+    from klbisect.probe import CommandProbe
+    from klbisect.ray_executor import RayExecutor
+    user = _sglang_project(tmp_path / "mine", "user checkout")
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=user, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        probe = CommandProbe(f"{sys.executable} -c \"print('avg_kl_div=0.004')\"")
+        builder = SGLangBuilder(python=str(venv), pip_args=("--no-build-isolation",))
+        ex = RayExecutor(1, 0, str(user), tmp_path / "logs", probe=probe, builder=builder, probe_key=probe.key,
+                         build_key=builder.key, cache_dir=str(tmp_path / "ray-cache"))
+        ex.submit(sha)
+        [out] = ex.wait()
+        assert out.build is not None and out.build.ok, out
+        assert _where(venv, tmp_path) == "user checkout"        # the node's worktree of it, installed
+        ex.close()
+    finally:
+        ray.shutdown()
+    assert _where(venv, tmp_path) is None
+    assert "is back to no sglang" in capfd.readouterr().err
+
+
 def test_build_sglang_says_how_to_restore_what_it_cannot(venv, tmp_path):
     user = _sglang_project(tmp_path / "mine", "user checkout")
     subprocess.run([str(venv), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e",
