@@ -10,6 +10,7 @@ marker of an owner that is gone are killed.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import signal
@@ -36,6 +37,61 @@ _STOPPED: set[int] = set()  # of those, the ones kill_all_active killed
 _HALTED: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # threads that may start nothing more
 
 
+_hurry = threading.Event()   # set by a second stop signal while a tree is being killed
+_shield_depth = 0
+
+
+@contextmanager
+def _unkillable_cleanup() -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) pressed again while trees are being killed: a
+    KeyboardInterrupt raised in the middle of the kill used to end it
+    before its SIGKILL, leaving the group running behind an exit 130. Here
+    a repeated signal turns the wait into SIGKILL at once, and the
+    interrupt is raised when the outermost cleanup is done."""
+    global _shield_depth
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def handler(signum, frame):
+        got.append(signum)
+        _hurry.set()
+        for pgid in list(_ACTIVE):
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    old = {}
+    if _shield_depth == 0:
+        for s in (signal.SIGINT, *STOP_SIGNALS):
+            h = signal.getsignal(s)
+            if h not in (signal.SIG_IGN, None):
+                old[s] = signal.signal(s, handler)
+    _shield_depth += 1
+    try:
+        yield
+    finally:
+        _shield_depth -= 1
+        for s, h in old.items():
+            signal.signal(s, h)
+        if _shield_depth == 0:
+            _hurry.clear()
+        if got:
+            raise KeyboardInterrupt
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    # the last net: klbisect exiting with a run's group still registered
+    for pgid in list(_ACTIVE):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def kill_all_active() -> None:
     """Kill every probe or build this process is running (on Ctrl-C, worker
     threads never see the KeyboardInterrupt themselves).
@@ -47,9 +103,10 @@ def kill_all_active() -> None:
     """
     me, main = threading.current_thread(), threading.main_thread()
     _HALTED.update(t for t in threading.enumerate() if t is not me and t is not main)
-    for pid in list(_ACTIVE):
-        _STOPPED.add(pid)
-        kill_tree(pid, grace=2.0)
+    with _unkillable_cleanup():
+        for pid in list(_ACTIVE):
+            _STOPPED.add(pid)
+            kill_tree(pid, grace=2.0)
 
 
 def _halted() -> bool:
@@ -195,7 +252,7 @@ def _wait_exited(procs: list[psutil.Process], timeout: float) -> list[psutil.Pro
     deadline = time.monotonic() + timeout
     while True:
         procs = [p for p in procs if not _exited(p)]
-        if not procs or time.monotonic() >= deadline:
+        if not procs or time.monotonic() >= deadline or _hurry.is_set():
             return procs
         time.sleep(0.05)
 
@@ -444,17 +501,18 @@ def run_logged(
         finally:
             # Also after a normal exit: a server the probe started in the
             # background must not outlive the probe.
-            kill_tree(proc.pid)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            _kill_marked(mark)
-            stopped = proc.pid in _STOPPED
-            _STOPPED.discard(proc.pid)
-            _ACTIVE.discard(proc.pid)
-            if pid_file is not None:
-                pid_file.unlink(missing_ok=True)
+            with _unkillable_cleanup():
+                kill_tree(proc.pid)
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+                _kill_marked(mark)
+                stopped = proc.pid in _STOPPED
+                _STOPPED.discard(proc.pid)
+                _ACTIVE.discard(proc.pid)
+                if pid_file is not None:
+                    pid_file.unlink(missing_ok=True)
     if stopped:
         raise KeyboardInterrupt(f"klbisect is stopping: killed {cmd if isinstance(cmd, str) else ' '.join(cmd)}")
     return ProcResult(code, timed_out, time.monotonic() - start)

@@ -170,6 +170,26 @@ def test_ctrl_c_during_the_build_starts_no_probe(history, tmp_path):
     assert wait_gone(tok) == []
 
 
+def test_ctrl_c_pressed_three_times_still_kills_a_probe_that_ignores_it(history, tmp_path):
+    """A probe that traps SIGINT and SIGTERM takes the grace period to die;
+    a user who presses Ctrl-C again meanwhile must not cut the kill short
+    (the second KeyboardInterrupt used to end it before its SIGKILL)."""
+    h = history(n_commits=20, seed=6, merges=1, noise=SEPARATED)
+    tok = f"{1000 + os.getpid() % 1000}.{uuid.uuid4().int % 10**6:06d}"
+    with reaped(klb_popen("run", "--good", h.good, "--bad", "main",
+                          "--probe-cmd", f"trap '' INT TERM; {PY} probe.py; sleep {tok}", cwd=h.path)) as proc:
+        _until(lambda: proc.poll() is not None or [p for p in processes_with(tok) if p.name() == "sleep"],
+               "the probe never reached its sleep", timeout=120)
+        assert proc.poll() is None, proc.communicate()
+        for _ in range(3):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert wait_gone(tok) == [], "the probe outlived klbisect"
+
+
 # The command comes in the environment: in argv, its tag would make the
 # process that runs it look like the probe.
 _UNDER_STOP_SIGNALS = """
