@@ -1201,8 +1201,12 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                 done.append(f"ended session {sess.id} ({sess.kind})")
                 ended.append(sess)
             if gitrepo.bisect_in_progress(ws.repo):
-                gitrepo.bisect_reset(ws.repo)
-                done.append("git bisect reset")
+                if any(sess.kind == "gitbisect" for sess in ended):
+                    gitrepo.bisect_reset(ws.repo)
+                    done.append("git bisect reset")
+                else:   # the user's own bisect: its marks are not ours to throw away
+                    done.append("left the git bisect in progress alone: klbisect did not start it "
+                                "(`git bisect reset` ends it)")
             for sess in ended:   # after git's reset: an editable install of the checkout is at its HEAD again
                 done.extend(_restore_env(ws, sess))
             if ws.worktrees.exists():

@@ -354,3 +354,16 @@ def test_status_keeps_to_a_live_git_bisect_when_a_run_finishes_meanwhile(history
     st = json.loads(klb("status", "--json", cwd=repo).stdout)
     assert st["kind"] == "gitbisect" and st["culprit"] == h.culprit
     assert klb("reset", cwd=repo).returncode == 0
+
+
+def test_reset_leaves_a_git_bisect_the_user_started_alone(history):
+    """`klbisect reset` ends klbisect's sessions and the git bisect that
+    `klbisect start` began, never a bisect the user runs by hand."""
+    h = history(n_commits=12, seed=3, merges=0, noise=SEPARATED)
+    git(h.path, "bisect", "start", "main", h.good)
+    git(h.path, "bisect", "good")
+    rs = klb("reset", cwd=h.path)
+    assert rs.returncode == 0, rs.stderr
+    assert "left the git bisect in progress alone" in rs.stdout
+    assert in_bisect(h.path)
+    assert "git bisect good" in git(h.path, "bisect", "log")
