@@ -33,7 +33,7 @@ from .metric import check_regex, fmt_summary, fmt_value, scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
 from .proc import interrupt_on_stop_signals, log_tail, reap_stale
 from .search import CommitRuns, plan
-from .store import Run, SessionRow, Store
+from .store import Run, SessionRow, Store, storage_error
 
 Progress = Callable[[str], None]
 
@@ -171,7 +171,10 @@ class Workspace:
 
     @contextmanager
     def locked(self) -> Iterator["Workspace"]:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise storage_error(e) from None
         try:
             self._lock.acquire(timeout=0)
         except filelock.Timeout:

@@ -122,6 +122,12 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
     """What went wrong with the state, and the advice that fits it: a full
     disk, a read-only or foreign directory, or a damaged database."""
     text = str(e)
+    if getattr(e, "errno", None) in (errno.EEXIST, errno.ENOTDIR) and getattr(e, "filename", None):
+        return KlbisectError(f"klbisect state: {e.filename} is in the way ({e.strerror}; a directory of "
+                             "klbisect's belongs there): move it away and rerun", EXIT_STORAGE)
+    if path is not None and path.is_dir():
+        return KlbisectError(f"klbisect state {path} is a directory, not a database: move it away and rerun",
+                             EXIT_STORAGE)
     if path is not None and ("not a database" in text or "malformed" in text):
         return KlbisectError(f"klbisect state {path} is damaged ({text}): move it away (e.g. to "
                              f"{path.name}.bad) and rerun; the runs it held are lost, the repository "

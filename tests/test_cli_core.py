@@ -1068,6 +1068,21 @@ def test_a_damaged_state_database_says_so(history):
     assert "is damaged" in line and "move it away" in line and "free disk space" not in line
 
 
+@pytest.mark.parametrize("damage", ["file", "dangling link", "db is a directory"])
+def test_a_state_path_in_the_way_says_so(history, damage):
+    h = history(n_commits=10, seed=35)
+    d = state_dir(h.path)
+    if damage == "file":
+        d.write_text("x\n")
+    elif damage == "dangling link":
+        d.symlink_to(h.path / "nowhere")
+    else:
+        (d / "state.db").mkdir(parents=True)
+    line = error_line(klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path), 156)
+    assert "move it away" in line and "read-only" not in line, line
+    assert "internal error" not in line
+
+
 def test_a_state_file_deleted_mid_command_is_noticed(tmp_path):
     """sqlite would go on writing to the unlinked file and the command would
     answer as if its runs were kept; the next write says what happened."""
