@@ -93,7 +93,7 @@ class BisectConfig:
         return cls(**known)
 
     def validate(self) -> None:
-        if self.probe == "cmd" and not self.probe_cmd:
+        if self.probe == "cmd" and not (self.probe_cmd or "").strip():
             raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
         if self.probe not in ("cmd", "sglang"):
             raise KlbisectError(f"unknown --probe {self.probe!r}; use cmd or sglang", EXIT_USAGE)

@@ -692,6 +692,8 @@ def test_bad_revisions(small, good, bad, words):
 def test_no_probe_given(small):
     p = klb("run", "--good", small.good, "--bad", "main", cwd=small.path)
     assert "no probe given" in error_line(p, 150)
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "   ", cwd=small.path)
+    assert "no probe given" in error_line(p, 150)
 
 
 @pytest.mark.parametrize("args", [
