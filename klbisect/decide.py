@@ -17,6 +17,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from .metric import broke
+
 RUN_LR_CAP = 40.0        # no single run counts for more than 40:1 (a verdict needs two)
 VERDICT_LR = 500.0       # a verdict needs 500:1 (so at least two agreeing runs)
 OUTLIER_WEIGHT = 0.02
@@ -100,6 +102,11 @@ class Model:
     # _pair_spread: what the fence is measured in, since spikes or outliers
     # in a handful of runs inflate a standard deviation. 0: not recorded.
     mad: float = 0.0
+    # Good endpoint runs that printed nan/inf (metric.NONFINITE): while
+    # there are none, a nan run counts for bad like a value past every bad
+    # run (a nan KL fails the test; its stand-in is far out in the tails,
+    # where both sides' outlier components make it evidence of nothing).
+    nan_good: int = 0
 
     @classmethod
     def fit(cls, good: Sequence[float], bad: Sequence[float], cap: float | None = None,
@@ -144,7 +151,7 @@ class Model:
                   1e-3 if log_space else 1e-12)
         return cls(log_space, mu_g, mu_b, float(pooled * inflate), float(max(n - 2, 1)), len(g), len(b),
                    cap, "learned", own(tg - mu_g), own(tb - mu_b), disjoint, g_range, b_range,
-                   bad_cap, good_cap, mad)
+                   bad_cap, good_cap, mad, int(np.sum(broke(g))))
 
     def transform(self, values: Iterable[float]) -> np.ndarray:
         return _transform(_arr(values), self.log_space)
@@ -157,7 +164,8 @@ class Model:
 
     def log_lr(self, values: Iterable[float]) -> np.ndarray:
         """Per-run log likelihood ratio, bad over good, clipped to +-log(cap)."""
-        y = self.transform(values)
+        x = _arr(values)
+        y = _transform(x, self.log_space)
         if y.size == 0:
             return y
         llr = self._logpdf(y, self.mu_bad, self.scale_bad) - self._logpdf(y, self.mu_good, self.scale_good)
@@ -172,6 +180,8 @@ class Model:
         llr = np.clip(llr, -cg, cb)
         if self.disjoint and self.good_range and self.bad_range:
             llr = self._by_ranges(y, llr, cb, cg)
+        if not self.nan_good:
+            llr = np.where(broke(x), np.maximum(llr, _past_all(cb, self.n_bad)), llr)
         return llr
 
     def _by_ranges(self, y: np.ndarray, llr: np.ndarray, cb: float, cg: float) -> np.ndarray:
@@ -286,7 +296,7 @@ class Model:
         return cls(**{k: d[k] for k in ("log_space", "mu_good", "mu_bad", "scale", "df",
                                          "n_good", "n_bad", "cap", "kind", "scale_good", "scale_bad",
                                          "disjoint", "good_range", "bad_range", "bad_cap", "good_cap",
-                                         "mad")
+                                         "mad", "nan_good")
                    if k in d})
 
 

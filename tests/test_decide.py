@@ -487,3 +487,26 @@ def test_half_of_six_bad_endpoint_runs_spiking_stay_past_the_fence():
     bad = [0.0039, 0.0044, 0.0037, 0.024, 0.028, 0.030]
     lo, hi = Model.fit(good, bad).fence()
     assert lo < min(good + bad) and max(good + bad[:3]) * 1.5 < hi < min(bad[3:])
+
+
+def test_a_nan_run_counts_for_bad_unless_good_runs_print_nan_too():
+    """A commit whose runs print nan (an overflow) fails the KL test: with
+    finite endpoints its runs are judged bad in a few runs, not left at
+    'undecided after 10 runs' because the stand-in sits far in both tails."""
+    from klbisect.metric import NONFINITE
+    rng = np.random.default_rng(4)
+    good, bad = rng.uniform(0.003, 0.006, 6), rng.uniform(0.007, 0.013, 6)
+    m = Model.fit(good, bad)
+    assert m.nan_good == 0
+    runs = []
+    for _ in range(DEFAULT_MAX_RUNS):
+        runs.append(NONFINITE)
+        v = judge(runs, 0, m, None)
+        if v.decision != "undecided":
+            break
+    assert v.decision == BAD and len(runs) <= 4, (v, len(runs))
+    assert Model.from_dict(m.to_dict()).nan_good == 0
+    # nan on a good endpoint run: a nan is no longer a sign of the regression by itself
+    flaky = Model.fit([*good[:5], NONFINITE], bad)
+    assert flaky.nan_good == 1 and Model.from_dict(flaky.to_dict()).nan_good == 1
+    assert float(flaky.log_lr([NONFINITE])[0]) < float(m.log_lr([NONFINITE])[0])
