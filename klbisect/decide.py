@@ -494,7 +494,7 @@ def judge(values: Sequence[float], crashes: int, model: "Model | ThresholdModel"
         if llr <= -bound:
             return Verdict(GOOD, n, crashes, llr, f"{n} runs, likelihood ratio {math.exp(min(-llr, 700)):.3g}:1 for good")
     if n == 0 and crashes >= crash_limit:
-        return Verdict(SKIP, n, crashes, 0.0, f"{crashes} runs crashed without printing a value")
+        return Verdict(SKIP, n, crashes, 0.0, f"{crashes} runs crashed or timed out without a usable value")
     if n >= max_runs:
         return Verdict(SKIP, n, crashes, llr, f"undecided after {n} runs (--max-runs)")
     if crashes >= max_runs + crash_limit:

@@ -274,6 +274,20 @@ def _cut_off(run, usual: frozenset) -> bool:
     return bool(usual) and run.exit_code != 0 and frozenset(run.values) < usual
 
 
+def run_shown(run, usual: frozenset, metric: str | None) -> tuple[str, bool]:
+    """One run as a progress line shows it, and whether it counts as a
+    crash (as commit_runs judges it): a value the run printed before it
+    timed out or failed short of its labels is named with what became of it."""
+    if run.value is None:
+        return (f"no value for --metric {metric}" if run.status == "ok" and metric else f"no value ({run.status})"), True
+    if run.status == STATUS_TIMEOUT:
+        return f"{fmt_value(run.value)}, then timed out: counted as a crash", True
+    if metric is None and _cut_off(run, usual):
+        return (f"{fmt_value(run.value)} from {len(run.values)} of {len(usual)} labels, then "
+                f"exit {run.exit_code}: counted as a crash"), True
+    return fmt_value(run.value), False
+
+
 def _cut_short(run, timeout: float | None) -> bool:
     """A run stopped by a shorter --timeout than the one in force now."""
     return (timeout is not None and run.status == STATUS_TIMEOUT and run.duration is not None
@@ -689,19 +703,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 if err:
                     raise err
             elif run is not None:
-                crashed = run.value is None or run.status == STATUS_TIMEOUT
-                usual = _usual_labels([run], label_sets)
-                if run.value is None and run.status == "ok":
-                    shown = f"no value for --metric {ws.metric}"
-                elif crashed:
-                    shown = f"no value ({run.status})"
-                elif ws.metric is None and _cut_off(run, usual):
-                    # judged as a crash (commit_runs): say so where the value would mislead
-                    shown = (f"{fmt_value(run.value)} from {len(run.values)} of {len(usual)} labels, then "
-                             f"exit {run.exit_code}: counted as a crash")
-                    crashed = True
-                else:
-                    shown = fmt_value(run.value)
+                shown, crashed = run_shown(run, _usual_labels([run], label_sets), ws.metric)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
                 streak[:] = streak + [r.sha] if crashed else []
 
@@ -940,8 +942,9 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     ws.store.put(f"last_build:{build_key}:{ws.top}", "")
                 run = record(ws, sess.id, probe.key, build_key, out, ws.top)
                 if run is not None:
+                    usual = _usual_labels(ws.store.runs(probe.key, [sess.good, sess.bad, sha]))
                     progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
-                             f"{'no value (' + run.status + ')' if run.value is None else fmt_value(run.value)}")
+                             f"{run_shown(run, usual if ws.metric is None else frozenset(), ws.metric)[0]}")
             ws.store.set_verdict(sess.id, sha, v.decision, {"reason": v.reason, "values": v.values})
             progress(f"klbisect: {sha[:12]} is {v.decision.upper()}: {v.reason}")
             return v

@@ -147,8 +147,8 @@ def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     """`klbisect probe` has no options of its own: a hung run at a commit is
     stopped by `start --timeout`, not by the 30-minute default."""
     h = history(n_commits=30, seed=3, noise=SEPARATED, culprit_index=20)
-    slow = tmp_path / "slow"
-    cmd = f"if [ -e {slow} ]; then sleep 30; fi; {probe_cmd()}"
+    slow, late = tmp_path / "slow", tmp_path / "late"
+    cmd = f"if [ -e {slow} ]; then sleep 30; fi; {probe_cmd()}; if [ -e {late} ]; then sleep 30; fi"
     st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--timeout", "1", cwd=h.path)
     assert st.returncode == 0, st.stderr
     slow.touch()
@@ -158,9 +158,17 @@ def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     assert p.returncode == 125, p.stderr                      # crashes: skip, never bad
     assert time.monotonic() - t0 < 25
     assert "no value (timeout)" in p.stderr
+    # a run that printed its value and then hung: the value is shown with what became of it
+    slow.unlink()
+    late.touch()
+    git(h.path, "checkout", "-q", h.shas[11])
+    p = klb("probe", cwd=h.path, timeout=120)
+    assert p.returncode == 125, p.stderr
+    assert "then timed out: counted as a crash" in p.stderr
+    assert "crashed or timed out without a usable value" in p.stderr
+    late.unlink()
     # started again with a longer --timeout, the runs it cut short no longer
     # count as crashes: the commit is measured and judged
-    slow.unlink()
     assert klb("reset", cwd=h.path).returncode == 0
     assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--timeout", "60",
                cwd=h.path).returncode == 0
