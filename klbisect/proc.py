@@ -320,6 +320,12 @@ def owner_marker() -> str:
     return _marker_of(os.getpid())   # per pid: a forked process is another owner
 
 
+def marker_alive(marker: str | None) -> bool:
+    """Is the process this marker names (``owner_marker``) still running?"""
+    parsed = _parse_marker(marker)
+    return parsed is not None and _start_ticks(parsed[0]) == parsed[1]
+
+
 def _parse_marker(marker: str | None) -> tuple[int, int] | None:
     try:
         pid, ticks = (marker or "").split(":")

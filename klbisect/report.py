@@ -100,6 +100,10 @@ def format_status(st: dict) -> str:
                  else "answered; `klbisect reset` ends it" if st.get("result") else "git bisect in progress")
     if st.get("stopped"):
         state += f"; stopped: {st['stopped']}"
+    elif st.get("running") is False and not (st["kind"] == "gitbisect" and st["state"] == "bisecting"):
+        state += "; not running now (killed or interrupted): rerun the same command to resume"
+    elif st.get("running"):
+        state += "; a klbisect command is working on it now"
     elif st.get("result") and not st["result"].get("complete", True) and st["kind"] == "run":
         state += f"; stopped short of the mark: {st['result'].get('reason')}"
     if st["kind"] == "calibrate":

@@ -31,7 +31,7 @@ from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, fmt_summary, fmt_value, scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
-from .proc import interrupt_on_stop_signals, log_tail, reap_stale
+from .proc import interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_stale
 from .search import CommitRuns, plan
 from .store import Run, SessionRow, Store, storage_error
 
@@ -181,11 +181,22 @@ class Workspace:
             raise KlbisectError(f"busy: another klbisect is working on {self.top} "
                                 f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
         try:
+            try:   # who holds the lock: `status` tells a live command from a killed one
+                (self.dir / "owner").write_text(owner_marker() + "\n")
+            except OSError:
+                pass
             reap_stale(self.pids)
             with interrupt_on_stop_signals():
                 yield self
         finally:
             self._lock.release()
+
+    def busy(self) -> bool:
+        """Is a klbisect command working on this repository now?"""
+        try:
+            return marker_alive((self.dir / "owner").read_text().strip())
+        except OSError:
+            return False
 
     def close(self) -> None:
         if self._store is not None:
@@ -1145,6 +1156,8 @@ def status(path: str | Path | None) -> dict:
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
                      "stopped": None if sess.state == "done" else (st.get(_stop_key(sess.id)) or None)}
+        if sess.state not in ("done", "ended"):
+            out["running"] = ws.busy()
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
             # a resumed calibration counts the runs its commits already had

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import filelock
+import psutil
 import pytest
 
 from conftest import (HEX40, PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb,
@@ -962,8 +963,17 @@ def test_status_shows_the_bisect_that_finished_after_an_interrupted_one(history)
 
 def test_sigkilled_klbisect_leaves_nothing_after_the_next_command(history):
     """klbisect killed hard cannot clean up: the probe's shell dies with it
-    (PDEATHSIG) and the next klbisect reaps the rest of its process group."""
-    h, tok, _, _ = _signal_mid_probe(history, lambda p: p.kill())
+    (PDEATHSIG) and the next klbisect reaps the rest of its process group.
+    `status` tells the working command from the killed one."""
+    seen = []
+
+    def look_then_kill(proc):
+        seen.append(klb("status", "--json", cwd=psutil.Process(proc.pid).cwd()))
+        proc.kill()
+    h, tok, _, _ = _signal_mid_probe(history, look_then_kill)
+    assert json_tail(seen[0].stdout)["running"] is True, seen[0].stdout
+    st = klb("status", cwd=h.path)
+    assert "not running now (killed or interrupted): rerun the same command to resume" in st.stdout, st.stdout
     r = klb("reset", cwd=h.path)
     assert r.returncode == 0, r.stderr
     assert wait_gone(tok) == []
