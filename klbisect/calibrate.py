@@ -25,7 +25,7 @@ from .measure import Measurer
 from .metric import broke, fmt_value
 from .probe import STATUS_TIMEOUT
 from .session import (BisectConfig, Workspace, _endpoint_problem, close_builder, commit_runs, make_builder,
-                      make_probe, record, since)
+                      make_probe, record, say_building, since)
 from .simulate import simulate_bisect
 
 
@@ -214,7 +214,8 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
 
 def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, build_key, thresholds,
                        false_fail_rate, confidence, commits, progress) -> Calibration:
-    measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+    measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
+                        on_build=say_building(progress))
     slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
     try:
         for which, target in (("", sha), ("bad ", bad_sha)):

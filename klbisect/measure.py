@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import git
 
@@ -41,6 +42,9 @@ class Measurer:
     log_dir: Path
     use_worktree: bool = True
     last_built: dict[int, str | None] = field(default_factory=dict)
+    # told (sha, build log) before a build starts: a multi-minute pip
+    # install must not look like a hang
+    on_build: Callable[[str, Path], None] | None = None
 
     def measure(self, sha: str, slot: Slot) -> Outcome:
         started = time.time()
@@ -52,7 +56,10 @@ class Measurer:
             last = self.last_built.get(slot.index)
             changed = None if last is None else gitrepo.changed_files(self.repo, last, sha)
             if self.builder.needs_build(changed):
-                out.build = self.builder.build(slot.checkout, self.log_dir / f"build-{sha[:12]}-{stamp}.log", slot)
+                log = self.log_dir / f"build-{sha[:12]}-{stamp}.log"
+                if self.on_build is not None:
+                    self.on_build(sha, log)
+                out.build = self.builder.build(slot.checkout, log, slot)
                 if not out.build.ok:
                     # a half-finished build may have left the environment
                     # changed: the next commit rebuilds whatever it touches

@@ -256,7 +256,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
     from .executors import make_slots  # noqa: PLC0415
     from .measure import Measurer  # noqa: PLC0415
-    from .session import close_builder, commit_runs, record  # noqa: PLC0415
+    from .session import close_builder, commit_runs, record, say_building  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -300,7 +300,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         nonlocal slot, measurer
         if slot is None:
             slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
-            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
+                                on_build=say_building(progress))
         out = measurer.measure(sha, slot)
         return out, record(ws, sid, probe_key, build_key, out, slot.checkout)
 

@@ -122,6 +122,11 @@ def make_probe(cfg: BisectConfig):
     return CommandProbe(cfg.probe_cmd or "", timeout=cfg.timeout, metric_regex=cfg.metric_regex)
 
 
+def say_building(progress: Progress):
+    """A Measurer's on_build: one line before each build, with its log."""
+    return lambda sha, log: progress(f"  {sha[:12]}: building (log: {log})")
+
+
 def close_builder(builder, progress: Progress) -> None:
     """End of a session's builds: a builder that changed the user's
     environment (--build sglang) puts it back, and says so."""
@@ -684,7 +689,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     progress(f"{len(shas) - 1} candidate commits between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
-    measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True)
+    measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
+                        on_build=say_building(progress))
     # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally
     slots = make_slots(ws.worktrees, cfg.parallel, cfg.gpus_per_probe if cfg.executor == "local" else 0,
                        pid_dir=ws.pids)
@@ -864,7 +870,8 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 ws.store.update_session(sid, config=cfg.stored())
             else:
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
-            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True)
+            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
+                                on_build=say_building(progress))
             slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
             build_key = builder.key if builder else None
 
@@ -923,7 +930,8 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             sha = gitrepo.head_sha(ws.top)
             model = _refined_model(ws, sess, cfg, probe.key, build_key)
             slot = Slot(0, ws.top, {}, port_bases(1)[0], ws.pids)  # the user's own checkout
-            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False)
+            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False,
+                                on_build=say_building(progress))
             last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
             measurer.last_built[0] = last or None
             before = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha]

@@ -56,6 +56,7 @@ def test_start_then_git_bisect_run_names_the_culprit(history, tmp_path):
     assert "git bisect run klbisect probe" in st.stdout
     assert "Bisecting" in st.stdout
     assert "endpoints separate" in st.stderr
+    assert f"{h.good[:12]}: building (log: " in st.stderr     # a long build never looks like a hang
     assert in_bisect(repo)
     # one slot measured the endpoints one after the other: one build each, not one per run
     assert len(db_query(repo, "SELECT * FROM builds")) <= 2
