@@ -246,7 +246,17 @@ class Model:
         if self.separates:
             return (f"they separate on {min(self.n_good, self.n_bad)} runs a side: interior runs the search "
                     f"places on a side join it, and it answers once each side has {DECISIVE_RUNS}")
+        if self.disjoint:
+            return ("no run of one side fell among the other's, but they sit close for their spread: "
+                    "the search integrates over both distributions")
         return "they overlap: the search integrates over both distributions"
+
+    @property
+    def contact(self) -> str:
+        """How the endpoints' runs relate, in the words of a progress line."""
+        if self.separates:
+            return "separate"
+        return "differ, but sit close for their spread" if self.disjoint else "differ, but their runs overlap"
 
     def fence(self, spreads: float | None = None) -> tuple[float, float]:
         """(low, high) values beyond which a run is far outside both sides'

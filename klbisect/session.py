@@ -460,7 +460,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             sep = step.separation
             if step.action == "ready":
                 model = Model.fit(g.values, b.values)
-                progress(f"endpoints {'separate' if model.separates else 'differ, but their runs overlap'}: "
+                progress(f"endpoints {model.contact}: "
                          f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
                          f"(p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
                          f"{'' if model.decisive else '; ' + model.regime})")
@@ -894,7 +894,9 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 close_builder(builder, progress)
             ws.store.update_session(sid, model=model.to_dict(), state="bisecting")
             if isinstance(model, Model) and not model.decisive:
-                progress("warning: good and bad overlap, and `git bisect` needs a final verdict per commit; "
+                how = ("overlap" if not model.disjoint else "sit close for their spread" if not model.separates
+                       else f"separate on only {min(model.n_good, model.n_bad)} runs a side")
+                progress(f"warning: good and bad {how}, and `git bisect` needs a final verdict per commit; "
                          "`klbisect run` weighs all runs together and is the safer choice here")
             out = gitrepo.bisect_start(ws.repo, good, bad, cfg.first_parent)
             return {"session": sid, "git": out, "model": model.to_dict(), "n_commits": len(cands) - 1}

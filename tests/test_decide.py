@@ -510,3 +510,15 @@ def test_a_nan_run_counts_for_bad_unless_good_runs_print_nan_too():
     flaky = Model.fit([*good[:5], NONFINITE], bad)
     assert flaky.nan_good == 1 and Model.from_dict(flaky.to_dict()).nan_good == 1
     assert float(flaky.log_lr([NONFINITE])[0]) < float(m.log_lr([NONFINITE])[0])
+
+
+def test_endpoints_close_for_their_spread_are_not_said_to_overlap():
+    """All good runs below all bad ones, but under three spreads apart: the
+    words must not claim the runs overlap."""
+    good = [0.0031, 0.0036, 0.0042, 0.0047, 0.0052, 0.0058, 0.0060, 0.0044, 0.0039, 0.0055]
+    bad = [0.0071, 0.0076, 0.0083, 0.0090, 0.0096, 0.0104, 0.0112, 0.0122, 0.0079, 0.0093]
+    m = Model.fit(good, bad)
+    assert m.disjoint and not m.separates, (m.disjoint, m.effect)
+    assert "overlap" not in m.contact and "overlap" not in m.regime
+    m2 = Model.fit([0.003, 0.008, 0.004, 0.006], [0.005, 0.009, 0.007, 0.010])
+    assert not m2.disjoint and "overlap" in m2.contact
