@@ -341,7 +341,9 @@ def test_a_probe_that_crashes_often_is_not_skipped_after_two_crashes(history):
 
 def test_crash_skip_limit_follows_the_crash_rate():
     from klbisect.decide import crash_skip_limit
-    assert crash_skip_limit(0, 12, 2) == 2            # a probe that never crashed: the option's 2
+    assert crash_skip_limit(0, 12, 2) == 3            # never crashed in 12: the rate may still be ~12%
+    assert crash_skip_limit(0, 200, 2) == 2           # ... in 200, the option's 2
+    assert crash_skip_limit(2, 14, 2) >= 6            # what a 30% crash rate often shows: 0.3^6 < 0.1%
     assert crash_skip_limit(5, 12, 2) >= 6            # about 40%: 0.4^6 < 0.5%
     assert crash_skip_limit(12, 12, 2) == 12          # only crashes seen: the most there is
     assert crash_skip_limit(0, 12, 4) == 4            # never below --crash-limit
