@@ -350,10 +350,13 @@ def log(repo, session_id, as_json):
     if as_json:
         _emit_json(rows)
         return 0
+    if not rows:
+        click.echo("no probe runs in this session yet")
     for r in rows:
         t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
         vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or r["status"]
-        click.echo(f"{t} {r['sha'][:12]} exit={r['exit_code']} {r['duration'] or 0:6.1f}s  {vals}")
+        reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
+        click.echo(f"{t} {r['sha'][:12]} exit={r['exit_code']} {r['duration'] or 0:6.1f}s  {vals}{reused}")
         click.echo(f"         {r['subject'][:70]}  log: {r['log_path']}")
     return 0
 

@@ -1211,9 +1211,16 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
         sess = _shown_session(ws, session_id)
         ws.use_metric(sess.config.get("metric"))
         subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
+        # the runs its answer rests on: its own, and those it reused from
+        # earlier sessions of the same probe (a rerun may have reused them all)
+        shas = [s for s in {*subjects, sess.good, sess.bad} if s]
+        runs = {r.id: r for r in ws.store.runs(sess.probe_key, shas)}
+        runs.update((r.id, r) for r in ws.store.session_runs(sess.id))
         return [{"id": r.id, "started": r.started, "sha": r.sha, "subject": subjects.get(r.sha, ""),
                  "status": r.status, "values": r.values, "value": r.value, "exit_code": r.exit_code,
-                 "duration": r.duration, "log_path": r.log_path} for r in ws.store.session_runs(sess.id)]
+                 "duration": r.duration, "log_path": r.log_path,
+                 "reused_from": r.session_id if r.session_id != sess.id else None}
+                for r in sorted(runs.values(), key=lambda r: r.id)]
     finally:
         ws.close()
 

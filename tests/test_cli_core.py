@@ -593,6 +593,21 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
                                                          cwd=elsewhere), 150)
 
 
+def test_log_of_a_session_that_reused_every_run_lists_them(history):
+    """A second question over the same range may need no new run: its log
+    shows the runs its answer rests on, marked with where they came from."""
+    h = history(n_commits=30, seed=5, noise=SEPARATED)
+    first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert first.returncode == 0, first.stderr
+    again = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--confidence", "0.9",
+                "--json", cwd=h.path)
+    assert json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+    rows = json.loads(klb("log", "--json", cwd=h.path).stdout)
+    assert rows and {r["reused_from"] for r in rows} == {1}
+    text = klb("log", cwd=h.path).stdout
+    assert "(reused from session 1)" in text and h.culprit[:12] in text
+
+
 def test_logs_are_found_after_the_repository_is_moved(history, tmp_path):
     h = history(n_commits=30, seed=5, noise=SEPARATED)
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
