@@ -4,9 +4,11 @@ from __future__ import annotations
 import errno
 import json
 import math
+import shlex
 import sqlite3
 import sys
 import traceback
+from pathlib import Path
 
 import click
 
@@ -308,8 +310,10 @@ def start(repo, **kw):
     from .session import start as do_start
     out = do_start(repo, make_config(kw))
     click.echo(out["git"].strip())
+    top = out.get("top") or ""
+    here = "" if not top or Path.cwd().resolve() == Path(top).resolve() else f"    cd {shlex.quote(str(top))}\n"
     click.echo(f"klbisect: session {out['session']} ready ({out['n_commits']} candidate commits). Next:\n"
-               "    git bisect run klbisect probe\n"
+               f"{here}    git bisect run klbisect probe\n"
                "then `klbisect status` for the answer and `klbisect reset` to finish.")
     return 0
 

@@ -899,7 +899,8 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 progress(f"warning: good and bad {how}, and `git bisect` needs a final verdict per commit; "
                          "`klbisect run` weighs all runs together and is the safer choice here")
             out = gitrepo.bisect_start(ws.repo, good, bad, cfg.first_parent)
-            return {"session": sid, "git": out, "model": model.to_dict(), "n_commits": len(cands) - 1}
+            return {"session": sid, "git": out, "model": model.to_dict(), "n_commits": len(cands) - 1,
+                    "top": str(ws.top)}
     finally:
         ws.close()
 
@@ -930,6 +931,10 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             build_key = builder.key if builder else None
             _adopt_env(ws, sess.id, builder)
             sha = gitrepo.head_sha(ws.top)
+            if sha not in {c[0] for c in ws.store.candidates(sess.id)}:
+                progress(f"klbisect: warning: HEAD {sha[:12]} is not one of the session's commits between "
+                         f"{sess.good[:12]} and {sess.bad[:12]}{' (first parents)' if cfg.first_parent else ''}; "
+                         "judging it anyway")
             model = _refined_model(ws, sess, cfg, probe.key, build_key)
             slot = Slot(0, ws.top, {}, port_bases(1)[0], ws.pids)  # the user's own checkout
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False,

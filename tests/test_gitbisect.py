@@ -53,7 +53,7 @@ def test_start_then_git_bisect_run_names_the_culprit(history, tmp_path):
     st = klb("start", "--good", h.good[:8], "--bad", "main", "--probe-cmd", probe_cmd(),
              "--build-cmd", build_cmd(marker), cwd=repo)
     assert st.returncode == 0, st.stderr
-    assert "git bisect run klbisect probe" in st.stdout
+    assert "git bisect run klbisect probe" in st.stdout and "    cd " not in st.stdout
     assert "Bisecting" in st.stdout
     assert "endpoints separate" in st.stderr
     assert f"{h.good[:12]}: building (log: " in st.stderr     # a long build never looks like a hang
@@ -166,6 +166,7 @@ def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     p = klb("probe", cwd=h.path, timeout=120)
     assert p.returncode == 125, p.stderr
     assert "then timed out: counted as a crash" in p.stderr
+    assert "is not one of the session's commits" not in p.stderr
     assert "crashed or timed out without a usable value" in p.stderr
     late.unlink()
     # started again with a longer --timeout, the runs it cut short no longer
@@ -378,3 +379,19 @@ def test_reset_leaves_a_git_bisect_the_user_started_alone(history):
     assert "left the git bisect in progress alone" in rs.stdout
     assert in_bisect(h.path)
     assert "git bisect good" in git(h.path, "bisect", "log")
+
+
+def test_start_from_a_subdirectory_says_where_git_bisect_run_must_run(history):
+    """git refuses `git bisect run` outside the top of the work tree."""
+    h = history(n_commits=12, seed=3, merges=0, noise=SEPARATED)
+    sub = h.path / "sub"
+    sub.mkdir()
+    st = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=sub)
+    assert st.returncode == 0, st.stderr
+    assert f"    cd {h.path}\n    git bisect run klbisect probe" in st.stdout, st.stdout
+    # a commit off the range (here: before --good) is judged, with a warning
+    git(h.path, "checkout", "-q", "--detach", "main~0")
+    git(h.path, "commit", "-q", "--allow-empty", "-m", "off the range")
+    p = klb("probe", cwd=h.path)
+    assert "is not one of the session's commits" in p.stderr, p.stderr
+    assert klb("reset", cwd=sub).returncode == 0
