@@ -412,6 +412,18 @@ def _pgid(p: psutil.Process) -> int | None:
         return None
 
 
+def reap_orphans_of(marker: str | None) -> bool:
+    """Kill what a klbisect killed hard left running, found by its marker
+    alone: a run it was starting when it died has no pid file yet.
+    Nothing happens while that klbisect still runs."""
+    if _parse_marker(marker) is None or marker_alive(marker):
+        return False
+    victims = [p for p, m in _marked_processes() if m == marker]
+    if victims:
+        _terminate([], _with_descendants(victims), grace=2.0)
+    return bool(victims)
+
+
 def reap_stale(pid_dir: Path) -> list[int]:
     """Kill what a klbisect that was killed hard left running: only processes
     that carry its marker, so a process group id (or owner pid) that has

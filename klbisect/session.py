@@ -31,7 +31,8 @@ from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, fmt_summary, fmt_value, scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
-from .proc import interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_stale
+from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
+                   reap_stale)
 from .search import CommitRuns, plan
 from .store import Run, SessionRow, Store, storage_error
 
@@ -159,6 +160,7 @@ class Workspace:
         self.pids = self.dir / "pids"
         # any command (status and log too) kills what a klbisect killed with SIGKILL left running
         reap_stale(self.pids)
+        self._reap_dead_owner()
         self._store: Store | None = None
         self._lock = filelock.FileLock(str(self.dir / "lock"))
 
@@ -185,23 +187,37 @@ class Workspace:
         except filelock.Timeout:
             raise KlbisectError(f"busy: another klbisect is working on {self.top} "
                                 f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
+        owner = self.dir / "owner"
         try:
+            self._reap_dead_owner()
             try:   # who holds the lock: `status` tells a live command from a killed one
-                (self.dir / "owner").write_text(owner_marker() + "\n")
+                owner.write_text(owner_marker() + "\n")
             except OSError:
                 pass
             reap_stale(self.pids)
             with interrupt_on_stop_signals():
                 yield self
         finally:
+            owner.unlink(missing_ok=True)   # left behind only by a klbisect killed hard
             self._lock.release()
+
+    def _owner_marker(self) -> str | None:
+        try:
+            return (self.dir / "owner").read_text().strip()
+        except OSError:
+            return None
+
+    def _reap_dead_owner(self) -> None:
+        """The lock holder was killed hard: kill what it left, even a run
+        it was starting (no pid file yet). The next lock holder overwrites
+        its marker."""
+        marker = self._owner_marker()
+        if marker and not marker_alive(marker):
+            reap_orphans_of(marker)
 
     def busy(self) -> bool:
         """Is a klbisect command working on this repository now?"""
-        try:
-            return marker_alive((self.dir / "owner").read_text().strip())
-        except OSError:
-            return False
+        return marker_alive(self._owner_marker())
 
     def close(self) -> None:
         if self._store is not None:

@@ -368,3 +368,41 @@ def test_klbisect_status_reaps_what_a_killed_klbisect_left(tmp_path):
     finally:
         for q in _alive(in_group) + _alive(detached):
             q.kill()
+
+
+def test_a_run_started_as_klbisect_was_killed_is_reaped_without_a_pid_file(tmp_path):
+    """SIGKILL between starting a probe and writing its pid file: the
+    probe's processes carry the dead owner's marker, which the lock holder
+    left beside the lock, and the next command kills them by it alone."""
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    state = repo / ".git" / "klbisect"
+    state.mkdir()
+    dead = "999999:12345"               # no process has this pid and start time
+    (state / "owner").write_text(dead + "\n")
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "KLBISECT_OWNER": dead}
+    orphan = subprocess.Popen(_sleeper(tag), shell=True, env=env, start_new_session=True)
+    try:
+        _until(lambda: processes_with(tag), "the orphan never started")
+        p = subprocess.run([sys.executable, "-m", "klbisect", "status", "--repo", str(repo)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 150, p.stderr
+        assert _gone(tag), "the dead klbisect's probe outlived the next command"
+        # a live owner's processes are left alone
+        live_tag = uuid.uuid4().hex
+        (state / "owner").write_text(owner_marker() + "\n")
+        live = subprocess.Popen(_sleeper(live_tag), shell=True, start_new_session=True,
+                                env={**os.environ, "KLBISECT_OWNER": owner_marker()})
+        try:
+            _until(lambda: processes_with(live_tag), "the live one never started")
+            subprocess.run([sys.executable, "-m", "klbisect", "status", "--repo", str(repo)],
+                           capture_output=True, text=True, timeout=60)
+            assert processes_with(live_tag)
+        finally:
+            os.killpg(live.pid, signal.SIGKILL)
+            live.wait()
+    finally:
+        if orphan.poll() is None:
+            os.killpg(orphan.pid, signal.SIGKILL)
+        orphan.wait()
