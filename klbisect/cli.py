@@ -193,6 +193,10 @@ def search_options(f):
                      help="Give up when the endpoints still do not separate after this many runs each."),
         click.option("--confidence", type=CONFIDENCE, default=0.99, show_default=True,
                      help="Stop when the most likely culprit (or block) reaches this probability."),
+        click.option("--worse", type=click.Choice(["higher", "lower", "either"]), default="higher",
+                     show_default=True,
+                     help="Which way the metric gets worse: a KL divergence is worse higher; an accuracy lower. "
+                          "Endpoints that moved the other way are a fix, or swapped, and stop with 154."),
         click.option("--all-commits", is_flag=True, help="Also consider commits of merged side branches."),
         click.option("--max-total-runs", type=COUNT, default=MAX_TOTAL_RUNS, show_default=True,
                      help="Stop searching after this many runs in all (endpoint runs included)."),
@@ -266,7 +270,7 @@ _SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_
                 "num_samples", "launch_timeout", "request_timeout", "python", "turn_separator",
                 "kl_threshold", "pip_args")
 _SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
-                "max_total_runs")
+                "max_total_runs", "worse")
 
 
 def _emit_json(obj) -> None:

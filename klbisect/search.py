@@ -433,6 +433,7 @@ class Plan:
     exhausted: np.ndarray
     integrated: bool = False      # judged by the integrated model (the sides overlap)
     lost: object = None           # decide.Separation: the endpoints' difference faded (stop, no signal)
+    unproven: object = None       # decide.Separation: an answer of the whole range waits for the endpoints to differ
 
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
@@ -446,7 +447,8 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     a few endpoint runs are enough to start and the model sharpens as the
     search goes.
     """
-    from .decide import OVERLAP_MAX_RUNS, Model, lost_separation, runs_per_commit  # pure; imported here to keep the module graph flat
+    from .decide import (MAX_ENDPOINT_RUNS, OVERLAP_MAX_RUNS, Model,  # pure; imported here to keep
+                         lost_separation, runs_per_commit, separation)  # the module graph flat
 
     n = len(commits) - 1
     # A commit the answer would have to include as "untestable" gets more
@@ -539,6 +541,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         if user and all(exhausted[i] or i in (0, n) for i in _resting_on(user, untestable)):
             done = user
     nxt: list[int] = []
+    unproven = None
     if done and integrated is None and isinstance(model, Model) and not model.decisive:
         # Separated, but on too few runs a side to trust the plug-in model
         # with an answer: the endpoints, which pool for certain, get more.
@@ -557,12 +560,23 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                 and not exhausted[i]]
         if thin:
             done, nxt = None, [i for i in thin if i not in pending][:k]
+    if done and integrated is not None and all(untestable[i] or i in done.indices for i in range(1, n + 1)):
+        # The answer is every commit there is (adjacent endpoints, say): the
+        # posterior gives it everything whether or not anything changed, so
+        # it rests on the endpoints alone, which began on a hint (p <= 0.2).
+        # They must differ at the answer's own level first (p <= 0.01 for
+        # 0.99): at 0.05, one null pair of endpoints in twenty passed.
+        sep = separation(commits[0].values, commits[n].values)
+        if sep.p_value > 1 - confidence:
+            done, unproven = None, sep
+            nxt = [i for i in sorted((0, n), key=lambda i: len(commits[i].values))
+                   if i not in pending and len(commits[i].values) < MAX_ENDPOINT_RUNS][:k]
     if done and not nxt:
         retry = [i for i in done.indices[:-1] if not commits[i].build_failed and not commits[i].values
                  and commits[i].crashes < answer_limit]
         if retry:
             done, nxt = None, [i for i in retry if i not in pending][:k]
-    if done is None and not nxt:
+    if done is None and not nxt and unproven is None:
         nxt = post.choose(k, excluded=exhausted, pending=pending)
         if integrated is not None:
             nxt = _most_informative(commits, post, nxt, k, exhausted, untestable, pending,
@@ -570,7 +584,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     lost = None
     if done is None and integrated is not None and LOST_CHECK:
         lost = lost_separation(commits[0].values, commits[n].values)
-    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost)
+    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven)
 
 
 def _integrated_done(parts: tuple[np.ndarray, np.ndarray | float], post: Posterior,

@@ -64,6 +64,7 @@ class BisectConfig:
     endpoint_runs: int = MIN_ENDPOINT_RUNS
     max_endpoint_runs: int = MAX_ENDPOINT_RUNS
     confidence: float = 0.99
+    worse: str = "higher"                 # which way the metric gets worse: higher | lower | either
     first_parent: bool = True
     crash_limit: int = 2
     max_total_runs: int = MAX_TOTAL_RUNS
@@ -96,6 +97,8 @@ class BisectConfig:
     def validate(self) -> None:
         if self.probe == "cmd" and not (self.probe_cmd or "").strip():
             raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
+        if self.worse not in ("higher", "lower", "either"):
+            raise KlbisectError(f"--worse {self.worse!r}: give higher, lower or either", EXIT_USAGE)
         if self.probe not in ("cmd", "sglang"):
             raise KlbisectError(f"unknown --probe {self.probe!r}; use cmd or sglang", EXIT_USAGE)
         if self.timeout is not None and not self.timeout > 0:
@@ -281,6 +284,20 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
 # Stored with a session but not part of its question: a rerun with another
 # --timeout (after every run timed out) resumes the same session.
 RERUN_KEYS = ("timeout",)
+
+
+def _check_direction(cfg: BisectConfig, sep) -> None:
+    """Endpoints that moved the way that is better: a fix in the range, or
+    --good and --bad swapped. Named as "first bad", its commit would be
+    blamed for the improvement."""
+    moved = "higher" if sep.direction == "up" else "lower"
+    if cfg.worse in ("either", moved):
+        return
+    raise KlbisectError(
+        f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
+        f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
+        f"a fix, or --good and --bad are swapped; pass --worse {moved} (or either) if {moved} values are worse "
+        "here", EXIT_NO_SIGNAL)
 
 
 def _question_of(config: dict) -> dict:
@@ -475,6 +492,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
             sep = step.separation
             if step.action == "ready":
+                _check_direction(cfg, sep)
                 model = Model.fit(g.values, b.values)
                 progress(f"endpoints {model.contact}: "
                          f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
@@ -802,8 +820,12 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
             if not pl.done and not pl.next and not ex.in_flight():
-                return _finish(ws, sid, cands, pl, False, "no commit left whose runs could raise the "
-                               "confidence (all exhausted or untestable)", probe_key, build_key, progress)
+                why = ("no commit left whose runs could raise the confidence (all exhausted or untestable)"
+                       if pl.unproven is None else
+                       f"the answer is every commit in the range, and the endpoints still do not differ at "
+                       f"p <= {1 - cfg.confidence:.2g} after {pl.unproven.good['n']}+{pl.unproven.bad['n']} runs "
+                       f"(p={pl.unproven.p_value:.2g}): there may be no regression here")
+                return _finish(ws, sid, cands, pl, False, why, probe_key, build_key, progress)
             top = pl.posterior.top()
             room = max(cfg.max_total_runs - total - len(ex.in_flight()), 0)
             if pl.next and ex.free() and not pl.done and room:

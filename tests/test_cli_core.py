@@ -21,6 +21,7 @@ import pytest
 from conftest import (HEX40, PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb,
                       klb_popen, log_file, probe_cmd, processes_with, state_dir, user_state, wait_gone)
 from klbisect import repo as gitrepo
+from klbisect.histgen import NoiseModel
 from klbisect.probe import CommandProbe, Slot
 
 DEFAULT_BUILD_GLOBS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements*.txt",
@@ -591,6 +592,20 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
             assert empty.stdout == ""
     assert "no klbisect session 99999" in error_line(klb("log", "--session", "99999", "--repo", repo,
                                                          cwd=elsewhere), 150)
+
+
+def test_a_range_whose_values_fell_is_a_fix_not_a_regression(history):
+    """KL that dropped from --good to --bad: a fix in the range, or the
+    endpoints swapped. Named "first bad", its commit would be blamed for the
+    improvement; --worse lower (a metric like accuracy) bisects it."""
+    h = history(n_commits=30, seed=8, noise=NoiseModel(good=(0.012, 0.014), bad=(0.003, 0.004)))
+    label = ("--metric", "prefill_cache_hit")    # the label that moved
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), *label, "--json", cwd=h.path)
+    line = error_line(p, 154)
+    assert "runs are lower than the good one's" in line and "--worse lower" in line, line
+    ok = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), *label, "--worse", "lower",
+             "--json", cwd=h.path)
+    assert json_tail(ok.stdout)["culprit"] == h.culprit, ok.stderr
 
 
 def test_log_of_a_session_that_reused_every_run_lists_them(history):

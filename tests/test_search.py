@@ -746,3 +746,28 @@ def test_an_integrated_search_whose_endpoints_stop_differing_gives_up():
     assert pl.integrated and pl.done is None and pl.lost is not None
     cs[30].values = shifted
     assert plan(cs, Model.fit(same_g[:10], shifted[:10]), 0.99).lost is None
+
+
+def test_adjacent_endpoints_on_a_hint_must_differ_before_the_answer():
+    """With one candidate the posterior gives it everything, changed or not:
+    endpoints that began on a hint (p <= 0.2) are measured until they differ
+    at p <= 1 - confidence, or the search stops short, never "> 0.9999" on no change."""
+    from klbisect.decide import separation
+    rng = np.random.default_rng(11)
+    for _ in range(200):   # a draw of one distribution whose endpoints look like a hint
+        g, b = list(rng.lognormal(-5.5, 0.3, 10)), list(rng.lognormal(-5.5, 0.3, 10))
+        if 0.01 < separation(g, b).p_value <= 0.2:
+            break
+    model = Model.fit(g, b)
+    assert not model.separates
+    pl = plan([CommitRuns(g), CommitRuns(b)], model)
+    assert pl.done is None and pl.unproven is not None and sorted(pl.next) in ([0], [1])
+    # both endpoints at their limit: nothing left to run, and no answer
+    g40, b40 = (g * 4)[:40], (b * 4)[:40]
+    if separation(g40, b40).p_value > 0.01:
+        stuck = plan([CommitRuns(g40), CommitRuns(b40)], model)
+        assert stuck.done is None and stuck.next == []
+    # a real shift: the same single candidate is the answer once the endpoints differ
+    shifted = [v * 1.7 for v in b]
+    real = plan([CommitRuns(g), CommitRuns(shifted)], Model.fit(g, shifted))
+    assert real.done is not None and real.done.indices == [1] and real.unproven is None
