@@ -24,7 +24,7 @@ import numpy as np
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel,
-                     crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, summarize)
+                     crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
@@ -595,6 +595,15 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     top_list = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass} for b in post.top_blocks(5)]
     single = len(block) == 1
     notes = _kernel_notes(ws, [cands[i] for i in top.indices], build_key)
+    notes += _step_notes(runs, shas, sides, ws.metric is None)
+    whole = float(post.p_first_bad[top.indices].sum())
+    wanted = float((ws.store.session(sid).config or {}).get("confidence", 0.99))
+    if complete and whole < wanted:
+        # the integrated search may answer on its counts' channel with the
+        # values' evidence discounted (search.tempered): say what all runs give
+        notes.append(f"all runs weighed together give this answer {whole:.3f}; it reached {top.mass:.4f} with the "
+                     "values' evidence discounted and the runs far outside both sides counted (docs/statistics.rst), "
+                     "so the 'top' masses differ from the confidence")
     if single and not _first_parent(ws, sid):
         notes += _order_notes(ws, cands, top.last, {r.sha for r in runs})
     pr = first[2] if single else None
@@ -616,6 +625,32 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         build_seconds=float(sum(b["duration"] or 0 for b in builds if b["started"] >= session_start)),
         model=pl.model.to_dict(), notes=notes,
     )
+
+
+STEP_NOTE_P = 0.001   # interior runs of a side this unlike its endpoint's get a note
+STEP_NOTE_RUNS = 5    # ... when each holds at least this many runs
+
+
+def _step_notes(runs, shas: list[str], sides, max_over_labels: bool) -> list[str]:
+    """The search assumes one step: every commit before the culprit like
+    --good, every one after it like --bad. Interior runs of a side that
+    differ from their endpoint's say otherwise: a gradual drift, or a
+    second change in the range."""
+    notes = []
+    for side, end, name, other in ((sides[0], shas[0], "--good", "an earlier"),
+                                   (sides[1], shas[-1], "--bad", "a later")):
+        ends = [r.value for r in side if r.sha == end and r.value is not None]
+        inner = [r.value for r in side if r.sha != end and r.value is not None]
+        if min(len(ends), len(inner)) < STEP_NOTE_RUNS:
+            continue
+        sep = separation(ends, inner)
+        if sep.p_value < STEP_NOTE_P:
+            where = "before" if end == shas[0] else "after"
+            notes.append(f"the commits {where} the answer look unlike {name} (median "
+                         f"{fmt_value(sep.bad['median'])} against {fmt_value(sep.good['median'])}, p={sep.p_value:.1g}"
+                         f"{', max over labels' if max_over_labels else ''}): the values may drift over many commits, "
+                         f"or {other} change in the range moved them too; check the runs with `klbisect status`")
+    return notes
 
 
 def _first_parent(ws: Workspace, sid: int) -> bool:

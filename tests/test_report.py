@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import click
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -262,3 +263,24 @@ def test_status_marks_commits_the_search_placed_without_a_verdict_of_their_own(b
         assert ("GOOD*" if c["p_bad"] <= 0.01 else "BAD*") in line
     assert "UNDECIDED P(bad)=0.000" not in text and "UNDECIDED P(bad)=1.000" not in text
     assert "* placed by the search from every run" in text
+
+
+def test_a_side_unlike_its_endpoint_gets_a_note():
+    """One step is what the search assumes: interior runs before the answer
+    that sit well above --good's (a drift, or an earlier second change)
+    are said, not silently averaged into a confident single commit."""
+    from types import SimpleNamespace as Run
+
+    from klbisect.session import _step_notes
+    rng = np.random.default_rng(3)
+    shas = [f"c{i}" for i in range(10)]
+
+    def runs(sha, median, n):
+        return [Run(sha=sha, value=float(v)) for v in rng.lognormal(np.log(median), 0.1, n)]
+    good_end, bad_end = runs("c0", 0.004, 12), runs("c9", 0.010, 12)
+    step = (good_end + runs("c3", 0.004, 6) + runs("c5", 0.004, 6), bad_end + runs("c7", 0.010, 6))
+    assert _step_notes([], shas, step, False) == []
+    drift = (good_end + runs("c3", 0.006, 6) + runs("c5", 0.0065, 6), bad_end + runs("c7", 0.010, 6))
+    [note] = _step_notes([], shas, drift, True)
+    assert note.startswith("the commits before the answer look unlike --good") and "drift" in note
+    assert "max over labels" in note
