@@ -514,9 +514,14 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                 need = [good] * ng + [bad] * nb
             else:
                 need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
+        so_far = ""
+        if cfg.threshold is None and g.values and b.values:
+            # one run a side at a time can go on for a while: say where it stands
+            so_far = (f"; {len(g.values)}+{len(b.values)} so far, p={step.separation.p_value:.2g}, "
+                      f"at most {cfg.max_endpoint_runs} a side")
         for sha in dict.fromkeys(need):
             progress(f"calibrating {'good' if sha == good else 'bad'} endpoint {sha[:12]} "
-                     f"({need.count(sha)} run{'s' if need.count(sha) > 1 else ''})")
+                     f"({need.count(sha)} run{'s' if need.count(sha) > 1 else ''}{so_far})")
         # a batch stops early once an endpoint cannot be measured (a failed build, a
         # broken probe, a missing --metric): each run of a real probe costs minutes
         execute(need, lambda: problem() is not None)
