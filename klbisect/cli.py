@@ -364,7 +364,8 @@ def log(repo, session_id, as_json):
         t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
         vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or r["status"]
         reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
-        click.echo(f"{t} {r['sha'][:12]} exit={r['exit_code']} {r['duration'] or 0:6.1f}s  {vals}{reused}")
+        end = "timed out" if r["status"] == "timeout" else f"exit={r['exit_code']}"
+        click.echo(f"{t} {r['sha'][:12]} {end} {r['duration'] or 0:6.1f}s  {vals}{reused}")
         click.echo(f"         {r['subject'][:70]}  log: {r['log_path']}")
     return 0
 

@@ -100,12 +100,14 @@ def format_status(st: dict) -> str:
                  else "answered; `klbisect reset` ends it" if st.get("result") else "git bisect in progress")
     if st.get("stopped"):
         state += f"; stopped: {st['stopped']}"
-    elif st.get("running") is False and not (st["kind"] == "gitbisect" and st["state"] == "bisecting"):
-        state += "; not running now (killed or interrupted): rerun the same command to resume"
+    elif st["state"] in ("done", "ended"):
+        pass
     elif st.get("running"):
         state += "; a klbisect command is working on it now"
     elif st.get("result") and not st["result"].get("complete", True) and st["kind"] == "run":
         state += f"; stopped short of the mark: {st['result'].get('reason')}"
+    elif st.get("running") is False and not (st["kind"] == "gitbisect" and st["state"] == "bisecting"):
+        state += "; not running now (killed or interrupted): rerun the same command to resume"
     if st["kind"] == "calibrate":
         where = f"rev {str(st['good'])[:12]}" + (f", bad rev {str(st['bad'])[:12]}" if st.get("bad") else "")
     else:
@@ -258,7 +260,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
 
     ws = Workspace(path)
     try:
-        if not (ws.dir / "state.db").exists():
+        if not ws.has_state():
             raise KlbisectError(f"no klbisect state in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
         st = ws.store
         sess = _find_session(ws, session_id)

@@ -7,6 +7,7 @@ moment it finishes, so any of these can be interrupted and rerun.
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
 import re
@@ -23,7 +24,8 @@ import numpy as np
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
-from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SKIP, Model, ThresholdModel,
+from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP, Model,
+                     ThresholdModel,
                      crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
@@ -204,6 +206,13 @@ class Workspace:
             owner.unlink(missing_ok=True)   # left behind only by a klbisect killed hard
             self._lock.release()
 
+    def has_state(self) -> bool:
+        """Whether there is a state database to read; a file or a dangling
+        link where the state directory belongs is an error, not "no session"."""
+        if self.dir.is_symlink() and not self.dir.exists() or self.dir.exists() and not self.dir.is_dir():
+            raise storage_error(FileExistsError(errno.EEXIST, "File exists", str(self.dir)))
+        return (self.dir / "state.db").exists()
+
     def _owner_marker(self) -> str | None:
         try:
             return (self.dir / "owner").read_text().strip()
@@ -293,6 +302,12 @@ def _check_direction(cfg: BisectConfig, sep) -> None:
     moved = "higher" if sep.direction == "up" else "lower"
     if cfg.worse in ("either", moved):
         return
+    if sep.p_value > SEPARATION_P:
+        raise KlbisectError(
+            f"good and bad barely differ (p={sep.p_value:.2g}; good {fmt_summary(sep.good)}, bad "
+            f"{fmt_summary(sep.bad)}), and the little difference there is goes the better way ({moved}): most "
+            f"likely there is no regression between these endpoints; check that --bad fails the test (pass "
+            f"--worse {moved} if {moved} values are worse for this metric)", EXIT_NO_SIGNAL)
     raise KlbisectError(
         f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
         f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
@@ -600,7 +615,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     top_list = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass} for b in post.top_blocks(5)]
     single = len(block) == 1
     notes = _kernel_notes(ws, [cands[i] for i in top.indices], build_key)
-    notes += _step_notes(runs, shas, sides, ws.metric is None)
+    notes += _step_notes(runs, shas, sides, ws.metric is None and len(labels) > 1)
     whole = float(post.p_first_bad[top.indices].sum())
     wanted = float((ws.store.session(sid).config or {}).get("confidence", 0.99))
     if complete and whole < wanted:
@@ -621,7 +636,8 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         candidates=block,
         pr=pr,
         subject=first[1] if single else " | ".join(cands[i][1] for i in top.indices),
-        confidence=float(top.mass),
+        # an answer of the whole range is only as sure as the endpoints' difference
+        confidence=float(top.mass) if pl.unproven is None else min(float(top.mass), 1 - pl.unproven.p_value),
         probe_runs=len(sess_runs),
         good=shas[0], bad=shas[-1], n_commits=len(shas) - 1,
         complete=complete, reason=reason, session=sid, candidate_info=info,
@@ -1216,7 +1232,7 @@ def _shown_session(ws: Workspace, session_id: int | None = None):
     one in progress, else the latest; a usage error when there is none."""
     where = f"in {ws.top}"
     sess = None
-    if (ws.dir / "state.db").exists():
+    if ws.has_state():
         st = ws.store
         if session_id is not None:
             sess = st.session(session_id)
@@ -1249,8 +1265,7 @@ def status(path: str | Path | None) -> dict:
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
                      "stopped": None if sess.state == "done" else (st.get(_stop_key(sess.id)) or None)}
-        if sess.state not in ("done", "ended"):
-            out["running"] = ws.busy()
+        out["running"] = ws.busy()
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
             # a resumed calibration counts the runs its commits already had

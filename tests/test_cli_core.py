@@ -687,6 +687,10 @@ def test_run_that_stops_short_of_confidence_exits_157_with_json(history):
     assert res["confidence"] < 0.99 and res["probe_runs"] <= 13
     assert "NOT reached" in p.stderr
     assert worktrees(h.path) == [str(h.path)]
+    # status says why it stopped, not that it was killed
+    st = klb("status", cwd=h.path).stdout
+    assert "stopped short of the mark: stopped at --max-total-runs 12" in st and "killed" not in st, st
+    assert json_tail(klb("status", "--json", cwd=h.path).stdout)["running"] is False
 
 
 # ---- item 12: bad input ----------------------------------------------------------------------------------
@@ -1123,6 +1127,9 @@ def test_a_state_path_in_the_way_says_so(history, damage):
     line = error_line(klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path), 156)
     assert "move it away" in line and "read-only" not in line, line
     assert "internal error" not in line
+    if damage != "db is a directory":   # reading commands too: not "no klbisect session"
+        for cmd in (("status",), ("log",), ("report",)):
+            assert "is in the way" in error_line(klb(*cmd, cwd=h.path), 156)
 
 
 def test_a_state_file_deleted_mid_command_is_noticed(tmp_path):

@@ -168,6 +168,7 @@ def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     assert "then timed out: counted as a crash" in p.stderr
     assert "is not one of the session's commits" not in p.stderr
     assert "crashed or timed out without a usable value" in p.stderr
+    assert f"{h.shas[11][:12]} timed out" in klb("log", cwd=h.path).stdout
     late.unlink()
     # started again with a longer --timeout, the runs it cut short no longer
     # count as crashes: the commit is measured and judged
