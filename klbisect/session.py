@@ -530,7 +530,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             else:
                 need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
         so_far = ""
-        if cfg.threshold is None and g.values and b.values:
+        if cfg.threshold is None and step.separation is not None:
             # one run a side at a time can go on for a while: say where it stands
             so_far = (f"; {len(g.values)}+{len(b.values)} so far, p={step.separation.p_value:.2g}, "
                       f"at most {cfg.max_endpoint_runs} a side")
