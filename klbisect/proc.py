@@ -57,11 +57,7 @@ def _unkillable_cleanup() -> Iterator[None]:
     def handler(signum, frame):
         got.append(signum)
         _hurry.set()
-        for pgid in list(_ACTIVE):
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _sigkill_active()
 
     old = {}
     if _shield_depth == 0:
@@ -82,9 +78,8 @@ def _unkillable_cleanup() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
-@atexit.register
-def _kill_leftovers() -> None:
-    # the last net: klbisect exiting with a run's group still registered
+@atexit.register   # the last net: klbisect exiting with a run's group still registered
+def _sigkill_active() -> None:
     for pgid in list(_ACTIVE):
         try:
             os.killpg(pgid, signal.SIGKILL)

@@ -30,9 +30,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import pickle
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +49,12 @@ ENV_FILE = "env_before.json"     # a node's interpreter before the session's fir
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("KLBISECT_RAY_CACHE") or Path.home() / ".cache" / "klbisect" / "ray")
+
+
+def node_cache(cache_dir: str | None, repo_url: str) -> Path:
+    """Where this node keeps its clone and worktrees of one repository."""
+    base = Path(cache_dir) if cache_dir else default_cache_dir()
+    return base / hashlib.sha256(repo_url.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -171,8 +177,7 @@ def run_task(spec: TaskSpec) -> dict:
     from .probe import Slot  # noqa: PLC0415
     from .proc import reap_stale  # noqa: PLC0415
 
-    base = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
-    cache = base / hashlib.sha256(spec.repo_url.encode()).hexdigest()[:16]
+    cache = node_cache(spec.cache_dir, spec.repo_url)
     cache.mkdir(parents=True, exist_ok=True)
     reap_stale(cache / "pids")
 
@@ -275,8 +280,7 @@ def restore_node(cache_dir: str | None, repo_url: str, builder) -> list[str]:
     """End of a session on one node: put back the interpreter's sglang as
     the node's first task found it (one line saying so, or how to)."""
     import filelock  # noqa: PLC0415
-    base = Path(cache_dir) if cache_dir else default_cache_dir()
-    cache = base / hashlib.sha256(repo_url.encode()).hexdigest()[:16]
+    cache = node_cache(cache_dir, repo_url)
     path = cache / ENV_FILE
     with filelock.FileLock(str(cache / "env.lock")):
         if not path.exists():
@@ -424,7 +428,6 @@ class RayExecutor:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False
-
 
     def _restore_nodes(self) -> None:
         """--build sglang installed each worktree into its node's interpreter:

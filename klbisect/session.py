@@ -25,8 +25,8 @@ import numpy as np
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP, Model,
-                     ThresholdModel,
-                     crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation, summarize)
+                     ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation,
+                     summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      KlbisectError)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
@@ -194,8 +194,7 @@ class Workspace:
                                 f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
         owner = self.dir / "owner"
         try:
-            self._reap_dead_owner()
-            try:   # who holds the lock: `status` tells a live command from a killed one
+            try:   # who holds the lock (a dead holder's leftovers were reaped when the workspace opened): `status` tells a live command from a killed one
                 owner.write_text(owner_marker() + "\n")
             except OSError:
                 pass
@@ -611,23 +610,24 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         info.append({"sha": sha, "subject": subj, "pr": pr, "why": why})
     sess_runs = ws.store.session_runs(sid)
     builds = [b for b in ws.store.builds(build_key)] if build_key else []
-    session_start = ws.store.session(sid).created
+    sess_row = ws.store.session(sid)
+    session_start, sess_cfg = sess_row.created, sess_row.config or {}
     top_list = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass} for b in post.top_blocks(5)]
     single = len(block) == 1
     notes = _kernel_notes(ws, [cands[i] for i in top.indices], build_key)
     notes += _step_notes(runs, shas, sides, ws.metric is None and len(labels) > 1)
     whole = float(post.p_first_bad[top.indices].sum())
-    wanted = float((ws.store.session(sid).config or {}).get("confidence", 0.99))
-    if complete and whole < wanted:
+    first_parent = bool(sess_cfg.get("first_parent", True))
+    if complete and whole < float(sess_cfg.get("confidence", 0.99)):
         # the integrated search may answer on its counts' channel with the
         # values' evidence discounted (search.tempered): say what all runs give
         notes.append(f"all runs weighed together give this answer {whole:.3f}; it reached {top.mass:.4f} with the "
                      "values' evidence discounted and the runs far outside both sides counted (docs/statistics.rst), "
                      "so the 'top' masses differ from the confidence")
-    if single and not _first_parent(ws, sid):
+    if single and not first_parent:
         notes += _order_notes(ws, cands, top.last, {r.sha for r in runs})
     pr = first[2] if single else None
-    if single and pr is None and not _first_parent(ws, sid):
+    if single and pr is None and not first_parent:
         # a side branch's commit: the PR is its merge's
         merge = gitrepo.merged_by(ws.repo, first[0], shas[-1])
         pr = gitrepo.parse_pr(gitrepo.subject(ws.repo, merge)) if merge else None
@@ -672,10 +672,6 @@ def _step_notes(runs, shas: list[str], sides, max_over_labels: bool) -> list[str
                          f"{', max over labels' if max_over_labels else ''}): the values may drift over many commits, "
                          f"or {other} change in the range moved them too; check the runs with `klbisect status`")
     return notes
-
-
-def _first_parent(ws: Workspace, sid: int) -> bool:
-    return bool((ws.store.session(sid).config or {}).get("first_parent", True))
 
 
 def _order_notes(ws: Workspace, cands: list[tuple[str, str, int | None]], last: int,
