@@ -438,14 +438,16 @@ class Plan:
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
          max_runs: int | None = None, crash_limit: int = 2, pending: Sequence[int] = (),
-         refine: bool = True) -> Plan:
+         refine: bool = True, max_endpoint_runs: int | None = None) -> Plan:
     """One step of the search, from everything seen so far.
 
     ``commits[0]`` and ``commits[-1]`` are the endpoints: their runs define
     the model. With ``refine``, interior commits the posterior already
     places firmly on one side add their runs to the model (one EM step), so
     a few endpoint runs are enough to start and the model sharpens as the
-    search goes.
+    search goes. ``max_endpoint_runs`` caps the endpoint runs spent proving
+    that an answer of the whole range is a regression (the user's
+    --max-endpoint-runs; default ``decide.MAX_ENDPOINT_RUNS``).
     """
     from .decide import (MAX_ENDPOINT_RUNS, OVERLAP_MAX_RUNS, Model,  # pure; imported here to keep
                          lost_separation, runs_per_commit, separation)  # the module graph flat
@@ -570,7 +572,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         if sep.p_value > 1 - confidence:
             done, unproven = None, sep
             nxt = [i for i in sorted((0, n), key=lambda i: len(commits[i].values))
-                   if i not in pending and len(commits[i].values) < MAX_ENDPOINT_RUNS][:k]
+                   if i not in pending and len(commits[i].values) < (max_endpoint_runs or MAX_ENDPOINT_RUNS)][:k]
     if done and not nxt:
         retry = [i for i in done.indices[:-1] if not commits[i].build_failed and not commits[i].values
                  and commits[i].crashes < answer_limit]

@@ -857,7 +857,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             commits = [since(runs[s], before[s]) for s in shas]
             pending = [shas.index(s) for s in ex.in_flight()]
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
-                      crash_limit=cfg.crash_limit, pending=pending)
+                      crash_limit=cfg.crash_limit, pending=pending, max_endpoint_runs=cfg.max_endpoint_runs)
             total = len(st.session_runs(sid))
             if pl.done and not ex.in_flight():
                 break
@@ -1134,7 +1134,7 @@ def current_analysis(ws: Workspace, sess: SessionRow):
     pl = None
     if model is not None:
         pl = plan([runs[s] for s in shas], model, cfg.confidence, max_runs=cfg.max_runs,
-                  crash_limit=cfg.crash_limit)
+                  crash_limit=cfg.crash_limit, max_endpoint_runs=cfg.max_endpoint_runs)
     return cfg, cands, runs, pl, probe.key, build_key
 
 

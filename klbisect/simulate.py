@@ -49,7 +49,8 @@ def simulate_bisect(n: int, run: Callable[[int], float | None], untestable: Cont
                 if k < m:
                     measure(i)
     while True:
-        pl = plan(commits, model, confidence, k=1, max_runs=max_runs, crash_limit=crash_limit)
+        pl = plan(commits, model, confidence, k=1, max_runs=max_runs, crash_limit=crash_limit,
+                  max_endpoint_runs=max_endpoint_runs)
         if pl.done:
             return list(pl.done.indices), runs
         if pl.lost is not None:

@@ -767,6 +767,12 @@ def test_adjacent_endpoints_on_a_hint_must_differ_before_the_answer():
     if separation(g40, b40).p_value > 0.01:
         stuck = plan([CommitRuns(g40), CommitRuns(b40)], model)
         assert stuck.done is None and stuck.next == []
+    # the user's --max-endpoint-runs caps the proof too, not only the calibration
+    g12, b12 = (g * 2)[:12], (b * 2)[:12]
+    if separation(g12, b12).p_value > 0.01:
+        capped = plan([CommitRuns(g12), CommitRuns(b12)], model, max_endpoint_runs=12)
+        assert capped.done is None and capped.next == [] and capped.unproven is not None
+        assert plan([CommitRuns(g12), CommitRuns(b12)], model).next != []
     # a real shift: the same single candidate is the answer once the endpoints differ
     shifted = [v * 1.7 for v in b]
     real = plan([CommitRuns(g), CommitRuns(shifted)], Model.fit(g, shifted))
