@@ -30,7 +30,8 @@ EXIT_CODES = {
     EXIT_REPO_STATE: "repository state: dirty working tree or a git bisect already in progress",
     EXIT_BUSY: "busy: another klbisect is working on this repository",
     EXIT_NO_SIGNAL: ("the endpoints print no value, good and bad do not separate (or stop differing), the "
-                     "build never succeeds, or the environment broke mid-search"),
+                     "build never succeeds, the environment broke mid-search, or (nightly) the head printed "
+                     "no value"),
     EXIT_PROBE_MISSING: "the probe command was not found",
     EXIT_STORAGE: "state could not be written (disk full, read-only, damaged or deleted); recorded runs are kept",
     EXIT_NOT_SURE: "the search stopped before reaching --confidence (see candidates)",
@@ -47,3 +48,12 @@ class KlbisectError(Exception):
         self.message = message
         self.code = code
         self.detail = detail  # optional extra lines (e.g. a log tail) shown after the message
+
+
+class NoDifference(KlbisectError):
+    """The endpoints, measured, do not differ the way a regression would:
+    no regression, one too small to bisect, or a fix. A nightly check that
+    called the head regressed takes this as "not confirmed", not a failure."""
+
+    def __init__(self, message: str, detail: str | None = None):
+        super().__init__(message, EXIT_NO_SIGNAL, detail)

@@ -71,11 +71,16 @@ def _headers(token: str | None) -> dict[str, str]:
 
 
 def _request(method: str, url: str, token: str | None, session: requests.Session | None, timeout: float,
-             retries: int, backoff: float, json_body: dict | None = None) -> requests.Response | None:
+             retries: int, backoff: float, json_body: dict | None = None,
+             why: list[str] | None = None) -> requests.Response | None:
     """One call with retries on connection errors and 5xx; None when every
-    attempt failed to get an answer. Never lets the token reach a message."""
+    attempt failed to get an answer (the last error appended to ``why``).
+    Never lets the token reach a message. A POST is not idempotent: it is
+    retried only when it could not have arrived (the connection failed),
+    and a 5xx is its answer, since the comment may exist all the same."""
     s = session or requests
     last = ""
+    once = method != "GET"
     for attempt in range(retries + 1):
         if attempt:
             time.sleep(backoff * 2 ** (attempt - 1))
@@ -84,13 +89,17 @@ def _request(method: str, url: str, token: str | None, session: requests.Session
         except requests.RequestException as e:
             last = _redact(f"{type(e).__name__}: {e}", token)
             log.debug("%s %s failed: %s", method, url, last)
+            if once and (isinstance(e, requests.ReadTimeout) or not isinstance(e, requests.ConnectionError)):
+                break   # it may have arrived
             continue
-        if r.status_code >= 500:
+        if r.status_code >= 500 and not once:
             last = f"HTTP {r.status_code}"
             log.debug("%s %s answered %s", method, url, r.status_code)
             continue
         return r
     log.debug("%s %s gave up after %d attempts: %s", method, url, retries + 1, last)
+    if why is not None:
+        why.append(last)
     return None
 
 
@@ -127,9 +136,11 @@ def post_comment(slug: str, issue_number: int, body: str, token: str, session: r
     if not token:
         raise GitHubError("posting to GitHub needs a token (GITHUB_TOKEN)", EXIT_USAGE)
     url = f"{api_base()}/repos/{slug}/issues/{int(issue_number)}/comments"
-    r = _request("POST", url, token, session, timeout, retries, backoff, json_body={"body": body})
+    why: list[str] = []
+    r = _request("POST", url, token, session, timeout, retries, backoff, json_body={"body": body}, why=why)
     if r is None:
-        raise GitHubError(f"could not reach GitHub to comment on {slug}#{issue_number}", EXIT_USAGE)
+        raise GitHubError(f"could not reach GitHub to comment on {slug}#{issue_number}: {why[-1] if why else '?'}",
+                          EXIT_USAGE)
     if r.status_code != 201:
         detail = _redact(r.text, token)[:200]   # redact first: a cut could split the token
         raise GitHubError(f"GitHub refused the comment on {slug}#{issue_number}: HTTP {r.status_code} {detail}",

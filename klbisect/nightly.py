@@ -13,15 +13,19 @@ On a regression it bisects between the last good nightly head and the head
 (``session.run_bisect``), writes the report and, when configured, posts it to
 a GitHub issue. Rerunning the same night with the same head returns the
 stored answer: no new runs, no second comment. A night whose probe printed no
-value is "crashed", never a regression. A regression that was already found
-and is still there is "known": it is reported with its culprit again but not
-bisected or posted again.
+value is "crashed", never a regression (but exit 154: nothing was
+measured). A regression that was already found and is still there is
+"known": it is reported with its culprit again but not bisected or posted
+again; it stays open until a night's runs are shown better than its runs.
+A regression whose bisect finds the two heads alike was not one: the night
+becomes "suspect".
 
 Verdicts of a night: ``baseline`` (no good nightlies yet to compare with;
 counts as good), ``good``, ``suspect`` (still borderline after ``--max-runs``
 runs: kept out of the baseline, and its runs are pooled with the next
 nights' until they decide), ``regressed`` (new regression, bisected),
-``known`` (the open regression persists), ``crashed`` (no values).
+``known`` (the open regression persists, or is not shown fixed),
+``crashed`` (no values).
 
 A modest regression can stay borderline on one night's ten runs; calling
 such a night good would put the regression into the baseline, after which
@@ -46,7 +50,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
-from .errors import EXIT_POST_FAILED, EXIT_USAGE, KlbisectError
+from .errors import EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError, NoDifference
 from .metric import fmt_ratio, fmt_span, fmt_summary, fmt_value
 
 Progress = Callable[[str], None]
@@ -145,10 +149,34 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
     """Tonight's verdict from its runs, the good baseline, the runs of the
     suspect nights just before it (``borderline``) and the runs of the open
     regression's heads (``open_bad``). A night that stays borderline once
-    no more runs are asked for is ``suspect``: neither good nor regressed."""
+    no more runs are asked for is ``suspect``: neither good nor regressed.
+
+    While a regression is open the question turns round: a night is good
+    again only when its runs are shown better than the regression's (the
+    same test, the other way), not when three runs fail to show it worse
+    than the old baseline. Otherwise a regressed head that drew low would
+    close the regression, join the baseline and be found again the next
+    night, or never."""
     c = compare(head, baseline, alpha, min_effect, min_baseline)
     if c.verdict in ("crashed", "baseline"):
         return Judgement(c.verdict, c, False, c.reason)
+    if open_bad:
+        if c.verdict == "regressed":
+            again = compare(head, open_bad, alpha, min_effect, min_baseline)
+            if again.verdict == "regressed":
+                return Judgement("regressed", c, False, c.reason, worse_again=True)
+            return Judgement("known", c, again.suspicious, c.reason)
+        fixed = compare(open_bad, head, alpha, min_effect, min_baseline)
+        mo, mt = float(np.median(open_bad)), float(np.median(head))
+        why = (f"tonight's median {fmt_value(mt)} vs the open regression's {fmt_value(mo)} over "
+               f"{len(open_bad)} runs ({fmt_ratio(mt, mo) or 'x n/a'}), Mann-Whitney p={fixed.p_value:.2g}")
+        if fixed.verdict != "regressed":
+            return Judgement("known", c, fixed.suspicious or c.suspicious, f"not shown fixed: {why}")
+        if c.suspicious:
+            # better than the regression, not yet as good as before it: a partial fix,
+            # or a few runs short of a full one; it stays out of the baseline
+            return Judgement("suspect", c, True, f"better than the open regression ({why}), but {c.reason}")
+        return Judgement("good", c, False, f"fixed: {why}; {c.reason}")
     more = c.suspicious
     reason = c.reason
     if c.verdict == "good" and borderline:
@@ -160,11 +188,6 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
             more, reason = True, (reason if c.suspicious else why)
     if c.verdict == "good":
         return Judgement("suspect" if more else "good", c, more, reason)
-    if open_bad:
-        again = compare(head, open_bad, alpha, min_effect, min_baseline)
-        if again.verdict == "regressed":
-            return Judgement("regressed", c, False, reason, worse_again=True)
-        return Judgement("known", c, again.suspicious, reason)
     return Judgement("regressed", c, False, reason)
 
 
@@ -270,12 +293,15 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                  f"{sess.result['verdict']}")
         return dict(sess.result)
     subj = gitrepo.subject(ws.repo, head)
+    config = {**cfg.question(), "night": night, "branch": opts.branch, "runs": opts.runs}
     if sess is None:
-        config = {**cfg.question(), "night": night, "branch": opts.branch, "runs": opts.runs}
         sid = st.create_session("nightly", None, head, probe_key, config,
                                 [(head, subj, gitrepo.parse_pr(subj))])
     else:
+        # an unjudged night resumed, perhaps with a mistyped option fixed: the night
+        # is judged by tonight's options, and `history` reads them from here
         sid = sess.id
+        st.update_session(sid, config=config)
     progress(f"nightly {night}: {opts.branch} at {head[:12]} {subj[:60]} (session {sid})")
 
     baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
@@ -352,6 +378,13 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
     j = judge(list(cr.values))
     cmp = j.cmp
+    if not cr.values:
+        from .session import _endpoint_problem  # noqa: PLC0415
+        why = _endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=f"the head of {opts.branch}")
+        if why is not None and why.code in (EXIT_USAGE, EXIT_PROBE_MISSING):
+            raise why       # the command is wrong, not the branch: no verdict, rerun once fixed
+        if why is not None:
+            j = dataclasses.replace(j, reason=why.message)
     rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
            "session": sid, "verdict": j.verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
            "reason": j.reason, "values": list(cr.values), "crashes": cr.crashes,
@@ -366,16 +399,21 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         rec["notes"].append(f"the suspect nights {', '.join(suspect_nights)} were "
                             + ("part of this regression" if j.verdict == "regressed"
                                else "not confirmed (they stay out of the baseline)"))
+    if openr is not None:
+        known = {"culprit": openr.get("culprit"), "pr": openr.get("pr"), "report": openr.get("report"),
+                 "bisect_session": openr.get("bisect_session"),
+                 "known_since": openr.get("known_since") or openr["night"]}
     if j.worse_again:
         rec["notes"].append(f"worse again than the open regression of {openr['night']} "
                             f"(against its {len(open_bad)} runs): bisecting from its head {open_shas[0][:12]}")
         rec["bisect_good"] = open_shas[0]
+        rec["open"] = known     # what this night is, should its bisect not confirm it
     elif j.verdict == "known":
-        rec.update(culprit=openr.get("culprit"), pr=openr.get("pr"),
-                   report=openr.get("report"), bisect_session=openr.get("bisect_session"),
-                   known_since=openr.get("known_since") or openr["night"])
+        rec.update(known)
         rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
                             "(not bisected or posted again)")
+    elif openr is not None and j.verdict == "good":
+        rec["notes"].append(f"the regression found on {known['known_since']} is fixed")
     if j.verdict == "regressed" and not rec.get("bisect_good"):
         rec["bisect_good"] = rec["last_good"]
     progress(f"nightly {night}: {rec['verdict'].upper()}: {j.reason}")
@@ -421,6 +459,8 @@ def _open_regression(ws, probe_key: str, head: str, sid: int) -> tuple[dict | No
     their runs are what "still the same regression" looks like."""
     latest, heads = None, []
     for r in _judged_before(ws, probe_key, head, sid):
+        if r["verdict"] == "suspect":
+            continue    # neither fixed nor worse: it leaves a regression open (and is not one)
         if r["verdict"] not in OPEN_VERDICTS:
             break
         latest = latest or r
@@ -467,11 +507,58 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
         else:
             progress(f"nightly {rec['night']}: narrowed to {len(res.candidates)} commits; report {rep['path']}")
     except KlbisectError as e:
-        rec["notes"].append(f"bisect failed: {e.message}")
-        progress(f"nightly {rec['night']}: bisect failed: {e.message}")
+        if isinstance(e, NoDifference):
+            # measured at length, the two heads do not differ: tonight's test was a false
+            # alarm, or a change too small to bisect. Not a regression, and not good either.
+            was = rec.pop("open", None)
+            rec["reason"] += "; not confirmed by the bisect"
+            rec["notes"] = [n.replace("were part of this regression", "stay suspect") for n in rec["notes"]]
+            rec["notes"].append(f"not confirmed by the bisect: {e.message}")
+            if was:
+                rec.update(verdict="known", **was)
+                rec["notes"].append(f"the regression found on {was['known_since']} is still there")
+            else:
+                rec["verdict"] = "suspect"
+                rec["notes"].append("kept out of the baseline; the next nights' runs are pooled with this "
+                                    "night's until they decide")
+            progress(f"nightly {rec['night']}: {rec['verdict'].upper()}: the bisect did not confirm it: "
+                     f"{e.message}")
+        else:
+            rec["notes"].append(f"bisect failed: {e.message}")
+            progress(f"nightly {rec['night']}: bisect failed: {e.message}")
+            rec["report"] = _write_failed_report(path, opts, rec)
     rec["state"] = "done"
     _save(path, rec)
     return rec
+
+
+def _write_failed_report(path, opts: NightlyOptions, rec: dict) -> str | None:
+    """A regression whose bisect failed still gets its report file (the
+    night, its evidence and why the bisect stopped): a cron job's ``-o``
+    must not be silently missing."""
+    from .session import Workspace  # noqa: PLC0415
+    ws = Workspace(path)
+    try:
+        out = _report_path(ws, opts, rec["night"], rec["head"])
+    finally:
+        ws.close()
+    if opts.report_format == "json":
+        body = json.dumps({k: rec.get(k) for k in ("night", "branch", "head", "verdict", "reason", "notes",
+                                                   "head_summary", "baseline_summary", "baseline_heads")},
+                          indent=2) + "\n"
+    elif opts.report_format == "html":
+        import html  # noqa: PLC0415
+        body = f"<!doctype html><meta charset=utf-8><pre>{html.escape(comment_body(rec, None))}</pre>\n"
+    else:
+        body = comment_body(rec, None)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w", encoding="utf-8") as f:
+            f.write(body)
+    except OSError as e:
+        rec["notes"].append(f"could not write the report {out}: {e.strerror}")
+        return None
+    return out
 
 
 def _save(path, rec: dict) -> None:
@@ -584,16 +671,22 @@ def summary(rec: dict) -> dict:
         posted = False
     else:
         posted = post.get("url") or True
-    return {"regressed": rec.get("verdict") in OPEN_VERDICTS, "verdict": rec.get("verdict"),
-            "culprit": rec.get("culprit"), "pr": rec.get("pr"), "report": rec.get("report"),
-            "posted": posted}
+    out = {"regressed": rec.get("verdict") in OPEN_VERDICTS, "verdict": rec.get("verdict"),
+           "culprit": rec.get("culprit"), "pr": rec.get("pr"), "report": rec.get("report"),
+           "posted": posted}
+    if rec.get("verdict") == "crashed":
+        out.update(error=rec.get("reason"), exit_code=exit_code(rec))
+    return out
 
 
 def exit_code(rec: dict) -> int:
-    """0, or EXIT_POST_FAILED when a regression's report could not be
-    posted: a cron job must notice that nobody was told."""
+    """0; EXIT_POST_FAILED when a regression's report could not be posted,
+    and EXIT_NO_SIGNAL when the head printed no value: a cron job must
+    notice that nobody was told, or that nothing was measured."""
     post = rec.get("post") or {}
-    return EXIT_POST_FAILED if post.get("error") else 0
+    if post.get("error"):
+        return EXIT_POST_FAILED
+    return EXIT_NO_SIGNAL if rec.get("verdict") == "crashed" else 0
 
 
 def format_night(rec: dict) -> str:
@@ -633,12 +726,14 @@ def history(path=None, label: str | None = None, plot: str | None = None,
             raise KlbisectError(f"no klbisect state in {ws.top}: run `klbisect nightly ...` first", EXIT_USAGE)
         st = ws.store
         if probe_key is None:
-            row = st.db.execute("SELECT probe_key FROM sessions WHERE kind='nightly' ORDER BY id DESC LIMIT 1"
-                                ).fetchone()
-            if row is None:
+            # the latest night that was judged: one refused for a mistyped option has no verdict
+            rows = st.db.execute("SELECT id, probe_key FROM sessions WHERE kind='nightly' ORDER BY id DESC"
+                                 ).fetchall()
+            judged = [r for r in rows if (st.session(r["id"]).result or {}).get("verdict")]
+            if not judged:
                 raise KlbisectError("no nightly results yet: run `klbisect nightly ...` first", EXIT_USAGE)
-            probe_key = row["probe_key"]
-        latest = _nightly_sessions(st, probe_key)
+            probe_key = judged[0]["probe_key"]
+        latest = [s for s in _nightly_sessions(st, probe_key) if (s.result or {}).get("verdict")]
         if latest:
             ws.use_metric(latest[-1].config.get("metric"))
         nights, all_labels = [], []

@@ -84,6 +84,18 @@ PLACED_NOTE = ("* placed by the search from every run; its own runs alone fall s
                "a verdict of its own needs")
 
 
+def _format_nightly_status(st: dict) -> str:
+    """A nightly check is a night, not a range: its verdict and why, or why it has none."""
+    cfg, rec = st.get("config") or {}, st.get("result") or {}
+    head = f"Session {st['session']} (nightly {cfg.get('night', '?')}, {cfg.get('branch', '?')} at {str(st['bad'])[:12]})"
+    if not rec.get("verdict"):
+        why = ("a klbisect command is working on it now" if st.get("running") else
+               "stopped before a verdict (a wrong option, or interrupted): fix the command and rerun it")
+        return f"{head}: not judged; {why}"
+    from .nightly import format_night  # noqa: PLC0415
+    return head + "\n" + format_night(rec)
+
+
 def _first_bad(complete: bool) -> str:
     """How an answer is introduced: a guess short of the mark does not read as one."""
     return "First bad commit" if complete else "Most likely (NOT sure) first bad commit"
@@ -92,6 +104,8 @@ def _first_bad(complete: bool) -> str:
 def format_status(st: dict) -> str:
     if not st.get("session"):
         return "No klbisect session in this repository."
+    if st["kind"] == "nightly":
+        return _format_nightly_status(st)
     commits = f"{st['n_commits']} candidate commits, " if "n_commits" in st else ""
     state = st["state"]
     if st["kind"] == "gitbisect" and state == "bisecting":
@@ -233,10 +247,15 @@ def _find_session(ws, session_id: int | None):
         if sess is None:
             raise KlbisectError(f"no session {session_id} in {ws.top}; see `klbisect status`", EXIT_USAGE)
         if sess.kind == "nightly":
-            sub = (sess.result or {}).get("bisect_session")
+            rec = sess.result or {}
+            sub = rec.get("bisect_session")
             if not sub:
+                if rec.get("verdict") in ("regressed", "known"):
+                    why = "; ".join(n for n in rec.get("notes", []) if "bisect" in n) or "no bisect result"
+                    raise KlbisectError(f"session {session_id} is the nightly of {rec.get('night')} "
+                                        f"({rec['verdict']}), whose bisect found no culprit: {why}", EXIT_USAGE)
                 raise KlbisectError(f"session {session_id} is a nightly check without a bisect "
-                                    "(no regression); see `klbisect history`", EXIT_USAGE)
+                                    f"({rec.get('verdict') or 'not judged'}); see `klbisect history`", EXIT_USAGE)
             sess = st.session(int(sub))
         if sess is None or sess.kind not in ("run", "gitbisect"):
             raise KlbisectError(f"session {session_id} is not a bisect session", EXIT_USAGE)
@@ -267,7 +286,10 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
         analysis = current_analysis(ws, sess)
         cfg, cands, runs, pl, probe_key, build_key = analysis
         if pl is None:
-            raise KlbisectError(f"session {sess.id} is still calibrating its endpoints: no result yet",
+            from .session import stop_reason  # noqa: PLC0415
+            why = stop_reason(st, sess.id)
+            raise KlbisectError(f"session {sess.id} stopped while calibrating its endpoints, with no result: {why}"
+                                if why else f"session {sess.id} is still calibrating its endpoints: no result yet",
                                 EXIT_USAGE)
         if sess.kind == "gitbisect":
             res_obj = gitbisect_result(ws, sess, analysis)
@@ -275,8 +297,10 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
         elif sess.result:
             result = dict(sess.result)
         else:
-            result = build_result(ws, sess.id, cands, pl, False, "bisect in progress", probe_key,
-                                  build_key).to_json()
+            from .session import stop_reason  # noqa: PLC0415
+            why = stop_reason(st, sess.id)
+            result = build_result(ws, sess.id, cands, pl, False, f"stopped: {why}" if why else "bisect in progress",
+                                  probe_key, build_key).to_json()
         if result is None:
             raise KlbisectError(f"session {sess.id} has no result yet: git bisect has not finished "
                                 "(`klbisect status` shows the most likely commits so far)", EXIT_USAGE)

@@ -28,7 +28,7 @@ from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_
                      ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation,
                      summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
-                     KlbisectError)
+                     KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, fmt_summary, fmt_value, scalar
@@ -302,16 +302,16 @@ def _check_direction(cfg: BisectConfig, sep) -> None:
     if cfg.worse in ("either", moved):
         return
     if sep.p_value > SEPARATION_P:
-        raise KlbisectError(
+        raise NoDifference(
             f"good and bad barely differ (p={sep.p_value:.2g}; good {fmt_summary(sep.good)}, bad "
             f"{fmt_summary(sep.bad)}), and the little difference there is goes the better way ({moved}): most "
             f"likely there is no regression between these endpoints; check that --bad fails the test (pass "
-            f"--worse {moved} if {moved} values are worse for this metric)", EXIT_NO_SIGNAL)
-    raise KlbisectError(
+            f"--worse {moved} if {moved} values are worse for this metric)")
+    raise NoDifference(
         f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
         f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
         f"a fix, or --good and --bad are swapped; pass --worse {moved} (or either) if {moved} values are worse "
-        "here", EXIT_NO_SIGNAL)
+        "here")
 
 
 def _question_of(config: dict) -> dict:
@@ -376,21 +376,24 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
 # ---- endpoint calibration ------------------------------------------------------
 
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
-                      cr: CommitRuns, crash_limit: int, note: str = "") -> KlbisectError | None:
+                      cr: CommitRuns, crash_limit: int, note: str = "",
+                      where: str | None = None) -> KlbisectError | None:
     """Why this endpoint cannot be measured, once that is clear: its build
     failed, it printed no value in ``crash_limit`` runs, or it printed
-    labels but never the --metric asked for."""
+    labels but never the --metric asked for. ``where`` names the commit
+    when it is not an endpoint (a nightly head)."""
+    where = where or f"the {which} endpoint"
     metric = ws.metric
     if metric and not cr.values:
         printed = [r for r in ws.store.runs(probe_key, [sha]) if r.values]
         if len(printed) >= 2:
             seen = sorted({k for r in printed for k in r.values})
-            return KlbisectError(f"--metric {metric}: the {which} endpoint {sha[:12]} printed the labels "
+            return KlbisectError(f"--metric {metric}: {where} {sha[:12]} printed the labels "
                                  f"{', '.join(seen)} in {len(printed)} runs, never {metric}; pick one of "
                                  "them (or leave --metric out: the max over labels)", EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
-        return KlbisectError(f"the {which} endpoint {sha[:12]} does not build ({b.get('note', 'failed')}); "
+        return KlbisectError(f"{where} {sha[:12]} does not build ({b.get('note', 'failed')}); "
                              f"{build_fix_hint(build_key)} or pick another {which} commit; "
                              f"log: {b.get('log_path')}",
                              EXIT_NO_SIGNAL, detail=log_tail(b.get("log_path", "")))
@@ -398,11 +401,11 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
         runs = ws.store.runs(probe_key, [sha])
         last = runs[-1] if runs else None
         if last and last.status == STATUS_NOTFOUND:
-            return KlbisectError(f"the probe command was not found (exit 127) at the {which} endpoint "
+            return KlbisectError(f"the probe command was not found (exit 127) at {where} "
                                  f"{sha[:12]}; check --probe-cmd; log: {last.log_path}", EXIT_PROBE_MISSING,
                                  detail=log_tail(last.log_path or ""))
         if last and last.status == STATUS_TIMEOUT:
-            return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs, "
+            return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs, "
                                  f"the last stopped by --timeout after {last.duration or 0:.0f} s (a probe "
                              f"that ignores SIGTERM is killed 5 s later); raise "
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
@@ -415,7 +418,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                     "outside the repository and --probe-cmd pointed at the copy")
         else:
             hint = no_value_hint(probe_key)
-        return KlbisectError(f"the {which} endpoint {sha[:12]} printed no metric value in {cr.crashes} runs"
+        return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs"
                              f"{note} ({hint}); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
     return None
@@ -514,11 +517,11 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                          f"{'' if model.decisive else '; ' + model.regime})")
                 return model
             if step.action == "fail":
-                raise KlbisectError(
+                raise NoDifference(
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
                     f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
-                    "(--max-endpoint-runs)", EXIT_NO_SIGNAL)
+                    "(--max-endpoint-runs)")
             # Spare slots measure the endpoints in parallel; alternate them so an
             # interrupted calibration leaves both sides measured alike. One slot
             # takes each endpoint's runs together: alternating there would check out
@@ -863,11 +866,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 break
             if pl.lost is not None and not pl.done and not ex.in_flight():
                 sep = pl.lost
-                raise KlbisectError(
+                raise NoDifference(
                     f"good and bad no longer differ after {sep.good['n']}+{sep.bad['n']} endpoint runs "
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
-                    "these endpoints to find, or it is too small to bisect; runs are kept", EXIT_NO_SIGNAL)
+                    "these endpoints to find, or it is too small to bisect; runs are kept")
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
@@ -912,6 +915,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
 
 def _stop_key(sid: int) -> str:
     return f"stopped:{sid}"
+
+
+def stop_reason(st: Store, sid: int) -> str | None:
+    """Why a session stopped short, if it did (and has not gone on since)."""
+    return st.get(_stop_key(sid)) or None
 
 
 def _note_stop(st: Store, sid: int, why: str) -> None:
@@ -1260,7 +1268,7 @@ def status(path: str | Path | None) -> dict:
         st = ws.store
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
-                     "stopped": None if sess.state == "done" else (st.get(_stop_key(sess.id)) or None)}
+                     "stopped": None if sess.state == "done" else stop_reason(st, sess.id)}
         out["running"] = ws.busy()
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
@@ -1269,6 +1277,8 @@ def status(path: str | Path | None) -> dict:
             out["reused_runs"] = max(len(st.runs(sess.probe_key, at)) - out["probe_runs"], 0)
             out["calibration"] = sess.result          # None until it finishes; rerun it to resume
             return out
+        if sess.kind == "nightly":
+            out["result"] = sess.result
         if sess.kind not in ("run", "gitbisect"):
             return out
         analysis = current_analysis(ws, sess)
