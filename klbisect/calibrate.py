@@ -18,7 +18,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_upper_bound, exceedances,
-                     info_per_run, recommend_threshold, runs_lower_bound, separation, summarize)
+                     info_per_run, recommend_threshold, runs_lower_bound, sample_bits, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
@@ -44,12 +44,14 @@ class LabelStats:
 @dataclass
 class CostEstimate:
     commits: int
-    bits_per_run: float
+    bits_per_run: float           # from the two samples (decide.sample_bits): what the bound is built on
     lower_bound_runs: float
     simulated_mean_runs: float
     simulated_p95_runs: float
     simulated_accuracy: float
     trials: int
+    model_bits: float = float("nan")  # as the search weighs a run (its outlier guard caps one run)
+    disjoint: bool = False        # the runs of the two commits never overlapped
 
 
 @dataclass
@@ -64,6 +66,8 @@ class Calibration:
     bad_sha: str | None = None
     bad_labels: list[LabelStats] = field(default_factory=list)
     cost: CostEstimate | None = None
+    bad_crashes: int = 0
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -150,7 +154,10 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
         return None
     rng = np.random.default_rng(seed)
     g, b = np.asarray(good), np.asarray(bad)
-    bits = info_per_run(Model.fit(g, b))
+    model_bits = info_per_run(Model.fit(g, b))
+    bits, disjoint = sample_bits(g, b)
+    if not np.isfinite(bits):
+        bits = model_bits
     runs_used, right = [], 0
     for _ in range(trials):
         culprit = int(rng.integers(1, commits + 1))
@@ -159,7 +166,7 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
         runs_used.append(n)
         right += int(ans == [culprit])
     return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
-                        float(np.percentile(runs_used, 95)), right / trials, trials)
+                        float(np.percentile(runs_used, 95)), right / trials, trials, model_bits, disjoint)
 
 
 def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int,
@@ -246,22 +253,34 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
         if slot.checkout.exists():
             gitrepo.worktree_remove(ws.repo, slot.checkout)
         close_builder(builder, progress)
+    def shown(r) -> dict:
+        # with --metric, that label is the one a bisect judges: the others would only distract
+        return {cfg.metric: r.values[cfg.metric]} if cfg.metric and cfg.metric in r.values else r.values
+
     all_runs = ws.store.runs(probe.key, [sha])
     measured = [r for r in all_runs if r.value is not None and r.status != STATUS_TIMEOUT]
     with_values = measured[-runs:] if runs else []
     res = Calibration(rev, sha, len(with_values), len(all_runs) - len(measured),
-                      label_stats([r.values for r in with_values], thresholds, false_fail_rate,
+                      label_stats([shown(r) for r in with_values], thresholds, false_fail_rate,
                                   confidence), false_fail_rate, confidence)
     if bad_sha:
-        bad_runs = [r for r in ws.store.runs(probe.key, [bad_sha]) if r.value is not None][-runs:]
+        bad_all = ws.store.runs(probe.key, [bad_sha])
+        bad_runs = [r for r in bad_all if r.value is not None and r.status != STATUS_TIMEOUT][-runs:]
         res.bad_sha = bad_sha
-        res.bad_labels = label_stats([r.values for r in bad_runs], thresholds, false_fail_rate,
+        res.bad_crashes = sum(1 for r in bad_all if r.value is None or r.status == STATUS_TIMEOUT)
+        res.bad_labels = label_stats([shown(r) for r in bad_runs], thresholds, false_fail_rate,
                                      confidence, good=res.labels)
         gv = [r.value for r in with_values]
         bv = [r.value for r in bad_runs]
         if len(gv) < 2 or len(bv) < 2:
             raise KlbisectError("need at least 2 runs with values at each commit to estimate "
                                 "bisect cost", EXIT_NO_SIGNAL)
+        sep = separation(gv, bv)
+        if sep.separated and sep.direction != "up":
+            res.notes.append(f"the bad rev's runs are LOWER than --rev's (median {fmt_value(float(np.median(bv)))} "
+                             f"against {fmt_value(float(np.median(gv)))}): the revisions are swapped, or the "
+                             "range holds a fix; `klbisect run` stops on this with 154 unless --worse lower "
+                             "(the cost below is for that)")
         progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
                  "(40 simulated bisects)...")
         res.cost = simulate_cost(gv, bv, commits)
@@ -270,7 +289,8 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
 
 
 def format_calibration(c: Calibration) -> str:
-    lines = [f"Calibration of {c.rev} ({c.sha[:12]}): {c.runs} runs with values, {c.crashes} without"]
+    bad = (f"; bad rev {c.bad_sha[:12]}: {c.bad_crashes} without a value" if c.bad_sha else "")
+    lines = [f"Calibration of {c.rev} ({c.sha[:12]}): {c.runs} runs with values, {c.crashes} without{bad}"]
 
     def block(title: str, labs: list[LabelStats], bad: bool = False) -> None:
         lines.append(title)
@@ -303,10 +323,15 @@ def format_calibration(c: Calibration) -> str:
     if c.bad_sha and not c.cost:
         lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: no bisect could tell them apart "
                      "with these runs")
+    lines.extend(f"Note: {n}" for n in c.notes)
     if c.cost:
         k = c.cost
-        lines.append(f"A bisect over {k.commits} commits with this probe: {k.bits_per_run:.2f} bits per run, "
-                     f"at least {k.lower_bound_runs:.1f} runs (information limit); klbisect's search on "
+        worth = ("the two commits' runs never overlap: a run is worth up to 1 bit" if k.disjoint
+                 else f"a run is worth about {k.bits_per_run:.2f} bits (from the runs' spread)")
+        lines.append(f"A bisect over {k.commits} commits with this probe: {worth}, and it needs at least "
+                     f"{k.lower_bound_runs:.1f} runs (information limit, Fano); klbisect's search on "
                      f"resampled values: {k.simulated_mean_runs:.1f} runs on average, p95 "
-                     f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials")
+                     f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials "
+                     f"(endpoint runs included; it weighs a run at {k.model_bits:.2f} bits, its guard "
+                     "against outliers)")
     return "\n".join(lines)

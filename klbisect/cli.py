@@ -17,7 +17,7 @@ from .build import DEFAULT_BUILD_PATHS
 from .decide import DECISIVE_RUNS, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE,
                      KlbisectError)
-from .metric import fmt_value
+from .metric import fmt_count, fmt_subject, fmt_value
 from .probe import DEFAULT_TIMEOUT
 
 
@@ -316,7 +316,7 @@ def start(repo, **kw):
     click.echo(out["git"].strip())
     top = out.get("top") or ""
     here = "" if not top or Path.cwd().resolve() == Path(top).resolve() else f"    cd {shlex.quote(str(top))}\n"
-    click.echo(f"klbisect: session {out['session']} ready ({out['n_commits']} candidate commits). Next:\n"
+    click.echo(f"klbisect: session {out['session']} ready ({fmt_count(out['n_commits'], 'candidate commit')}). Next:\n"
                f"{here}    git bisect run klbisect probe\n"
                "then `klbisect status` for the answer and `klbisect reset` to finish.")
     return 0
@@ -366,7 +366,7 @@ def log(repo, session_id, as_json):
         reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
         end = "timed out" if r["status"] == "timeout" else f"exit={r['exit_code']}"
         click.echo(f"{t} {r['sha'][:12]} {end} {r['duration'] or 0:6.1f}s  {vals}{reused}")
-        click.echo(f"         {r['subject'][:70]}  log: {r['log_path']}")
+        click.echo(f"         {fmt_subject(r['subject'], 70)}  log: {r['log_path']}")
     return 0
 
 

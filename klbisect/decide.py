@@ -437,6 +437,17 @@ class ThresholdModel:
         f = self.fails(values)
         return np.where(f, 1.0, -1.0) * math.log(self.cap)
 
+    def commit_log_lr(self, values: Sequence[float]) -> float:
+        """A commit's evidence as classic mode has it: with ``votes`` > 1,
+        none until it has that many runs, then the majority of the first
+        ``votes`` (summing single runs would let the first one decide)."""
+        if self.votes <= 1:
+            return float(np.sum(self.log_lr(values)))
+        if len(values) < self.votes:
+            return 0.0
+        failed = int(np.sum(self.fails(list(values)[:self.votes])))
+        return (1.0 if 2 * failed > self.votes else -1.0) * math.log(self.cap)
+
     def boundary(self) -> float:
         return self.threshold
 
@@ -731,6 +742,33 @@ def info_per_run(model: "Model", n_sim: int = 20000, seed: int = 0) -> float:
     ig = np.mean(np.log2(2.0 / (1.0 + np.exp(lg))))
     ib = np.mean(np.log2(2.0 / (1.0 + np.exp(-lb))))
     return float(max(0.0, 0.5 * (ig + ib)))
+
+
+def sample_bits(good: Sequence[float], bad: Sequence[float]) -> tuple[float, bool]:
+    """What one run tells of good-vs-bad (bits, at P(bad) = 1/2), read
+    from the two samples rather than from the search's model, whose guard
+    against outliers caps a run at RUN_LR_CAP: a bound built on that cap
+    would not be a bound. Samples that never overlap are worth the full
+    bit (as far as these runs show); otherwise a kernel density estimate
+    in log space (when every value is positive) is used. Returns (bits,
+    disjoint)."""
+    g = np.asarray([v for v in good if np.isfinite(v)], float)
+    b = np.asarray([v for v in bad if np.isfinite(v)], float)
+    if len(g) < 2 or len(b) < 2:
+        return float("nan"), False
+    if g.max() < b.min() or b.max() < g.min():
+        return 1.0, True
+    if min(g.min(), b.min()) > 0:
+        g, b = np.log(g), np.log(b)
+    from scipy import stats  # noqa: PLC0415
+    try:
+        kg, kb = stats.gaussian_kde(g), stats.gaussian_kde(b)
+    except (np.linalg.LinAlgError, ValueError):    # every value equal on one side
+        return float("nan"), False
+    fg_g, fb_g, fg_b, fb_b = kg(g), kb(g), kg(b), kb(b)
+    ig = np.mean(np.log2(2 * fg_g / (fg_g + fb_g)))
+    ib = np.mean(np.log2(2 * fb_b / (fg_b + fb_b)))
+    return float(min(1.0, max(0.0, 0.5 * (ig + ib)))), False
 
 
 def runs_lower_bound(n_commits: int, bits_per_run: float, delta: float = 0.01) -> float:

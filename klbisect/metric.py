@@ -145,3 +145,21 @@ def fmt_ratio(after: float, before: float) -> str:
     if broke(after) or broke(before):
         return "x nan"
     return f"x{after / before:.2f}" if before > 0 and after >= 0 else ""
+
+
+def fmt_count(n: int, noun: str) -> str:
+    """"1 candidate commit", "4 candidate commits"."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def fmt_subject(subject: str, limit: int = 60) -> str:
+    """A subject cut to ``limit`` characters without leaving half a PR
+    number or a dangling bracket: "Route prefill through ... (#1" reads as PR 1."""
+    s = (subject or "").replace("\n", " ")
+    if len(s) <= limit:
+        return s
+    cut = s[:limit - 1]
+    open_at = cut.rfind("(")
+    if open_at > limit // 2 and ")" not in cut[open_at:]:
+        cut = cut[:open_at]
+    return cut.rstrip() + "…"

@@ -51,7 +51,7 @@ import numpy as np
 from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
 from .errors import EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError, NoDifference
-from .metric import fmt_ratio, fmt_span, fmt_summary, fmt_value
+from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 
 Progress = Callable[[str], None]
 
@@ -302,7 +302,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         # is judged by tonight's options, and `history` reads them from here
         sid = sess.id
         st.update_session(sid, config=config)
-    progress(f"nightly {night}: {opts.branch} at {head[:12]} {subj[:60]} (session {sid})")
+    progress(f"nightly {night}: {opts.branch} at {head[:12]} {fmt_subject(subj)} (session {sid})")
 
     baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
     suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
@@ -503,7 +503,7 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
                            offline=opts.offline)
         rec.update(report=rep["path"], plot=rep["plot"])
         if res.culprit:
-            progress(f"nightly {rec['night']}: culprit {res.culprit[:12]} {res.subject[:60]}; report {rep['path']}")
+            progress(f"nightly {rec['night']}: culprit {res.culprit[:12]} {fmt_subject(res.subject)}; report {rep['path']}")
         else:
             progress(f"nightly {rec['night']}: narrowed to {len(res.candidates)} commits; report {rep['path']}")
     except KlbisectError as e:
@@ -690,7 +690,7 @@ def exit_code(rec: dict) -> int:
 
 
 def format_night(rec: dict) -> str:
-    lines = [f"Nightly {rec['night']}: {rec['branch']} at {rec['head'][:12]} {rec['subject'][:60]}",
+    lines = [f"Nightly {rec['night']}: {rec['branch']} at {rec['head'][:12]} {fmt_subject(rec['subject'])}",
              f"  verdict: {rec['verdict'].upper()} — {rec['reason']}"]
     hs, bs = rec.get("head_summary") or {}, rec.get("baseline_summary") or {}
     if hs.get("n"):

@@ -7,7 +7,7 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
-from .metric import fmt_ratio, fmt_span, fmt_value
+from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value
 from .session import Result
 
 
@@ -28,10 +28,12 @@ def fmt_confidence(p: float) -> str:
 
 
 def _with_pr(subject: str, pr: int | None) -> str:
-    """The subject, with its PR named once (squash subjects already end in it)."""
-    if pr and subject.rstrip().endswith(f"(#{pr})"):
+    """The subject, with its PR named once: squash subjects end in it and
+    merge subjects ("Merge pull request #445 from ...") start with it; a
+    side-branch commit gets its merge's PR as "PR #445", not as its own "(#445)"."""
+    if pr and re.search(rf"#{pr}\b", subject):
         return subject
-    return f"{subject}  ({pr_text(pr)})"
+    return f"{subject}  ({'PR ' if pr else ''}{pr_text(pr)})"
 
 
 def format_result(res: Result | dict) -> str:
@@ -50,7 +52,7 @@ def format_result(res: Result | dict) -> str:
                  f"{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
     lines.append(f"Probe runs: {r['probe_runs']} ({r['probe_seconds']:.0f}s probing"
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
-                 + f") over {r['n_commits']} candidate commits")
+                 + f") over {fmt_count(r['n_commits'], 'candidate commit')}")
     if r.get("labels"):
         lines.append("KL before -> after (median [min, max] n):")
         for lab, s in label_rows(r):
@@ -106,7 +108,7 @@ def format_status(st: dict) -> str:
         return "No klbisect session in this repository."
     if st["kind"] == "nightly":
         return _format_nightly_status(st)
-    commits = f"{st['n_commits']} candidate commits, " if "n_commits" in st else ""
+    commits = f"{fmt_count(st['n_commits'], 'candidate commit')}, " if "n_commits" in st else ""
     state = st["state"]
     if st["kind"] == "gitbisect" and state == "bisecting":
         state = ("git bisect was reset outside klbisect; `klbisect reset` ends the session"
@@ -145,7 +147,7 @@ def format_status(st: dict) -> str:
         p = c.get("p_bad")
         shown, star = shown_verdict(c.get("verdict"), p)
         shown, starred = shown.upper(), starred or star
-        head = f"  [{c['index']:>4}] {c['sha'][:12]} {c['subject'][:50]:<50}"
+        head = f"  [{c['index']:>4}] {c['sha'][:12]} {fmt_subject(c['subject'], 50):<50}"
         lines.append(head + (f" {shown:<5}" if shown else "      ")
                      + (f" P(bad)={p:.3f}" if p is not None else ""))
         lines.extend(textwrap.wrap(c.get("explain", ""), width=100, initial_indent=" " * 9,
@@ -456,7 +458,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     conf += "" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 200)}"
     head.append(conf + "  ")
     head.append(f"**Range:** good {_sha_link(r['good'], slug)} → bad {_sha_link(r['bad'], slug)}, "
-                f"{r['n_commits']} candidate commits  ")
+                f"{fmt_count(r['n_commits'], 'candidate commit')}  ")
     spent = f"{r['probe_seconds']:.0f} s probing" + (
         f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
     reused = sum(1 for x in data.get("runs", []) if x.get("session") != r.get("session"))
@@ -479,10 +481,10 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     for note in r.get("notes", []):
         head.append(f"> Note: {_md_cell(note, 500)}")
     tail = ["", f"<sub>klbisect {__version__} · session {r.get('session')}"
-            + (f" · plot: `{_md_cell(plot_note, 200)}`" if plot_note else "") + "</sub>", ""]
+            + (f" · plot saved here (attach it): `{_md_cell(plot_note, 200)}`" if plot_note else "") + "</sub>", ""]
 
     rows = list(data.get("commits", []))
-    title = f"Probed commits ({len(rows)}, values of every run)"
+    title = f"Probed commits ({len(rows)}; each run's value, the first six of a commit shown)"
     fixed = "\n".join(head) + "\n".join(tail)
 
     def table(sel: list[dict], omitted: int) -> str:
@@ -573,7 +575,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
     parts.append(f"<p><b>Confidence:</b> {e(fmt_confidence(r['confidence']))}"
                  + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})") + "<br>"
                  f"<b>Range:</b> good {sha_a(r['good'])} → bad {sha_a(r['bad'])}, "
-                 f"{r['n_commits']} candidate commits<br>"
+                 f"{fmt_count(r['n_commits'], 'candidate commit')}<br>"
                  f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing"
                  + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "") + "</p>")
     if r.get("labels"):

@@ -31,7 +31,7 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_ST
                      KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
-from .metric import check_regex, fmt_summary, fmt_value, scalar
+from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, scalar
 from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
                    reap_stale)
@@ -691,7 +691,7 @@ def _order_notes(ws: Workspace, cands: list[tuple[str, str, int | None]], last: 
                 if p in index and p != cands[last - 1][0] and p not in probed]
     if unprobed:
         p = unprobed[0]
-        notes.append(f"--all-commits: {culprit[:12]} ({subj[:50]}) is named because {cands[last - 1][0][:12]}, "
+        notes.append(f"--all-commits: {culprit[:12]} ({fmt_subject(subj, 50)}) is named because {cands[last - 1][0][:12]}, "
                      f"before it in the search's order, looked good; its parent {p[:12]} "
                      f"({cands[index[p]][1][:50]}) was never probed. If that parent is bad, the culprit is "
                      f"on its line: rerun with --bad {p[:12]}, or without --all-commits")
@@ -718,7 +718,7 @@ def _kernel_notes(ws: Workspace, block: list[tuple[str, str, int | None]], build
             continue
         note = kernel_note(changed, pins[0] != pins[1])
         if note:
-            notes.append(f"{sha[:12]} ({subj[:50]}): {note}")
+            notes.append(f"{sha[:12]} ({fmt_subject(subj, 50)}): {note}")
     return notes
 
 
@@ -775,7 +775,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             # environment (a new wheel, another GPU) would make them stale
             progress(f"reusing {earlier} runs this probe command recorded earlier at these commits "
                      "(`klbisect reset --purge` forgets them, if the environment changed since)")
-    progress(f"{len(shas) - 1} candidate commits between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
+    progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,

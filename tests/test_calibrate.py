@@ -111,3 +111,23 @@ def test_a_failed_calibration_does_not_hide_the_bisect_from_status(history):
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["kind"] == "run" and json.loads(st.stdout)["culprit"] == h.culprit
     assert "(run, done)" in klb("status", cwd=h.path).stdout
+
+
+def test_calibrate_of_swapped_revisions_says_so_and_metric_picks_one_label(history):
+    """The better commit given as --bad-rev: a bisect would stop with 154,
+    so the cost is not offered as if it were a regression. --metric shows
+    the label a bisect would judge, not every one."""
+    h = history(n_commits=40, seed=8)
+    p = klb("calibrate", "--rev", h.bad, "--runs", "8", "--bad-rev", h.good, "--commits", "200",
+            "--metric", "prefill_cache_hit", "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert "Note: the bad rev's runs are LOWER than --rev's" in p.stdout and "--worse lower" in p.stdout
+    assert "[prefill_cache_hit]" in p.stdout and "[logprobs_match]" not in p.stdout
+    assert "(max over labels)" not in p.stdout
+    # the separated runs are worth a full bit: the bound is Fano's at one bit, not the search's capped weight
+    assert "never overlap: a run is worth up to 1 bit" in p.stdout
+    res = json.loads(klb("calibrate", "--rev", h.bad, "--runs", "8", "--bad-rev", h.good, "--commits", "200",
+                         "--metric", "prefill_cache_hit", "--probe-cmd", probe_cmd(), "--json", cwd=h.path).stdout)
+    assert res["cost"]["bits_per_run"] == 1.0 and res["cost"]["model_bits"] < 1.0 and res["cost"]["disjoint"]
+    crashed = db_query(h.path, "SELECT COUNT(*) AS n FROM runs WHERE sha = ? AND value IS NULL", (h.good,))[0]["n"]
+    assert res["bad_crashes"] == crashed

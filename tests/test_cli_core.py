@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import filelock
@@ -285,9 +286,12 @@ def test_classic_all_commits_metric_regex_build_paths(history, tmp_path):
         vals = json.loads(r["vals"])
         assert set(vals) == set(LABELS), vals
         assert r["value"] == max(vals.values())
-    # classic mode: each endpoint got its votes
+    # classic mode: each endpoint got its votes, and so did every commit the search judged
+    # (one run used to decide a commit whatever --votes said)
     assert sum(r["sha"] == h.good for r in runs) >= 3
     assert sum(r["sha"] == h.bad for r in runs) >= 3
+    valued = Counter(r["sha"] for r in runs if r["value"] is not None)
+    assert valued and min(valued.values()) >= 3, valued
     # --build-paths matched nothing: built once, for the checkout's first commit
     assert len(marker.read_text().splitlines()) == 1
 

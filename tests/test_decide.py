@@ -205,6 +205,14 @@ def test_threshold_single_vote():
     assert t.boundary() == 0.01
 
 
+def test_threshold_votes_give_a_commit_no_evidence_until_its_majority():
+    m = ThresholdModel(0.01, votes=5)
+    assert m.commit_log_lr([0.02]) == 0.0 and m.commit_log_lr([0.02, 0.02, 0.02, 0.02]) == 0.0
+    assert m.commit_log_lr([0.02, 0.005, 0.02, 0.005, 0.02]) > 0          # 3 of 5 fail
+    assert m.commit_log_lr([0.02, 0.005, 0.005, 0.005, 0.02, 0.02, 0.02]) < 0   # the first five decide
+    assert ThresholdModel(0.01).commit_log_lr([0.02]) > 0                  # one vote: one run
+
+
 def test_threshold_majority_of_votes():
     t = ThresholdModel(0.01, votes=3)
     assert judge([0.02], 0, t, 10).decision == UNDECIDED
