@@ -1039,19 +1039,24 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                                 on_build=say_building(progress))
             last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
             measurer.last_built[0] = last or None
-            before = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha]
+            # a build that failed in an earlier command is tried once more (the README's promise):
+            # the environment may have been fixed since
+            started = time.time()
+            before = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha]
             ends = commit_runs(ws, probe.key, build_key, [sess.good, sess.bad], cfg.timeout)
             crashed = sum(c.crashes for c in ends.values())
             crash_limit = crash_skip_limit(crashed, crashed + sum(len(c.values) for c in ends.values()),
                                            cfg.crash_limit)
             while True:
-                cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout)[sha], before)
+                cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha],
+                           before)
                 if cr.build_failed:
                     err = _never_built(ws, build_key, (ws.store.failed_build(build_key or "", sha) or {}).get(
                         "log_path"))
                     if err:
                         raise err   # abort git bisect: skipping every commit would hide a broken command
-                    v = HeadVerdict(sha, SKIP, 125, "build failed", [])
+                    failed = ws.store.failed_build(build_key or "", sha) or {}
+                    v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {failed.get('log_path', '?')}", [])
                     break
                 verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
                 if verdict.decision != "undecided":

@@ -396,3 +396,23 @@ def test_start_from_a_subdirectory_says_where_git_bisect_run_must_run(history):
     p = klb("probe", cwd=h.path)
     assert "is not one of the session's commits" in p.stderr, p.stderr
     assert klb("reset", cwd=sub).returncode == 0
+
+
+def test_probe_builds_once_more_a_commit_whose_build_failed_before(history, tmp_path):
+    """A build that failed for the environment (a full disk, a missing
+    compiler) is built again by the next command: a fixed environment needs
+    no other step, under `git bisect run` as under `run`."""
+    h = history(n_commits=30, seed=4, noise=SEPARATED, culprit_index=20, build_broken_before=1)
+    repo, fixed = h.path, tmp_path / "FIXED"
+    build = f"{PY} build.py || test -f {fixed}"
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", build,
+               cwd=repo).returncode == 0
+    broken = h.build_broken[0]
+    git(repo, "checkout", "-q", broken)
+    p = klb("probe", cwd=repo)
+    assert p.returncode == 125 and "build failed; log: " in p.stderr, p.stderr
+    fixed.write_text("the environment is fixed\n")
+    p = klb("probe", cwd=repo)
+    assert p.returncode in (0, 1) and "build failed" not in p.stderr, p.stderr
+    assert db_query(repo, "SELECT COUNT(*) AS n FROM runs WHERE sha = ? AND value IS NOT NULL", (broken,))[0]["n"]
+    assert klb("reset", cwd=repo).returncode == 0
