@@ -117,6 +117,15 @@ def parents(repo: git.Repo, sha: str) -> list[str]:
     return _git(repo, "rev-list", "--parents", "-n", "1", sha).split()[1:]
 
 
+def side_commits(repo: git.Repo, merge: str) -> int:
+    """How many commits a merge brings in beside its first parent's line
+    (0 for a commit that is not a merge)."""
+    ps = parents(repo, merge)
+    if len(ps) < 2:
+        return 0
+    return int(_git(repo, "rev-list", "--count", f"{ps[0]}..{merge}")) - 1
+
+
 def merged_by(repo: git.Repo, sha: str, head: str) -> str | None:
     """The commit on ``head``'s first-parent line that brought ``sha`` in
     (the merge of its side branch), or None when ``sha`` is on that line:

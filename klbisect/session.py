@@ -629,6 +629,12 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
                      "so the 'top' masses differ from the confidence")
     if single and not first_parent:
         notes += _order_notes(ws, cands, top.last, {r.sha for r in runs})
+    if single and first_parent:
+        side = gitrepo.side_commits(ws.repo, first[0])
+        if side:
+            notes.append(f"{first[0][:12]} is a merge that brings in {fmt_count(side, 'commit')} of a side branch; "
+                         "any of them may be the cause: rerun with --all-commits to search them too (the runs "
+                         "so far are kept)")
     pr = first[2] if single else None
     if single and pr is None and not first_parent:
         # a side branch's commit: the PR is its merge's

@@ -488,6 +488,45 @@ def test_all_commits_says_when_a_side_branch_breaks_the_order(tmp_path):
     assert json_tail(p.stdout)["culprit"] == culprit, p.stderr
 
 
+def test_a_merge_named_first_parent_says_it_merges_a_side_branch(tmp_path):
+    """The culprit sits inside a merged side branch: a first-parent search
+    rightly names the merge, and says the side commits are what to search
+    next. The merge's PR is named once; a side commit carries its merge's
+    PR as "PR #N", not as if its subject said so."""
+    repo = tmp_path / "merged"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+
+    def commit(subject: str, path: str, text: str = "x") -> str:
+        (repo / path).write_text(text)
+        git(repo, "add", path)
+        git(repo, "commit", "-q", "-m", subject)
+        return git(repo, "rev-parse", "HEAD").strip()
+
+    root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
+    for i in (2, 3, 4):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    git(repo, "checkout", "-q", "-b", "feature")
+    commit("Add the fp8 kernel", "k.txt")
+    side_culprit = commit("Use the fp8 kernel for prefill", "regressed")
+    commit("Tune the fp8 kernel", "t.txt")
+    git(repo, "checkout", "-q", "main")
+    commit("Tidy module 5 (#5)", "m5.txt")
+    git(repo, "merge", "-q", "--no-ff", "feature", "-m", "Merge pull request #445 from carol/fp8")
+    merge = git(repo, "rev-parse", "HEAD").strip()
+    for i in (6, 7):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py"]
+    p = klb(*args, cwd=repo)
+    assert p.returncode == 0, p.stderr
+    assert f"First bad commit: {merge}" in p.stdout
+    assert "Merge pull request #445 from carol/fp8\n" in p.stdout          # the PR once, not "... (#445)"
+    assert "is a merge that brings in 3 commits of a side branch" in p.stdout and "--all-commits" in p.stdout
+    p = klb(*args, "--all-commits", cwd=repo)
+    assert p.returncode == 0 and f"First bad commit: {side_culprit}" in p.stdout, p.stderr
+    assert "Use the fp8 kernel for prefill  (PR #445)" in p.stdout
+
+
 # ---- item 3: the probe command itself ----------------------------------------------------------------
 
 def _slot(tmp_path) -> Slot:
