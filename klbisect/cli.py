@@ -50,8 +50,11 @@ class Cli(click.Group):
             sys.exit(rv if isinstance(rv, int) else 0)
         except KlbisectError as e:
             self._fail(e.code, f"klbisect: error: {e.message}", e.detail)
-        except (click.exceptions.Abort, KeyboardInterrupt):
-            self._fail(EXIT_INTERRUPTED, "klbisect: interrupted; finished runs are saved, rerun to resume")
+        except (click.exceptions.Abort, KeyboardInterrupt) as e:
+            # click turns a KeyboardInterrupt into Abort: the session's own line rides on its cause
+            said = getattr(e, "message", None) or getattr(e.__cause__, "message", None)
+            self._fail(EXIT_INTERRUPTED, "klbisect: " + (said or "interrupted; finished runs are saved, "
+                                                          "rerun to resume"))
         except click.UsageError as e:
             if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
                 click.echo(e.ctx.get_help())

@@ -57,3 +57,12 @@ class NoDifference(KlbisectError):
 
     def __init__(self, message: str, detail: str | None = None):
         super().__init__(message, EXIT_NO_SIGNAL, detail)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) with what was kept: the command's one line.
+    Still a KeyboardInterrupt, so nothing that catches errors catches it."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message

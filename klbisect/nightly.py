@@ -723,7 +723,7 @@ def history(path=None, label: str | None = None, plot: str | None = None,
     ws = Workspace(path)
     try:
         if not (ws.dir / "state.db").exists():
-            raise KlbisectError(f"no klbisect state in {ws.top}: run `klbisect nightly ...` first", EXIT_USAGE)
+            raise KlbisectError(f"no nightly results in {ws.top}: run `klbisect nightly ...` first", EXIT_USAGE)
         st = ws.store
         if probe_key is None:
             # the latest night that was judged: one refused for a mistyped option has no verdict

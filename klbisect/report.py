@@ -50,7 +50,8 @@ def format_result(res: Result | dict) -> str:
             lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
     lines.append(f"Confidence: {fmt_confidence(r['confidence'])}"
                  f"{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
-    lines.append(f"Probe runs: {r['probe_runs']} ({r['probe_seconds']:.0f}s probing"
+    reused = f" + {r['reused_runs']} reused from earlier sessions" if r.get("reused_runs") else ""
+    lines.append(f"Probe runs: {r['probe_runs']}{reused} ({r['probe_seconds']:.0f}s probing"
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {fmt_count(r['n_commits'], 'candidate commit')}")
     if r.get("labels"):
@@ -282,7 +283,8 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
     ws = Workspace(path)
     try:
         if not ws.has_state():
-            raise KlbisectError(f"no klbisect state in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
+            raise KlbisectError(f"no klbisect session in {ws.top}: start one with `klbisect run` or "
+                                "`klbisect start`", EXIT_USAGE)
         st = ws.store
         sess = _find_session(ws, session_id)
         analysis = current_analysis(ws, sess)

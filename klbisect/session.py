@@ -28,7 +28,7 @@ from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_
                      ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation,
                      summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
-                     KlbisectError, NoDifference)
+                     Interrupted, KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, scalar
@@ -573,6 +573,7 @@ class Result:
     build_seconds: float = 0.0
     model: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    reused_runs: int = 0          # runs of earlier sessions (same probe) the answer also rests on
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -654,6 +655,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         probe_seconds=float(sum(r.duration or 0 for r in sess_runs)),
         build_seconds=float(sum(b["duration"] or 0 for b in builds if b["started"] >= session_start)),
         model=pl.model.to_dict(), notes=notes,
+        reused_runs=max(len(runs) - sum(1 for r in sess_runs if r.sha in idx), 0),
     )
 
 
@@ -899,12 +901,13 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 canary(good)
         reason = "confidence reached"
         return _finish(ws, sid, cands, pl, True, reason, probe_key, build_key, progress)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         ex.close()
-        progress(f"interrupted: {len(st.session_runs(sid))} finished runs are saved; "
-                 "rerun the same command to resume")
         _note_stop(st, sid, "interrupted; rerun the same command to resume")
-        raise
+        if isinstance(e, Interrupted):
+            raise
+        raise Interrupted(f"interrupted: {len(st.session_runs(sid))} finished runs are saved; "
+                          "rerun the same command to resume") from None
     except KlbisectError as e:
         _note_stop(st, sid, e.message)
         raise

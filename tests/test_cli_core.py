@@ -963,8 +963,12 @@ def test_interrupted_run_resumes_without_repeating_runs(history):
     assert first.returncode == 130, err
     assert "Traceback" not in out + err and "interrupted" in err
     # --json: stdout still ends with one JSON object, which says what happened
-    assert json_tail(out) == {"culprit": None, "complete": False, "exit_code": 130,
-                              "error": "interrupted; finished runs are saved, rerun to resume"}
+    tail = json_tail(out)
+    assert {k: tail[k] for k in ("culprit", "complete", "exit_code")} == {"culprit": None, "complete": False,
+                                                                          "exit_code": 130}
+    assert re.fullmatch(r"interrupted: \d+ finished runs are saved; rerun the same command to resume", tail["error"])
+    # one line says so, not two
+    assert err.count("finished runs are saved") == 1, err
     assert wait_gone(tok) == [], "a probe process survived the interrupt"
     assert worktrees(h.path) == [str(h.path)]
     before = db_query(h.path, "SELECT id, sha FROM runs ORDER BY id")
