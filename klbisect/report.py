@@ -483,7 +483,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     for note in r.get("notes", []):
         head.append(f"> Note: {_md_cell(note, 500)}")
     tail = ["", f"<sub>klbisect {__version__} · session {r.get('session')}"
-            + (f" · plot saved here (attach it): `{_md_cell(plot_note, 200)}`" if plot_note else "") + "</sub>", ""]
+            + (f" · plot (attach it): `{_md_cell(plot_note, 200)}`" if plot_note else "") + "</sub>", ""]
 
     rows = list(data.get("commits", []))
     title = f"Probed commits ({len(rows)}; each run's value, the first six of a commit shown)"

@@ -82,7 +82,7 @@ def test_markdown_report(bisected, tmp_path):
     # the plot is named from where the report lies, wherever it was written from
     deeper = tmp_path / "sub" / "r.md"
     write_report(h.path, fmt="md", out=str(deeper), offline=True)
-    assert "plot: `r.png`" in deeper.read_text()
+    assert "plot (attach it): `r.png`" in deeper.read_text()
 
 
 def test_an_answer_short_of_the_mark_is_not_titled_as_the_culprit(bisected):
