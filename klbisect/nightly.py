@@ -415,10 +415,19 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     elif openr is not None and j.verdict == "good":
         rec["notes"].append(f"the regression found on {known['known_since']} is fixed")
     if j.verdict == "regressed" and not rec.get("bisect_good"):
-        rec["bisect_good"] = rec["last_good"]
+        # From the oldest head of the baseline, not the latest: a regression whose first
+        # night drew low was called good and sits in the baseline, and a bisect from that
+        # head would search a range with no regression in it (and run to its limits).
+        # The pool as a whole showed the difference; a longer range costs a few runs.
+        rec["bisect_good"] = baseline_shas[-1]
+        if len(baseline_shas) > 1:
+            rec["notes"].append(f"bisecting from {baseline_shas[-1][:12]}, the oldest of the {len(baseline_shas)} "
+                                f"baseline heads (nights {', '.join(baseline_nights)}): a regression that "
+                                "drew low on its first night may sit in the newer ones")
     if j.verdict == "regressed" and not cfg.metric:
         against = open_shas if j.worse_again else baseline_shas
-        moved = moved_label(st.runs(probe_key, [head]), st.runs(probe_key, against), cmp.ratio,
+        pooled = [head] + ([] if j.worse_again else suspect_shas)   # the runs the verdict rests on
+        moved = moved_label(st.runs(probe_key, pooled), st.runs(probe_key, against), cmp.ratio,
                             opts.alpha, opts.min_effect)
         if moved is not None:
             label, c = moved

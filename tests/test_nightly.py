@@ -208,10 +208,11 @@ def test_day_by_day(tmp_path, loopback):
     assert f"#{REG_PR}" in p4.stdout and culprit[:12] in p4.stdout
     assert TOKEN not in p4.stdout + p4.stderr
     assert not [q for q in reqs if q["path"].endswith("/comments")]
-    # the bisect ran between the last good nightly head (day 3, or day 1 when day 3 was
-    # suspect: day 2 crashed) and the head
+    # the bisect ran between the oldest good nightly head of the baseline (day 1: day 2
+    # crashed, day 3 is the newer one when it was good) and the head
     bis = db(repo, "SELECT good, bad, state FROM sessions WHERE kind='run'")
-    assert bis == [(day3_head if night3_good else day1_head, git(repo, "rev-parse", "HEAD").strip(), "done")]
+    assert bis == [(day1_head, git(repo, "rev-parse", "HEAD").strip(), "done")]
+    assert ("the oldest of the 2 baseline heads" in p4.stderr) == night3_good
 
     # rerunning the same night: no new runs, same answer, no new sessions
     n_runs = db(repo, "SELECT COUNT(*) FROM runs")[0][0]
