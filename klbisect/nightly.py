@@ -9,8 +9,9 @@ test on the values (rank based, so one outlier cannot decide) plus a minimum
 relative effect on the medians. Borderline nights get more runs, up to
 ``--max-runs``. The CI pass rate never enters.
 
-On a regression it bisects between the last good nightly head and the head
-(``session.run_bisect``), writes the report and, when configured, posts it to
+On a regression it bisects between the oldest head of that baseline and the
+head (``session.run_bisect``; on the one label that moved, when one did,
+``moved_label``), writes the report and, when configured, posts it to
 a GitHub issue. Rerunning the same night with the same head returns the
 stored answer: no new runs, no second comment. A night whose probe printed no
 value is "crashed", never a regression (but exit 154: nothing was
@@ -355,8 +356,22 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                 if j.more and len(cr.values) < cap_values:
                     target = len(cr.values) + 1
                     progress(f"  borderline ({j.reason}): one more run")
-                else:
-                    break
+                    continue
+                thin = len(baseline) < len(cr.values) + len(borderline)
+                if j.more and j.verdict == "suspect" and baseline_shas and thin and base_tries < cap_values:
+                    # Still borderline with the head at its runs: the baseline is the thinner
+                    # side. A baseline that drew low by chance would otherwise make every later
+                    # night suspect, and no night could rejoin it (seen: eleven suspect nights
+                    # in a row with no change at all). Its heads are measured again instead.
+                    sha = baseline_shas[base_tries % len(baseline_shas)]
+                    base_tries += 1
+                    progress(f"  still borderline after {len(cr.values)} runs against {len(baseline)} baseline "
+                             f"runs: one more run of the baseline head {sha[:12]}")
+                    measure(sha)
+                    again = commit_runs(ws, probe_key, build_key, baseline_shas, cfg.timeout)
+                    baseline[:] = [v for b in baseline_shas for v in again[b].values]
+                    continue
+                break
             if cr.build_failed:
                 progress(f"  {head[:12]} does not build: no value tonight")
                 break

@@ -10,7 +10,8 @@ night (a real subprocess, the real store), as a cron job would.
 Per history it prints the nights' verdicts (B baseline, g good, s suspect,
 R regressed, k known, c crashed) and counts what a maintainer would feel:
 
-* ``bisects``: bisect sessions started (each costs dozens of probe runs);
+* ``bisects``: bisect sessions started (each costs dozens of probe runs),
+  and in brackets how many judged one label rather than the max;
 * ``reported``: nights that reported a culprit anew (regressed), and how
   many of them named the planted commit;
 * ``absorbed``: nights whose head carried the regression yet was judged
@@ -96,12 +97,14 @@ def history(root: Path, a: argparse.Namespace, seed: int) -> dict:
             absorbed += 1
     con = sqlite3.connect(root / ".git" / "klbisect" / "state.db")
     try:
-        bisects = con.execute("SELECT COUNT(*) FROM sessions WHERE kind='run'").fetchone()[0]
+        configs = [json.loads(c or "{}") for (c,) in con.execute("SELECT config FROM sessions WHERE kind='run'")]
+        bisects = len(configs)
+        on_label = sum(1 for c in configs if c.get("metric"))
         runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     finally:
         con.close()
-    return {"verdicts": "".join(verdicts), "bisects": bisects, "reported": reported, "right": right,
-            "absorbed": absorbed, "runs": runs}
+    return {"verdicts": "".join(verdicts), "bisects": bisects, "on_label": on_label, "reported": reported,
+            "right": right, "absorbed": absorbed, "runs": runs}
 
 
 def main() -> None:
@@ -114,18 +117,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="names the histories (the probe's noise is fresh)")
     a = ap.parse_args()
     t0 = time.time()
-    totals = {"bisects": 0, "reported": 0, "right": 0, "absorbed": 0, "runs": 0}
+    totals = {"bisects": 0, "on_label": 0, "reported": 0, "right": 0, "absorbed": 0, "runs": 0}
     print(f"{a.histories} histories of {a.nights} nights; one label of three x{a.factor:g} before night "
           f"{a.regress_night}" + (f", fixed before night {a.fix_night}" if a.fix_night else ", never fixed"))
-    print(f"{'history':>7}  {'verdicts':<{a.nights}}  bisects  reported (right)  absorbed  runs")
+    print(f"{'history':>7}  {'verdicts':<{a.nights}}  bisects (label)  reported (right)  absorbed  runs")
     with tempfile.TemporaryDirectory() as tmp:
         for h in range(a.histories):
             r = history(Path(tmp) / f"h{h}", a, a.seed + h)
             for k in totals:
                 totals[k] += r[k]
-            print(f"{h:>7}  {r['verdicts']:<{a.nights}}  {r['bisects']:>7}  {r['reported']:>8} ({r['right']})"
+            print(f"{h:>7}  {r['verdicts']:<{a.nights}}  {r['bisects']:>7} ({r['on_label']})  {r['reported']:>9} ({r['right']})"
                   f"  {r['absorbed']:>8}  {r['runs']:>4}", flush=True)
-    print(f"{'all':>7}  {'':<{a.nights}}  {totals['bisects']:>7}  {totals['reported']:>8} ({totals['right']})"
+    print(f"{'all':>7}  {'':<{a.nights}}  {totals['bisects']:>7} ({totals['on_label']})  {totals['reported']:>9} ({totals['right']})"
           f"  {totals['absorbed']:>8}  {totals['runs']:>4}")
     print(f"{time.time() - t0:.0f} s")
 
