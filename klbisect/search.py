@@ -616,7 +616,7 @@ ANSWER_FALSE_ALARM = 1e-4
 LOST_CHECK = True
 # Runs each commit beside an answer's boundary must have (plan).
 BOUNDARY_RUNS = 2
-HIGH_SIDE_EXTRA = 0      # ... and the one of them on the high side this many more (an ablation: docs/benchmarks.rst)
+HIGH_SIDE_EXTRA = 1      # ... and the one of them on the high side this many more (docs/benchmarks.rst: 2026-12-02)
 # interior commits this sure of a side lend it their runs (plan's refine)
 POOL_P = 0.001
 PROVISIONAL_POOL_P = 0.02

@@ -218,7 +218,7 @@ def test_flaky_crashes_at_the_culprit_do_not_widen_the_answer():
     assert crashes_to_give_up(cs) == 2
     pl = plan(cs, model, 0.99)
     assert pl.done is None and pl.next == [10]
-    cs[10].values = [0.0118, 0.0121]
+    cs[10].values = [0.0118, 0.0121, 0.0119]     # the high side of a boundary gets three runs
     assert plan(cs, model, 0.99).done.indices == [10]
 
 
@@ -226,7 +226,7 @@ def test_plan_stops_at_confidence():
     cs = commits_for(40)
     model = Model.fit(GOODV, BADV)
     cs[9].values = [0.0045, 0.0044]
-    cs[10].values = [0.011, 0.012]
+    cs[10].values = [0.011, 0.012, 0.0115]     # the high side of the boundary gets three runs
     cs[5].values, cs[20].values = [0.0046], [0.0115]
     pl = plan(cs, model, 0.9)
     assert pl.done is not None and pl.done.indices == [10] and not pl.integrated
@@ -262,11 +262,11 @@ def test_an_answer_on_two_endpoint_runs_a_side_waits_for_each_side_to_hold_decis
     model = Model.fit(cs[0].values, cs[n].values)
     assert model.separates and not model.decisive
     cs[10].values, cs[20].values = [0.0045], [0.0045, 0.0043]
-    cs[21].values, cs[30].values = [0.011, 0.0112], [0.0109]
+    cs[21].values, cs[30].values = [0.011, 0.0112, 0.0108], [0.0109]
     pl = plan(cs, model, 0.98)
     assert pl.posterior.top().indices == [21] and pl.posterior.top().mass > 0.98
     assert pl.done is None and not pl.integrated and pl.next == [0]
-    assert (pl.model.n_good, pl.model.n_bad) == (5, 5)
+    assert (pl.model.n_good, pl.model.n_bad) == (5, 6)
     cs[0].values.append(0.0044)
     cs[n].values.append(0.0111)
     pl = plan(cs, model, 0.98)
