@@ -142,11 +142,12 @@ class Judgement:
     more: bool                 # one more head run could change the verdict
     reason: str
     worse_again: bool = False  # a regression on top of the open one
+    other_side: str = ""       # "baseline" or "open": whose runs, not tonight's, could also settle it
 
 
 def judge_night(head: list[float], baseline: list[float], borderline: list[float] | None = None,
                 open_bad: list[float] | None = None, alpha: float = 0.001, min_effect: float = 0.1,
-                min_baseline: int = 3) -> Judgement:
+                min_baseline: int = 3, open_head: list[float] | None = None) -> Judgement:
     """Tonight's verdict from its runs, the good baseline, the runs of the
     suspect nights just before it (``borderline``) and the runs of the open
     regression's heads (``open_bad``). A night that stays borderline once
@@ -157,22 +158,25 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
     same test, the other way), not when three runs fail to show it worse
     than the old baseline. Otherwise a regressed head that drew low would
     close the regression, join the baseline and be found again the next
-    night, or never."""
+    night, or never. ``open_head``: tonight's runs as ``open_bad`` holds
+    them (one label's values, when the regression's bisect judged one)."""
     c = compare(head, baseline, alpha, min_effect, min_baseline)
+    mine = open_head or head
     if c.verdict in ("crashed", "baseline"):
         return Judgement(c.verdict, c, False, c.reason)
     if open_bad:
         if c.verdict == "regressed":
-            again = compare(head, open_bad, alpha, min_effect, min_baseline)
+            again = compare(mine, open_bad, alpha, min_effect, min_baseline)
             if again.verdict == "regressed":
                 return Judgement("regressed", c, False, c.reason, worse_again=True)
             return Judgement("known", c, again.suspicious, c.reason)
-        fixed = compare(open_bad, head, alpha, min_effect, min_baseline)
-        mo, mt = float(np.median(open_bad)), float(np.median(head))
+        fixed = compare(open_bad, mine, alpha, min_effect, min_baseline)
+        mo, mt = float(np.median(open_bad)), float(np.median(mine))
         why = (f"tonight's median {fmt_value(mt)} vs the open regression's {fmt_value(mo)} over "
                f"{len(open_bad)} runs ({fmt_ratio(mt, mo) or 'x n/a'}), Mann-Whitney p={fixed.p_value:.2g}")
         if fixed.verdict != "regressed":
-            return Judgement("known", c, fixed.suspicious or c.suspicious, f"not shown fixed: {why}")
+            return Judgement("known", c, fixed.suspicious or c.suspicious, f"not shown fixed: {why}",
+                             other_side="open" if fixed.suspicious else "")
         if c.suspicious:
             # better than the regression, not yet as good as before it: a partial fix,
             # or a few runs short of a full one; it stays out of the baseline
@@ -188,7 +192,7 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
         elif pooled.suspicious:
             more, reason = True, (reason if c.suspicious else why)
     if c.verdict == "good":
-        return Judgement("suspect" if more else "good", c, more, reason)
+        return Judgement("suspect" if more else "good", c, more, reason, other_side="baseline" if more else "")
     return Judgement("regressed", c, False, reason)
 
 
@@ -307,15 +311,26 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
 
     baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
     suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
-    openr, open_shas = _open_regression(ws, probe_key, head, sid)
+    openr, open_shas, found = _open_regression(ws, probe_key, head, sid)
+    found_heads = [found["head"]] if found else open_shas
     earlier = commit_runs(ws, probe_key, build_key, baseline_shas + suspect_shas + open_shas, cfg.timeout)
     baseline = [v for s in baseline_shas for v in earlier[s].values]
     borderline = [v for s in suspect_shas for v in earlier[s].values]
-    open_bad = [v for s in open_shas for v in earlier[s].values]
+    # The open regression as found; on the label its bisect judged, when it judged one
+    # (a fix is then as plain as the regression was, not blurred by the other labels).
+    open_label = (found or {}).get("bisect_metric")
+
+    def label_values(shas: list[str]) -> list[float]:
+        return [r.values[open_label] for r in st.runs(probe_key, shas) if r.value is not None
+                and open_label in r.values and math.isfinite(r.values[open_label])]
+
+    open_bad = [v for s in found_heads for v in commit_runs(ws, probe_key, build_key, [s], cfg.timeout)[s].values]
+    open_bad_label = label_values(found_heads) if open_label else []
 
     def judge(values: list[float]) -> Judgement:
-        return judge_night(values, baseline, borderline, open_bad, opts.alpha, opts.min_effect,
-                           opts.min_baseline)
+        mine = label_values([head]) if open_bad_label else []
+        return judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
+                           opts.min_effect, opts.min_baseline, open_head=mine or None)
 
     slot = None
     measurer = None
@@ -357,19 +372,25 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                     target = len(cr.values) + 1
                     progress(f"  borderline ({j.reason}): one more run")
                     continue
-                thin = len(baseline) < len(cr.values) + len(borderline)
-                if j.more and j.verdict == "suspect" and baseline_shas and thin and base_tries < cap_values:
-                    # Still borderline with the head at its runs: the baseline is the thinner
-                    # side. A baseline that drew low by chance would otherwise make every later
-                    # night suspect, and no night could rejoin it (seen: eleven suspect nights
-                    # in a row with no change at all). Its heads are measured again instead.
-                    sha = baseline_shas[base_tries % len(baseline_shas)]
+                # Still borderline with the head at its runs: the other side may be the
+                # thinner one. A baseline that drew low by chance would make every later
+                # night suspect, and no night could rejoin it (seen: eleven suspect nights
+                # in a row with no change at all); a regression found on ten runs could
+                # never be shown fixed by ten. That side's heads are measured again.
+                side = {"baseline": (baseline_shas, baseline), "open": (found_heads, open_bad)}.get(j.other_side)
+                if j.more and side and side[0] and len(side[1]) < len(cr.values) + len(borderline) + cap_values \
+                        and base_tries < cap_values:
+                    shas, vals = side
+                    sha = shas[base_tries % len(shas)]
                     base_tries += 1
-                    progress(f"  still borderline after {len(cr.values)} runs against {len(baseline)} baseline "
-                             f"runs: one more run of the baseline head {sha[:12]}")
+                    progress(f"  still borderline after {len(cr.values)} runs against {len(vals)} runs of the "
+                             f"{'baseline' if j.other_side == 'baseline' else 'open regression'}: one more run "
+                             f"of {sha[:12]}")
                     measure(sha)
-                    again = commit_runs(ws, probe_key, build_key, baseline_shas, cfg.timeout)
-                    baseline[:] = [v for b in baseline_shas for v in again[b].values]
+                    again = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
+                    vals[:] = [v for b in shas for v in again[b].values]
+                    if j.other_side == "open" and open_label:
+                        open_bad_label[:] = label_values(found_heads)
                     continue
                 break
             if cr.build_failed:
@@ -440,7 +461,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                                 f"baseline heads (nights {', '.join(baseline_nights)}): a regression that "
                                 "drew low on its first night may sit in the newer ones")
     if j.verdict == "regressed" and not cfg.metric:
-        against = open_shas if j.worse_again else baseline_shas
+        against = found_heads if j.worse_again else baseline_shas
         pooled = [head] + ([] if j.worse_again else suspect_shas)   # the runs the verdict rests on
         moved = moved_label(st.runs(probe_key, pooled), st.runs(probe_key, against), cmp.ratio,
                             opts.alpha, opts.min_effect)
@@ -514,11 +535,15 @@ def _judged_before(ws, probe_key: str, head: str, sid: int):
             yield r
 
 
-def _open_regression(ws, probe_key: str, head: str, sid: int) -> tuple[dict | None, list[str]]:
-    """The latest night, when it was a regression (new or known), and the
-    heads of the nights since that regression was found, most recent first:
-    their runs are what "still the same regression" looks like."""
-    latest, heads = None, []
+def _open_regression(ws, probe_key: str, head: str, sid: int) -> tuple[dict | None, list[str], dict | None]:
+    """The latest night, when it was a regression (new or known), the heads
+    of the nights since that regression was found (most recent first), and
+    the night that found it. That night's head, measured again by its
+    bisect, is what "still the same regression" looks like: the known
+    nights since are not, since a fixed head stays "known" until it is
+    shown better, and its runs would blur the very runs it is tested
+    against."""
+    latest, heads, found = None, [], None
     for r in _judged_before(ws, probe_key, head, sid):
         if r["verdict"] == "suspect":
             continue    # neither fixed nor worse: it leaves a regression open (and is not one)
@@ -528,8 +553,9 @@ def _open_regression(ws, probe_key: str, head: str, sid: int) -> tuple[dict | No
         if r["head"] not in heads:
             heads.append(r["head"])
         if r["verdict"] == "regressed":
+            found = r
             break
-    return latest, heads
+    return latest, heads, found
 
 
 def _suspects(ws, probe_key: str, head: str, sid: int) -> tuple[list[str], list[str]]:
