@@ -428,6 +428,13 @@ def test_a_culprit_on_a_merged_branch_gets_its_merges_pr(tmp_path):
     assert (res["culprit"], res.get("pr")) == (culprit, 77), res
     res = json_tail(klb(*args, cwd=repo).stdout)
     assert (res["culprit"], res.get("pr")) == (merge, 77), res
+    # first parent only, the merge is right to name, and it says what it brings in and what to
+    # search next; its PR is named once, and a branch commit's PR reads as its merge's
+    assert any("is a merge that brings in 3 commits of a side branch" in n and "--all-commits" in n
+               for n in res["notes"]), res
+    text = klb(*args[:-1], cwd=repo).stdout
+    assert "  Merge pull request #77 from dev/fast-prefill\n" in text
+    assert "  quantize the prefill path  (PR #77)\n" in klb(*args[:-1], "--all-commits", cwd=repo).stdout
 
 
 def test_a_run_stopped_by_the_timeout_after_printing_values_is_a_crash(tmp_path):
@@ -444,20 +451,26 @@ print(f"avg_kl_div={random.uniform(0.012, 0.014) if bad else random.uniform(0.00
 """
 
 
+def small_repo(repo: Path):
+    """A new repository and a ``commit(subject, path, text)`` that writes one
+    file, commits it and returns the sha: for histories shaped by hand."""
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+
+    def commit(subject: str, path: str, text: str = "x") -> str:
+        (repo / path).write_text(text)
+        git(repo, "add", path)
+        git(repo, "commit", "-q", "-m", subject)
+        return git(repo, "rev-parse", "HEAD").strip()
+    return repo, commit
+
+
 def test_all_commits_says_when_a_side_branch_breaks_the_order(tmp_path):
     """A side branch forked before the culprit and merged after it: in one
     topological order its (good) commits come after the culprit, and the
     search names the merge. The answer says which parent was never probed
     and how to check, instead of passing the merge off as the culprit."""
-    repo = tmp_path / "side"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-
-    def commit(subject: str, path: str, text: str = "x") -> None:
-        (repo / path).write_text(text)
-        git(repo, "add", path)
-        git(repo, "commit", "-q", "-m", subject)
-
+    repo, commit = small_repo(tmp_path / "side")
     commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
     for i in (2, 3, 4):
         commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
@@ -486,45 +499,6 @@ def test_all_commits_says_when_a_side_branch_breaks_the_order(tmp_path):
     # the default, first parent only, is not misled
     p = klb(*args, cwd=repo)
     assert json_tail(p.stdout)["culprit"] == culprit, p.stderr
-
-
-def test_a_merge_named_first_parent_says_it_merges_a_side_branch(tmp_path):
-    """The culprit sits inside a merged side branch: a first-parent search
-    rightly names the merge, and says the side commits are what to search
-    next. The merge's PR is named once; a side commit carries its merge's
-    PR as "PR #N", not as if its subject said so."""
-    repo = tmp_path / "merged"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
-
-    def commit(subject: str, path: str, text: str = "x") -> str:
-        (repo / path).write_text(text)
-        git(repo, "add", path)
-        git(repo, "commit", "-q", "-m", subject)
-        return git(repo, "rev-parse", "HEAD").strip()
-
-    root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
-    for i in (2, 3, 4):
-        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
-    git(repo, "checkout", "-q", "-b", "feature")
-    commit("Add the fp8 kernel", "k.txt")
-    side_culprit = commit("Use the fp8 kernel for prefill", "regressed")
-    commit("Tune the fp8 kernel", "t.txt")
-    git(repo, "checkout", "-q", "main")
-    commit("Tidy module 5 (#5)", "m5.txt")
-    git(repo, "merge", "-q", "--no-ff", "feature", "-m", "Merge pull request #445 from carol/fp8")
-    merge = git(repo, "rev-parse", "HEAD").strip()
-    for i in (6, 7):
-        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
-    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py"]
-    p = klb(*args, cwd=repo)
-    assert p.returncode == 0, p.stderr
-    assert f"First bad commit: {merge}" in p.stdout
-    assert "Merge pull request #445 from carol/fp8\n" in p.stdout          # the PR once, not "... (#445)"
-    assert "is a merge that brings in 3 commits of a side branch" in p.stdout and "--all-commits" in p.stdout
-    p = klb(*args, "--all-commits", cwd=repo)
-    assert p.returncode == 0 and f"First bad commit: {side_culprit}" in p.stdout, p.stderr
-    assert "Use the fp8 kernel for prefill  (PR #445)" in p.stdout
 
 
 # ---- item 3: the probe command itself ----------------------------------------------------------------
