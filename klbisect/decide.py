@@ -162,6 +162,10 @@ class Model:
         broad = _norm_logpdf(y, mid, max(OUTLIER_SCALE, 4 * self.scale))
         return np.logaddexp(np.log1p(-OUTLIER_WEIGHT) + core, math.log(OUTLIER_WEIGHT) + broad)
 
+    def commit_log_lr(self, values: Sequence[float]) -> float:
+        """A commit's evidence: its runs' log likelihood ratios, summed."""
+        return float(np.sum(self.log_lr(values))) if len(values) else 0.0
+
     def log_lr(self, values: Iterable[float]) -> np.ndarray:
         """Per-run log likelihood ratio, bad over good, clipped to +-log(cap)."""
         x = _arr(values)

@@ -53,6 +53,7 @@ from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
 from .errors import EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError, NoDifference
 from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
+from .probe import STATUS_TIMEOUT
 
 Progress = Callable[[str], None]
 
@@ -321,10 +322,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     open_label = (found or {}).get("bisect_metric")
 
     def label_values(shas: list[str]) -> list[float]:
-        return [r.values[open_label] for r in st.runs(probe_key, shas) if r.value is not None
-                and open_label in r.values and math.isfinite(r.values[open_label])]
+        return label_runs(st.runs(probe_key, shas), open_label)
 
-    open_bad = [v for s in found_heads for v in commit_runs(ws, probe_key, build_key, [s], cfg.timeout)[s].values]
+    open_bad = [v for s in found_heads for v in earlier[s].values]
     open_bad_label = label_values(found_heads) if open_label else []
 
     def judge(values: list[float]) -> Judgement:
@@ -468,8 +468,10 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         if moved is not None:
             label, c = moved
             rec["bisect_metric"] = label
-            rec["notes"].append(f"bisecting on the label {label}, the one that moved ({fmt_ratio_of(c)}, "
-                                f"p={c.p_value:.2g}); the max over labels moved {fmt_ratio_of(cmp)} and would "
+            moved_by = fmt_ratio(c.head["median"], c.baseline["median"])
+            max_by = fmt_ratio(cmp.head["median"], cmp.baseline["median"])
+            rec["notes"].append(f"bisecting on the label {label}, the one that moved ({moved_by}, "
+                                f"p={c.p_value:.2g}); the max over labels moved {max_by} and would "
                                 "blur it with the others' noise")
     progress(f"nightly {night}: {rec['verdict'].upper()}: {j.reason}")
     rec["state"] = "bisecting" if rec["verdict"] == "regressed" else "done"
@@ -478,8 +480,11 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     return rec
 
 
-def fmt_ratio_of(c: Comparison) -> str:
-    return f"x{c.ratio:.2f}" if c.ratio is not None and math.isfinite(c.ratio) else "x n/a"
+def label_runs(runs: list, label: str) -> list[float]:
+    """One label's values, from the runs that gave a value (a timed-out run
+    is a crash, as ``session.commit_runs`` counts it)."""
+    return [r.values[label] for r in runs if r.value is not None and r.status != STATUS_TIMEOUT
+            and label in r.values and math.isfinite(r.values[label])]
 
 
 def moved_label(head_runs: list, against_runs: list, max_ratio: float | None, alpha: float,
@@ -489,15 +494,12 @@ def moved_label(head_runs: list, against_runs: list, max_ratio: float | None, al
     noise (a 1.85x shift of one label of three read as 1.18x of the max, and
     a four-commit bisect took 219 runs). Each label is tested at
     ``alpha`` / labels, so picking the best of several is paid for."""
-    def vals(runs, lab):
-        return [r.values[lab] for r in runs if r.value is not None and lab in r.values
-                and math.isfinite(r.values[lab])]
     labels = sorted({k for r in head_runs + against_runs if r.value is not None for k in (r.values or {})})
     if len(labels) < 2:
         return None
     best = None
     for lab in labels:
-        c = compare(vals(head_runs, lab), vals(against_runs, lab), alpha / len(labels), min_effect)
+        c = compare(label_runs(head_runs, lab), label_runs(against_runs, lab), alpha / len(labels), min_effect)
         if c.verdict == "regressed" and (best is None or c.ratio > best[1].ratio):
             best = (lab, c)
     if best is None or max_ratio is None or not best[1].ratio > max_ratio * (1 + min_effect):
@@ -814,12 +816,11 @@ def history(path=None, label: str | None = None, plot: str | None = None,
         st = ws.store
         if probe_key is None:
             # the latest night that was judged: one refused for a mistyped option has no verdict
-            rows = st.db.execute("SELECT id, probe_key FROM sessions WHERE kind='nightly' ORDER BY id DESC"
-                                 ).fetchall()
-            judged = [r for r in rows if (st.session(r["id"]).result or {}).get("verdict")]
-            if not judged:
+            row = st.db.execute("SELECT probe_key FROM sessions WHERE kind='nightly' AND result IS NOT NULL "
+                                "ORDER BY id DESC LIMIT 1").fetchone()
+            if row is None:
                 raise KlbisectError("no nightly results yet: run `klbisect nightly ...` first", EXIT_USAGE)
-            probe_key = judged[0]["probe_key"]
+            probe_key = row["probe_key"]
         latest = [s for s in _nightly_sessions(st, probe_key) if (s.result or {}).get("verdict")]
         if latest:
             ws.use_metric(latest[-1].config.get("metric"))

@@ -278,7 +278,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
     from . import repo as gitrepo  # noqa: PLC0415
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
     from .session import (Workspace, build_result, current_analysis, gitbisect_result,  # noqa: PLC0415
-                          probed_commits)
+                          probed_commits, stop_reason)
 
     ws = Workspace(path)
     try:
@@ -289,9 +289,8 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
         sess = _find_session(ws, session_id)
         analysis = current_analysis(ws, sess)
         cfg, cands, runs, pl, probe_key, build_key = analysis
+        why = stop_reason(st, sess.id)     # a session that stopped short: why, in place of a result
         if pl is None:
-            from .session import stop_reason  # noqa: PLC0415
-            why = stop_reason(st, sess.id)
             raise KlbisectError(f"session {sess.id} stopped while calibrating its endpoints, with no result: {why}"
                                 if why else f"session {sess.id} is still calibrating its endpoints: no result yet",
                                 EXIT_USAGE)
@@ -301,8 +300,6 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
         elif sess.result:
             result = dict(sess.result)
         else:
-            from .session import stop_reason  # noqa: PLC0415
-            why = stop_reason(st, sess.id)
             result = build_result(ws, sess.id, cands, pl, False, f"stopped: {why}" if why else "bisect in progress",
                                   probe_key, build_key).to_json()
         if result is None:

@@ -467,8 +467,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         s = np.zeros(n + 1)
         for i in range(1, n):
             if commits[i].values:
-                s[i] = (m.commit_log_lr(commits[i].values) if hasattr(m, "commit_log_lr")
-                        else float(np.sum(m.log_lr(commits[i].values))))
+                s[i] = m.commit_log_lr(commits[i].values)
         return s
 
     fence = model.fence() if isinstance(model, Model) else None

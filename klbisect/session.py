@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import filelock
-import numpy as np
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
@@ -194,7 +193,9 @@ class Workspace:
                                 f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
         owner = self.dir / "owner"
         try:
-            try:   # who holds the lock (a dead holder's leftovers were reaped when the workspace opened): `status` tells a live command from a killed one
+            # who holds the lock, so `status` tells a live command from a killed one (a dead
+            # holder's leftovers were reaped when the workspace opened)
+            try:
                 owner.write_text(owner_marker() + "\n")
             except OSError:
                 pass
@@ -1060,12 +1061,11 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha],
                            before)
                 if cr.build_failed:
-                    err = _never_built(ws, build_key, (ws.store.failed_build(build_key or "", sha) or {}).get(
-                        "log_path"))
+                    log = (ws.store.failed_build(build_key or "", sha) or {}).get("log_path")
+                    err = _never_built(ws, build_key, log)
                     if err:
                         raise err   # abort git bisect: skipping every commit would hide a broken command
-                    failed = ws.store.failed_build(build_key or "", sha) or {}
-                    v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {failed.get('log_path', '?')}", [])
+                    v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {log or '?'}", [])
                     break
                 verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
                 if verdict.decision != "undecided":
@@ -1230,7 +1230,7 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
                  "crashes": cr.crashes, "build_failed": cr.build_failed}
         if pl is not None:
             entry["p_bad"] = float(pl.posterior.p_bad[i])
-            entry["log_lr"] = float(np.sum(pl.model.log_lr(cr.values))) if cr.values else 0.0
+            entry["log_lr"] = pl.model.commit_log_lr(cr.values)
         if sha in verdicts:
             entry["verdict"], entry["reason"] = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
         elif i in (0, n):

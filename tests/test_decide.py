@@ -371,6 +371,18 @@ def test_recommend_threshold():
     assert recommend_threshold([])[0] is None
 
 
+def test_bits_read_from_the_runs_not_from_the_capped_model():
+    from klbisect.decide import sample_bits
+    rng = np.random.default_rng(3)
+    good, bad = rng.uniform(0.003, 0.006, 30), rng.uniform(0.007, 0.013, 30)
+    assert sample_bits(good, bad) == (1.0, True)          # never overlapping: the full bit
+    assert info_per_run(Model.fit(good, bad)) < 1.0          # the search's own weight is capped
+    near = sample_bits(rng.lognormal(-6, 0.26, 300), rng.lognormal(-6 + 0.22, 0.26, 300))
+    same = sample_bits(rng.lognormal(-6, 0.26, 300), rng.lognormal(-6, 0.26, 300))
+    assert not near[1] and 0.05 < near[0] < 0.4 and same[0] < near[0]
+    assert np.isnan(sample_bits([0.004], [0.008])[0])
+
+
 def test_information_and_lower_bound(model):
     bits = info_per_run(model)
     assert 0 < bits <= 1

@@ -8,6 +8,7 @@ until cli.py registers the commands) against the real sqlite state.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import subprocess
 import sys
@@ -587,3 +588,39 @@ def test_a_comment_is_posted_once_even_when_github_answers_5xx(monkeypatch):
     monkeypatch.setenv("KLBISECT_GITHUB_API", f"http://127.0.0.1:{srv.server_address[1]}")
     with pytest.raises(github.GitHubError, match="could not reach GitHub.*Connection"):
         github.post_comment("acme/kvserve", 7, "body", TOKEN, backoff=0)
+
+
+def test_the_bisect_judges_the_one_label_that_moved():
+    """One label of three moved 1.8x (log-normal sigma 0.26, the KL test's
+    spread); the max over labels moves far less and would blur it. Each
+    label is tested at alpha / 3, and one is picked only when it moved
+    clearly more than the max."""
+    import random
+    from types import SimpleNamespace
+
+    from klbisect.nightly import moved_label
+
+    def runs(moving: float, n: int, seed: int, labels=("a", "b", "c")) -> list:
+        rng, out = random.Random(seed), []
+        for _ in range(n):
+            vals = {lab: 0.002 * math.exp(rng.gauss(0, 0.26)) for lab in labels}
+            if "b" in vals:
+                vals["b"] *= moving
+            out.append(SimpleNamespace(value=max(vals.values()), status="ok", values=vals))
+        return out
+
+    picked = 0
+    for seed in range(5):
+        head, base = runs(1.8, 10, seed), runs(1.0, 15, 100 + seed)
+        max_ratio = compare([r.value for r in head], [r.value for r in base]).ratio
+        moved = moved_label(head, base, max_ratio, 0.001, 0.1)
+        if moved is not None:
+            label, c = moved
+            assert label == "b" and c.ratio > max_ratio * 1.1
+            picked += 1
+    assert picked >= 4
+    # a timed-out run is a crash there, as everywhere: its values are not read
+    late = [SimpleNamespace(value=1.0, status="timeout", values={"a": 1.0, "b": 1.0, "c": 1.0})] * 20
+    assert moved_label(runs(1.0, 10, 7) + late, runs(1.0, 15, 8), 1.0, 0.001, 0.1) is None
+    # one label only: nothing to pick
+    assert moved_label(runs(1.8, 10, 1, ("b",)), runs(1.0, 15, 2, ("b",)), 1.8, 0.001, 0.1) is None
