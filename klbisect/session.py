@@ -258,7 +258,8 @@ def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None
 
 
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
-                timeout: float | None = None, failed_since: float | None = None) -> dict[str, CommitRuns]:
+                timeout: float | None = None, failed_since: float | None = None,
+                after_session: int = 0) -> dict[str, CommitRuns]:
     """Everything known per commit, from every session that used this probe:
     a rerun of the same question reuses finished runs. With ``timeout`` (the
     --timeout in force now), a run that timed out sooner than that says
@@ -266,14 +267,16 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     timed out gets new runs, not the old timeouts counted as crashes. With
     ``failed_since`` (when this command started), an older failed build does
     not make a commit untestable: each command builds it once more, so a
-    fixed environment (a network blip, a full disk) needs no other command."""
+    fixed environment (a network blip, a full disk) needs no other command.
+    With ``after_session``, only the runs of later sessions count (a nightly
+    regression's head, without the runs that found it)."""
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
     usual = _usual_labels(runs) if ws.metric is None else frozenset()
     for r in runs:
         last_run[r.sha] = max(last_run.get(r.sha, 0.0), r.started)
-        if _cut_short(r, timeout):
+        if _cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session):
             continue
         c = out[r.sha]
         if r.value is not None and r.status != STATUS_TIMEOUT and not _cut_off(r, usual):

@@ -434,22 +434,30 @@ def test_a_young_baseline_is_measured_again_and_a_second_regression_is_bisected(
     assert "baseline runs cannot reach p <= 0.001" in p3.stderr
     assert db(repo, "SELECT good FROM sessions WHERE kind='run'") == [(good_head,)]
 
-    # d4: the same regression: known, not bisected again
+    # d4: the same regression: known, not bisected again. Later nights are judged against
+    # runs of d3's head measured since d3 (those that found it came out high, if anything)
     two = ("--baseline-nights", "2")
     d4_head = lv.commit("Docs (#106)")
-    r4 = tail_json(nightly(repo, "d4", *two))
+    [(d3_night,)] = db(repo, "SELECT id FROM sessions WHERE kind='nightly' AND bad=?", (d3_head,))
+
+    def fresh() -> int:
+        return db(repo, "SELECT COUNT(*) FROM runs WHERE sha=? AND session_id>?", (d3_head, d3_night))[0][0]
+    p4 = nightly(repo, "d4", *two)
+    r4 = tail_json(p4)
     assert r4["regressed"] is True and r4["culprit"] == first
+    assert fresh() >= 6, p4.stderr
 
     # d5: a second regression on top of the open one: bisected from d4's head. Tonight's
     # runs (more than the open regression's head has) are checked against as many of its runs
     second = lv.commit("Fuse the rope kernel (#107)", 0.02)
-    n_open = db(repo, "SELECT COUNT(*) FROM runs WHERE sha=?", (d3_head,))[0][0]
+    n_open = fresh()
     p5 = nightly(repo, "d5", *two, "--runs", str(n_open + 2))
     r5 = tail_json(p5)
     assert r5["regressed"] is True and r5["culprit"] == second and r5["pr"] == 107, p5.stderr
     assert "worse again" in p5.stderr
     assert f"runs of the open regression: one more run of {d3_head[:12]}" in p5.stderr
-    assert db(repo, "SELECT COUNT(*) FROM runs WHERE sha=?", (d3_head,))[0][0] == n_open + 2
+    d5_runs = db(repo, "SELECT COUNT(*) FROM runs WHERE sha=?", (second,))[0][0]
+    assert fresh() == d5_runs >= n_open + 2
     assert db(repo, "SELECT good FROM sessions WHERE kind='run' ORDER BY id")[-1] == (d4_head,)
     assert verdicts(repo) == ["baseline", "good", "regressed", "known", "regressed"]
 
