@@ -23,9 +23,8 @@ from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .executors import make_slots
 from .measure import Measurer
 from .metric import broke, fmt_value
-from .probe import STATUS_TIMEOUT
 from .session import (BisectConfig, Workspace, _endpoint_problem, close_builder, commit_runs, make_builder,
-                      make_probe, record, say_building, since)
+                      make_probe, record, say_building, since, valued_runs)
 from .simulate import simulate_bisect
 
 
@@ -195,7 +194,7 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
               progress=lambda m: print(m, file=sys.stderr, flush=True)) -> Calibration:
     cfg.validate()
     _check_options(runs, false_fail_rate, confidence, commits, thresholds)
-    ws = Workspace(path, cfg.metric)
+    ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         with ws.locked():
             sha = gitrepo.resolve(ws.repo, rev, "revision")
@@ -243,7 +242,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
             while True:
                 cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
                 err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key,
-                                        since(cr, before), cfg.crash_limit)
+                                        since(cr, before), cfg.crash_limit, metric_regex=cfg.metric_regex)
                 if err:
                     raise err
                 if len(cr.values) >= runs:
@@ -258,16 +257,17 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
         return {cfg.metric: r.values[cfg.metric]} if cfg.metric and cfg.metric in r.values else r.values
 
     all_runs = ws.store.runs(probe.key, [sha])
-    measured = [r for r in all_runs if r.value is not None and r.status != STATUS_TIMEOUT]
+    measured = valued_runs(all_runs, cfg.metric)   # a run cut off short of its labels is a crash
     with_values = measured[-runs:] if runs else []
     res = Calibration(rev, sha, len(with_values), len(all_runs) - len(measured),
                       label_stats([shown(r) for r in with_values], thresholds, false_fail_rate,
                                   confidence), false_fail_rate, confidence)
     if bad_sha:
         bad_all = ws.store.runs(probe.key, [bad_sha])
-        bad_runs = [r for r in bad_all if r.value is not None and r.status != STATUS_TIMEOUT][-runs:]
+        bad_counted = valued_runs(bad_all, cfg.metric)
+        bad_runs = bad_counted[-runs:]
         res.bad_sha = bad_sha
-        res.bad_crashes = sum(1 for r in bad_all if r.value is None or r.status == STATUS_TIMEOUT)
+        res.bad_crashes = len(bad_all) - len(bad_counted)
         res.bad_labels = label_stats([shown(r) for r in bad_runs], thresholds, false_fail_rate,
                                      confidence, good=res.labels)
         gv = [r.value for r in with_values]

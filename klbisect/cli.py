@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 import shlex
 import sqlite3
 import sys
@@ -243,6 +244,11 @@ def make_config(kw: dict):
     if sglang.get("turn_separator"):
         sglang["turn_separator"] = _token_ids(sglang["turn_separator"])
     sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0)}
+    for k in ("prompts", "model_path"):
+        # stored with the session and read from the checkouts' directories: a path from here
+        # (a model id such as org/name is not a path here and stays as it is)
+        if k in sglang and os.path.exists(sglang[k]):
+            sglang[k] = os.path.abspath(sglang[k])
     if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
         raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
     return BisectConfig(

@@ -72,8 +72,12 @@ def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, 
                           post_to=post_to, post_issue=post_issue, dry_run=dry_run, offline=offline)
     rec = run_nightly(repo, cfg, opts)
     click.echo(format_night(rec), err=as_json)
+    out = summary(rec)
+    if out.get("error"):
+        # the night's answer stands (printed above); the exit code says what did not happen
+        click.echo(f"klbisect: error: {out['error']}", err=True)
     if as_json:
-        _emit_json(summary(rec))
+        _emit_json(out)
     return exit_code(rec)
 
 

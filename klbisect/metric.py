@@ -108,13 +108,15 @@ def _put(values: dict[str, float], label: str, raw) -> None:
         values[label] = v
 
 
-def scalar(values: dict[str, float], metric: str | None = None) -> float | None:
-    """One number per run: the chosen label, else the max over labels."""
+def scalar(values: dict[str, float], metric: str | None = None, worse: str = "higher") -> float | None:
+    """One number per run: the chosen label, else the worst over labels (the
+    max; the min when lower values are worse, as for an accuracy, so the
+    label that got worse is the one judged)."""
     if not values:
         return None
     if metric:
         return values.get(metric)
-    return max(values.values())
+    return min(values.values()) if worse == "lower" else max(values.values())
 
 
 def broke(value: float) -> bool:

@@ -273,7 +273,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     if not re.fullmatch(r"[0-9A-Za-z_.:-]{1,40}", night):
         raise KlbisectError(f"--night {night!r}: use a date like 2025-01-31", EXIT_USAGE)
 
-    ws = Workspace(path, cfg.metric)
+    ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         head = gitrepo.resolve(ws.repo, opts.branch, "branch")
         probe, builder = make_probe(cfg), make_builder(cfg)
@@ -450,7 +450,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     cmp = j.cmp
     if not cr.values:
         from .session import _endpoint_problem  # noqa: PLC0415
-        why = _endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=f"the head of {opts.branch}")
+        why = _endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=f"the head of {opts.branch}",
+                                metric_regex=cfg.metric_regex)
         if why is not None and why.code in (EXIT_USAGE, EXIT_PROBE_MISSING):
             raise why       # the command is wrong, not the branch: no verdict, rerun once fixed
         if why is not None:
@@ -799,6 +800,8 @@ def summary(rec: dict) -> dict:
            "posted": posted}
     if rec.get("verdict") == "crashed":
         out.update(error=rec.get("reason"), exit_code=exit_code(rec))
+    elif post and post.get("error"):
+        out.update(error=f"posting to {post.get('target')} failed: {post['error']}", exit_code=exit_code(rec))
     return out
 
 
@@ -857,7 +860,7 @@ def history(path=None, label: str | None = None, plot: str | None = None,
             probe_key = row["probe_key"]
         latest = [s for s in _nightly_sessions(st, probe_key) if (s.result or {}).get("verdict")]
         if latest:
-            ws.use_metric(latest[-1].config.get("metric"))
+            ws.use_metric(latest[-1].config.get("metric"), latest[-1].config.get("worse") or "higher")
         nights, all_labels = [], []
         for s in _nightly_sessions(st, probe_key):
             r = s.result or {}

@@ -23,8 +23,8 @@ import filelock
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
-from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP, Model,
-                     ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation,
+from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP, UNDECIDED,
+                     Model, ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation,
                      summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      Interrupted, KlbisectError, NoDifference)
@@ -112,6 +112,10 @@ class BisectConfig:
             check_regex(self.metric_regex)
         if (self.max_runs is not None and self.max_runs < 1) or self.parallel < 1 or self.votes < 1:
             raise KlbisectError("--max-runs, --parallel and --votes must be at least 1", EXIT_USAGE)
+        if self.votes != 1 and self.threshold is None:
+            raise KlbisectError(f"--votes {self.votes} counts runs at or above a --threshold: pass --threshold "
+                                "VALUE too, or leave --votes out (the default mode learns good and bad from "
+                                "the endpoints and decides how many runs each commit needs)", EXIT_USAGE)
         # --max-endpoint-runs alone may lower the default first batch
         self.endpoint_runs = min(self.endpoint_runs, self.max_endpoint_runs)
         if self.endpoint_runs < 2:
@@ -154,8 +158,9 @@ def make_builder(cfg: BisectConfig):
 class Workspace:
     """A repository and klbisect's state for it."""
 
-    def __init__(self, path: str | Path | None, metric: str | None = None):
+    def __init__(self, path: str | Path | None, metric: str | None = None, worse: str = "higher"):
         self.metric = metric  # the --metric in force: how every stored run is read (Store.metric)
+        self.worse = worse    # with no --metric, lower: the min over labels is judged
         self.repo = gitrepo.open_repo(path)
         self.top = gitrepo.toplevel(self.repo)
         self.dir = gitrepo.common_dir(self.repo) / "klbisect"
@@ -171,14 +176,14 @@ class Workspace:
     @property
     def store(self) -> Store:
         if self._store is None:
-            self._store = Store(self.dir / "state.db", self.metric)
+            self._store = Store(self.dir / "state.db", self.metric, self.worse)
         return self._store
 
-    def use_metric(self, metric: str | None) -> None:
-        """Read runs with this --metric from now on (a session's own)."""
-        self.metric = metric
+    def use_metric(self, metric: str | None, worse: str = "higher") -> None:
+        """Read runs with this --metric (and --worse) from now on (a session's own)."""
+        self.metric, self.worse = metric, worse
         if self._store is not None:
-            self._store.metric = metric
+            self._store.metric, self._store.worse = metric, worse
 
     @contextmanager
     def locked(self) -> Iterator["Workspace"]:
@@ -249,7 +254,7 @@ def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None
     r = outcome.run
     if r is None:
         return None
-    value = scalar(r.values, ws.metric)
+    value = scalar(r.values, ws.metric, ws.worse)
     rid = st.add_run(sid, probe_key, outcome.sha, outcome.started, r.duration, r.exit_code,
                      r.status if value is not None or not r.values else "novalue", r.values, value,
                      r.log_path, outcome.slot)
@@ -279,7 +284,7 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
         if _cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session):
             continue
         c = out[r.sha]
-        if r.value is not None and r.status != STATUS_TIMEOUT and not _cut_off(r, usual):
+        if _counts(r, usual):
             c.values.append(r.value)
         else:
             c.crashes += 1
@@ -296,6 +301,17 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
 # Stored with a session but not part of its question: a rerun with another
 # --timeout (after every run timed out) resumes the same session.
 RERUN_KEYS = ("timeout",)
+
+
+def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | None, progress: Progress) -> None:
+    """Runs are matched by the probe command alone: a new session says how
+    many it reuses, since a changed environment (a new wheel, another GPU)
+    would make them stale. Runs cut short by a --timeout lower than this
+    one's are run again, so they are not counted."""
+    earlier = sum(1 for r in ws.store.runs(probe_key, shas) if not _cut_short(r, timeout))
+    if earlier:
+        progress(f"reusing {earlier} runs this probe command recorded earlier at these commits "
+                 "(`klbisect reset --purge` forgets them, if the environment changed since)")
 
 
 def _check_direction(cfg: BisectConfig, sep) -> None:
@@ -341,6 +357,17 @@ def _cut_off(run, usual: frozenset) -> bool:
     return bool(usual) and run.exit_code != 0 and frozenset(run.values) < usual
 
 
+def valued_runs(runs: list, metric: str | None) -> list:
+    """The runs whose value counts, as ``commit_runs`` counts them: not
+    timed out, and not cut off short of the labels the others print."""
+    usual = _usual_labels(runs) if metric is None else frozenset()
+    return [r for r in runs if _counts(r, usual)]
+
+
+def _counts(run, usual: frozenset) -> bool:
+    return run.value is not None and run.status != STATUS_TIMEOUT and not _cut_off(run, usual)
+
+
 def run_shown(run, usual: frozenset, metric: str | None) -> tuple[str, bool]:
     """One run as a progress line shows it, and whether it counts as a
     crash (as commit_runs judges it): a value the run printed before it
@@ -381,7 +408,7 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
 
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
                       cr: CommitRuns, crash_limit: int, note: str = "",
-                      where: str | None = None) -> KlbisectError | None:
+                      where: str | None = None, metric_regex: str | None = None) -> KlbisectError | None:
     """Why this endpoint cannot be measured, once that is clear: its build
     failed, it printed no value in ``crash_limit`` runs, or it printed
     labels but never the --metric asked for. ``where`` names the commit
@@ -415,13 +442,22 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
                                  EXIT_NO_SIGNAL, detail=log_tail(last.log_path or ""))
         tail = log_tail(last.log_path if last and last.log_path else "")
-        if re.search(r"can't open file|No such file or directory|ModuleNotFoundError|ERROR: file or directory "
-                     r"not found", tail):
+        missing = re.search(r"No module named '?(sglang)\b", tail)
+        missing_module = re.search(r"No module named '?([\w.]+)", tail)
+        if missing and probe_key.startswith("sglang:"):
+            hint = ("sglang is not importable by the --sglang-python interpreter: install it there (`klbisect "
+                    "run --build sglang` installs each commit) or point --sglang-python at the one that has it")
+        elif probe_key.startswith("cmd:") and missing_module:
+            hint = (f"the probe could not import {missing_module.group(1)}: a test module newer than the good "
+                    "commit must be copied outside the repository and --probe-cmd pointed at the copy; a package "
+                    "must be installed in the probe's Python")
+        elif probe_key.startswith("cmd:") and re.search(
+                r"can't open file|No such file or directory|ERROR: file or directory not found", tail):
             # the usual cause: a KL test added after --good is not in that commit's checkout
             hint = ("the probe's own file is missing there: a test newer than the good commit must be copied "
                     "outside the repository and --probe-cmd pointed at the copy")
         else:
-            hint = no_value_hint(probe_key)
+            hint = no_value_hint(probe_key, metric_regex)
         return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs"
                              f"{note} ({hint}); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
@@ -433,9 +469,9 @@ def build_fix_hint(build_key: str | None) -> str:
     return hint(build_key)
 
 
-def no_value_hint(probe_key: str | None) -> str:
+def no_value_hint(probe_key: str | None, metric_regex: str | None = None) -> str:
     from .sglang import no_value_hint as hint  # noqa: PLC0415 - --metric-regex is for --probe-cmd only
-    return hint(probe_key)
+    return hint(probe_key, metric_regex)
 
 
 NEVER_BUILT_LIMIT = 3  # failed builds, none ever good under this --build-cmd: the command is wrong
@@ -474,9 +510,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             # neither endpoint has printed a value in half the limit each: the probe is
             # broken, not flaky (at a 15% crash rate this happens once in 100,000 starts)
             return _endpoint_problem(ws, "good", good, probe_key, build_key, g, 1,
-                                     note=f", nor the bad endpoint in {b.crashes}")
+                                     note=f", nor the bad endpoint in {b.crashes}", metric_regex=cfg.metric_regex)
         for which, sha, cr in (("good", good, g), ("bad", bad, b)):
-            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, limit)
+            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, limit, metric_regex=cfg.metric_regex)
             if err:
                 return err
         return None
@@ -600,15 +636,16 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     block = [shas[i] for i in top.indices]
     runs = ws.store.runs(probe_key, shas)
     idx = {s: i for i, s in enumerate(shas)}
-    sides = ([r for r in runs if r.values and post.p_bad[idx[r.sha]] < 0.01],
-             [r for r in runs if r.values and post.p_bad[idx[r.sha]] > 0.99])
+    counted = valued_runs(runs, ws.metric)
+    sides = ([r for r in counted if r.values and post.p_bad[idx[r.sha]] < 0.01],
+             [r for r in counted if r.values and post.p_bad[idx[r.sha]] > 0.99])
     before, after = ([r.values for r in side] for side in sides)
     labels = _label_summaries(before, after)
     judged = {}
     if ws.metric is None and len(labels) > 1:
-        # one label can move while the others hold: the max is what was judged
+        # one label can move while the others hold: the max (min) is what was judged
         before_v, after_v = ([r.value for r in side if r.value is not None] for side in sides)
-        judged = {"name": "max over labels", "before": summarize(before_v), "after": summarize(after_v)}
+        judged = {"name": f"{'min' if ws.worse == 'lower' else 'max'} over labels", "before": summarize(before_v), "after": summarize(after_v)}
     first = cands[top.last]
     info = []
     for i in top.indices:
@@ -744,7 +781,7 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
     """Find the first bad commit between cfg.good and cfg.bad without touching
     the user's checkout. Resumes an interrupted run of the same question."""
     cfg.validate()
-    ws = Workspace(path, cfg.metric)
+    ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         with ws.locked():
             return _run_locked(ws, cfg, progress, executor_factory)
@@ -781,12 +818,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             st.put(_stop_key(sid), "")
     else:
         sid = st.create_session("run", good, bad, probe_key, cfg.stored(), cands)
-        earlier = len(st.runs(probe_key, shas))
-        if earlier:
-            # runs are matched by the probe command alone: say so, since a changed
-            # environment (a new wheel, another GPU) would make them stale
-            progress(f"reusing {earlier} runs this probe command recorded earlier at these commits "
-                     "(`klbisect reset --purge` forgets them, if the environment changed since)")
+        say_reused(ws, probe_key, shas, cfg.timeout, progress)
     progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
@@ -963,7 +995,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
     """Calibrate the endpoints (in a worktree, leaving the user's tree alone),
     then `git bisect start --first-parent`. Returns what git printed."""
     cfg.validate()
-    ws = Workspace(path, cfg.metric)
+    ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         with ws.locked():
             gitrepo.ensure_clean(ws.repo)
@@ -981,6 +1013,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 ws.store.update_session(sid, config=cfg.stored())
             else:
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
+                say_reused(ws, probe.key, [c[0] for c in cands], cfg.timeout, progress)
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
                                 on_build=say_building(progress))
             slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
@@ -1037,7 +1070,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 raise KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
                                     "--probe-cmd ...` first", EXIT_USAGE)
             cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
-            ws.use_metric(cfg.metric)
+            ws.use_metric(cfg.metric, cfg.worse)
             probe, builder = make_probe(cfg), make_builder(cfg)
             build_key = builder.key if builder else None
             _adopt_env(ws, sess.id, builder)
@@ -1148,19 +1181,21 @@ def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key
 def current_analysis(ws: Workspace, sess: SessionRow):
     """Recompute the posterior of a session from its stored runs."""
     cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
-    ws.use_metric(cfg.metric)
+    ws.use_metric(cfg.metric, cfg.worse)
     cands = ws.store.candidates(sess.id)
     shas = [c[0] for c in cands]
-    probe, builder = make_probe(cfg), make_builder(cfg)
+    # the key the session stored: the probe itself may read files (--prompts) that are
+    # elsewhere, or changed, when `status` or `report` runs
+    probe_key, builder = sess.probe_key, make_builder(cfg)
     build_key = builder.key if builder else None
     # a session stored before it kept its --timeout counts every timeout, as it did
-    runs = commit_runs(ws, probe.key, build_key, shas, sess.config.get("timeout"))
+    runs = commit_runs(ws, probe_key, build_key, shas, sess.config.get("timeout"))
     model = _model_from(sess.model) if sess.model else None
     pl = None
     if model is not None:
         pl = plan([runs[s] for s in shas], model, cfg.confidence, max_runs=cfg.max_runs,
                   crash_limit=cfg.crash_limit, max_endpoint_runs=cfg.max_endpoint_runs)
-    return cfg, cands, runs, pl, probe.key, build_key
+    return cfg, cands, runs, pl, probe_key, build_key
 
 
 def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result | None:
@@ -1243,6 +1278,10 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
         elif pl is not None:
             v = judge(cr.values, cr.crashes, pl.model, cfg.max_runs, cfg.crash_limit)
             entry["verdict"], entry["reason"] = v.decision, v.reason
+            if v.decision == SKIP and v.reason.startswith("undecided") and sess.kind == "run":
+                # --max-runs without a verdict is a skip to git bisect; `run` skips nothing,
+                # and the search may still place it from its neighbours (good*/bad*)
+                entry["verdict"] = UNDECIDED
         entry["explain"] = explain_commit(entry, pl.model if pl else None)
         out.append(entry)
     return out
@@ -1281,7 +1320,7 @@ def status(path: str | Path | None) -> dict:
     ws = Workspace(path)
     try:
         sess = _shown_session(ws)
-        ws.use_metric(sess.config.get("metric"))
+        ws.use_metric(sess.config.get("metric"), sess.config.get("worse") or "higher")
         st = ws.store
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
@@ -1319,8 +1358,8 @@ def status(path: str | Path | None) -> dict:
             out["result"] = sess.result
         res = out["result"] or {}
         # the same top-level keys as `run --json`, so one parser reads both
-        out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence", "complete")},
-                   candidates=res.get("candidates") or [])
+        out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
+                   complete=bool(res.get("complete")), candidates=res.get("candidates") or [])
         return out
     finally:
         ws.close()
@@ -1330,7 +1369,7 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
     ws = Workspace(path)
     try:
         sess = _shown_session(ws, session_id)
-        ws.use_metric(sess.config.get("metric"))
+        ws.use_metric(sess.config.get("metric"), sess.config.get("worse") or "higher")
         subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
         # the runs its answer rests on: its own, and those it reused from
         # earlier sessions of the same probe (a rerun may have reused them all)

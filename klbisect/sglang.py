@@ -1009,12 +1009,15 @@ def build_fix_hint(build_key: str | None) -> str:
     return "fix --build-cmd"
 
 
-def no_value_hint(probe_key: str | None) -> str:
+def no_value_hint(probe_key: str | None, metric_regex: str | None = None) -> str:
     """What to check when a commit printed no value: --metric-regex applies to
     --probe-cmd output only, the SGLang probe writes its own lines."""
     if probe_key and probe_key.startswith("sglang:"):
         return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "
                 "the server's own log lies beside it; check --model-path, --server-args and --sglang-python")
+    if metric_regex:
+        return (f"--metric-regex {metric_regex!r} matched no line of its output: compare it with the log, "
+                "and give the number a group named value")
     return "expected avg_kl_div=... lines, or set --metric-regex"
 
 

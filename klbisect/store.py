@@ -147,9 +147,10 @@ class Store:
     is read from its stored per-label values with it, so runs recorded
     under another --metric (or none) are reused correctly."""
 
-    def __init__(self, path: Path, metric: str | None = None):
+    def __init__(self, path: Path, metric: str | None = None, worse: str = "higher"):
         self.path = Path(path)
         self.metric = metric
+        self.worse = worse
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
@@ -290,7 +291,7 @@ class Store:
     def _run(self, r) -> Run:
         vals = json.loads(r["vals"])
         return Run(r["id"], r["session_id"], r["probe_key"], r["sha"], r["started"], r["duration"],
-                   r["exit_code"], r["status"], vals, scalar(vals, self.metric), self._abs(r["log_path"]), r["slot"])
+                   r["exit_code"], r["status"], vals, scalar(vals, self.metric, self.worse), self._abs(r["log_path"]), r["slot"])
 
     # Logs under the state directory are stored relative to it, so that they
     # are still found after the repository is moved or copied.

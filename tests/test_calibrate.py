@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import db_query, error_line, klb, probe_cmd
+from conftest import PY, db_query, error_line, klb, probe_cmd
 
 
 def test_calibrate_reports_labels_thresholds_and_bisect_cost(history):
@@ -131,3 +131,35 @@ def test_calibrate_of_swapped_revisions_says_so_and_metric_picks_one_label(histo
     assert res["cost"]["bits_per_run"] == 1.0 and res["cost"]["model_bits"] < 1.0 and res["cost"]["disjoint"]
     crashed = db_query(h.path, "SELECT COUNT(*) AS n FROM runs WHERE sha = ? AND value IS NULL", (h.good,))[0]["n"]
     assert res["bad_crashes"] == crashed
+
+
+CUT_SHORT = '''import os, random, sys
+rng = random.Random(os.urandom(8))
+labels = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
+n = sys.argv[1]
+k = sum(1 for _ in open(n)) if os.path.exists(n) else 0
+open(n, "a").write("run\\n")
+for i, lab in enumerate(labels):
+    print(f"[{lab}]")
+    print(f"avg_kl_div={0.001 if i == 0 else rng.uniform(0.004, 0.006):.6g}")
+    if k % 3 == 1:
+        sys.exit("CUDA error: an illegal memory access was encountered")   # after the first label
+'''
+
+
+def test_calibrate_counts_a_run_cut_off_short_of_its_labels_as_a_crash(history, tmp_path):
+    """A run that died after its first label printed that label's (low)
+    value: counted, it drew the max row's minimum from one label and
+    understated the false-failure rate calibrate exists to measure."""
+    h = history(n_commits=6, seed=4, merges=0)
+    probe = tmp_path / "cut_short.py"
+    probe.write_text(CUT_SHORT)
+    p = klb("calibrate", "--rev", h.good, "--runs", "6", "--probe-cmd", f"{PY} {probe} {tmp_path / 'n'}",
+            "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["runs"] == 6 and res["crashes"] >= 2
+    # every label and the max over them from the same six whole runs
+    assert {ls["summary"]["n"] for ls in res["labels"]} == {6}
+    whole = res["labels"][-1]
+    assert whole["label"] == "(max over labels)" and whole["summary"]["min"] >= 0.004

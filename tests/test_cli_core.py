@@ -623,6 +623,23 @@ def test_a_range_whose_values_fell_is_a_fix_not_a_regression(history):
     ok = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), *label, "--worse", "lower",
              "--json", cwd=h.path)
     assert json_tail(ok.stdout)["culprit"] == h.culprit, ok.stderr
+    # without --metric, lower-is-worse judges the min over labels: under the max, the two
+    # labels that held (0.012-0.014) hid the one that fell, and the range read as "no change"
+    any_label = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--worse", "lower",
+                    "--json", cwd=h.path)
+    assert json_tail(any_label.stdout)["culprit"] == h.culprit, any_label.stderr
+    assert "min over labels" in klb("report", cwd=h.path).stdout
+
+
+def test_votes_without_a_threshold_and_a_regex_that_matches_nothing_say_so(history):
+    h = history(n_commits=8, seed=3, merges=0, noise=SEPARATED)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--votes", "5", cwd=h.path)
+    assert "--votes 5" in error_line(p, 150) and "--threshold" in p.stderr
+    assert not state_dir(h.path).exists() or not db_query(h.path, "SELECT id FROM runs")
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric-regex",
+            r"kl is (?P<value>[0-9.]+)", cwd=h.path)
+    line = error_line(p, 154)
+    assert "--metric-regex 'kl is (?P<value>[0-9.]+)' matched no line" in line, line
 
 
 def test_log_of_a_session_that_reused_every_run_lists_them(history):

@@ -503,6 +503,9 @@ def test_a_failed_post_is_an_exit_code(tmp_path):
     obj = json.loads(p.stdout.strip().splitlines()[-1])
     assert obj["regressed"] is True and obj["posted"] is False and obj["pr"] == 200
     assert "posting to acme/kvserve#7 failed" in p.stderr and TOKEN not in p.stdout + p.stderr
+    # an error as every other: one "klbisect: error:" line, and the JSON says what failed
+    assert "klbisect: error: posting to acme/kvserve#7 failed" in p.stderr
+    assert obj["exit_code"] == 158 and ("401" in obj["error"] or "Bad credentials" in obj["error"])
     # the probe ran with the token in klbisect's environment, but never saw it: no log holds it
     logs = [f for f in (repo / ".git" / "klbisect").rglob("*") if f.is_file()]
     assert any("probe sees GITHUB_TOKEN = (unset)" in f.read_text(errors="replace") for f in logs)

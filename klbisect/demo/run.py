@@ -28,7 +28,7 @@ class DemoOutcome:
         return {**self.result.to_json(),
                 "demo": {"dir": str(self.demo.path), "planted": self.demo.culprit,
                          "planted_pr": self.demo.culprit_pr, "found": self.found,
-                         "n_commits": self.demo.n_commits, "seconds": round(self.seconds, 1),
+                         "repo_commits": self.demo.n_commits, "seconds": round(self.seconds, 1),
                          "create_seconds": round(self.create_seconds, 2)}}
 
     def reproduce(self) -> str:
