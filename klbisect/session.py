@@ -645,7 +645,8 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     if ws.metric is None and len(labels) > 1:
         # one label can move while the others hold: the max (min) is what was judged
         before_v, after_v = ([r.value for r in side if r.value is not None] for side in sides)
-        judged = {"name": f"{'min' if ws.worse == 'lower' else 'max'} over labels", "before": summarize(before_v), "after": summarize(after_v)}
+        judged = {"name": f"{'min' if ws.worse == 'lower' else 'max'} over labels", "before": summarize(before_v),
+                  "after": summarize(after_v)}
     first = cands[top.last]
     info = []
     for i in top.indices:
@@ -1224,7 +1225,16 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     mass = float(pl.posterior.p_first_bad[between].sum())
     from .search import Block  # noqa: PLC0415
     pl.done = Block(between, mass)
-    return build_result(ws, sess.id, cands, pl, True, "git bisect finished", probe_key, build_key)
+    if mass >= cfg.confidence:
+        return build_result(ws, sess.id, cands, pl, True, "git bisect finished", probe_key, build_key)
+    # git trusts each verdict; when good and bad overlap, a verdict at 500:1 from a
+    # model fitted to the endpoints' runs is wrong more often than that, and one
+    # wrong verdict moves git's answer. All the runs together say how sure it is.
+    return build_result(ws, sess.id, cands, pl, False,
+                        f"git bisect finished, but all the runs put only {mass:.1%} on its answer (below "
+                        f"--confidence {cfg.confidence:g}): a verdict may be wrong; `klbisect run --good "
+                        f"{sess.good[:12]} --bad {sess.bad[:12]}` with the same probe reuses these runs and "
+                        "measures until sure", probe_key, build_key)
 
 
 def explain_commit(entry: dict, model) -> str:

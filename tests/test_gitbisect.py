@@ -416,3 +416,26 @@ def test_probe_builds_once_more_a_commit_whose_build_failed_before(history, tmp_
     assert p.returncode in (0, 1) and "build failed" not in p.stderr, p.stderr
     assert db_query(repo, "SELECT COUNT(*) AS n FROM runs WHERE sha = ? AND value IS NOT NULL", (broken,))[0]["n"]
     assert klb("reset", cwd=repo).returncode == 0
+
+
+def test_a_git_answer_the_runs_do_not_back_is_not_reported_as_sure(history):
+    """git trusts every verdict. When one is wrong (a hand-marked commit
+    here; a plug-in verdict on overlapping runs in an acceptance tester's
+    histories), git names the wrong commit; status and report then say
+    "NOT sure" with how little the runs put on it, not "first bad"."""
+    h = history(n_commits=12, seed=5, merges=0, noise=SEPARATED)
+    repo = h.path
+    st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=repo)
+    assert st.returncode == 0, st.stderr
+    # the user marks the commit after the good endpoint bad by hand: git names it at once
+    wrong = h.shas[1]
+    assert wrong != h.culprit
+    out = subprocess.run(["git", "bisect", "bad", wrong], cwd=repo, env=child_env(), capture_output=True,
+                         text=True).stdout
+    assert f"{wrong} is the first bad commit" in out
+    s = json_tail(klb("status", "--json", cwd=repo).stdout)
+    assert s["culprit"] == wrong and s["complete"] is False
+    assert "only" in s["result"]["reason"] and "klbisect run --good" in s["result"]["reason"]
+    text = klb("report", cwd=repo).stdout
+    assert "NOT sure" in text or "NOT reached" in text, text
+    klb("reset", cwd=repo)
