@@ -64,9 +64,12 @@ class Cli(click.Group):
             self._fail(EXIT_USAGE, f"klbisect: error: {e.format_message()} (see {name} --help)")
         except click.ClickException as e:
             self._fail(EXIT_USAGE, f"klbisect: error: {e.format_message()}")
-        except (sqlite3.OperationalError, OSError) as e:
+        except (sqlite3.DatabaseError, OSError) as e:
             if isinstance(e, OSError) and e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
                 return self._internal(e)
+            damaged = "malformed" in str(e) or "not a database" in str(e)
+            if isinstance(e, sqlite3.DatabaseError) and not isinstance(e, sqlite3.OperationalError) and not damaged:
+                return self._internal(e)     # an IntegrityError is klbisect's bug, not the disk's
             from .store import storage_error  # noqa: PLC0415
             err = storage_error(e)
             self._fail(err.code, f"klbisect: error: {err.message}")

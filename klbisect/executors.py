@@ -40,6 +40,7 @@ class Failure:
     sha: str
     slot: int
     error: str
+    outcome: Outcome | None = None   # a probe killed by a signal: its run, should the kills be its own
 
 
 class Executor(Protocol):
@@ -191,8 +192,8 @@ class LocalExecutor:
         self._busy[index] = sha
         t = threading.Thread(target=self._work, args=(sha, self._slots[index]),
                              name=f"klbisect-slot-{index}", daemon=True)
+        t.start()   # before it is listed: close() on a signal in between joins only started threads
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
-        t.start()
 
     def _forget_build(self, slot: Slot) -> None:
         # After a failure mid-job the checkout may hold a half-finished
@@ -209,7 +210,7 @@ class LocalExecutor:
             why = infrastructure_failure(out) if isinstance(out, Outcome) else "measure returned no Outcome"
             if why:
                 self._forget_build(slot)
-                result = Failure(sha, slot.index, why)
+                result = Failure(sha, slot.index, why, out)
             else:
                 result = out
         except BaseException as e:  # noqa: BLE001 - infrastructure, reported, never a verdict

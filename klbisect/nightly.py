@@ -51,7 +51,8 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import DEFAULT_MAX_RUNS, summarize
-from .errors import EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError, NoDifference
+from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError,
+                     NoDifference)
 from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .probe import STATUS_TIMEOUT
 
@@ -286,7 +287,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
 
     if rec["verdict"] == "regressed" and rec.get("state") != "done":
         rec = _bisect_and_report(path, cfg, opts, rec, progress)
-    if rec["verdict"] == "regressed" and target is not None:
+    if rec["verdict"] == "regressed" and target is not None and rec.get("complete") is not False:
         rec = _post(path, opts, rec, target, progress, post_out)
     return rec
 
@@ -617,7 +618,12 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
     try:
         res = run_bisect(path, bcfg, progress)
         rec.update(culprit=res.culprit, pr=res.pr, bisect_session=res.session,
-                   candidates=res.candidates, confidence=res.confidence)
+                   candidates=res.candidates, confidence=res.confidence, complete=res.complete)
+        if not res.complete:
+            # the most likely commit, not an answer: not posted, exit 157, and the
+            # night's bisect resumes when the night is run again
+            rec["notes"].append(f"the bisect stopped before --confidence ({res.reason}): the culprit named is the "
+                                "most likely, NOT sure; run the night again to resume it")
         ws = Workspace(path)
         try:
             out = _report_path(ws, opts, rec["night"], rec["head"])
@@ -651,7 +657,7 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
             rec["notes"].append(f"bisect failed: {e.message}")
             progress(f"nightly {rec['night']}: bisect failed: {e.message}")
             rec["report"] = _write_failed_report(path, opts, rec)
-    rec["state"] = "done"
+    rec["state"] = "bisecting" if rec.get("complete") is False else "done"
     _save(path, rec)
     return rec
 
@@ -802,6 +808,10 @@ def summary(rec: dict) -> dict:
         out.update(error=rec.get("reason"), exit_code=exit_code(rec))
     elif post and post.get("error"):
         out.update(error=f"posting to {post.get('target')} failed: {post['error']}", exit_code=exit_code(rec))
+    elif rec.get("verdict") == "regressed" and rec.get("complete") is False:
+        out.update(complete=False, exit_code=exit_code(rec),
+                   error=f"the bisect stopped before --confidence (at {rec.get('confidence') or 0:.2g}): "
+                         "the culprit is the most likely, NOT sure; run the night again to resume it")
     return out
 
 
@@ -812,6 +822,8 @@ def exit_code(rec: dict) -> int:
     post = rec.get("post") or {}
     if post.get("error"):
         return EXIT_POST_FAILED
+    if rec.get("verdict") == "regressed" and rec.get("complete") is False:
+        return EXIT_NOT_SURE
     return EXIT_NO_SIGNAL if rec.get("verdict") == "crashed" else 0
 
 
@@ -827,7 +839,9 @@ def format_night(rec: dict) -> str:
                      f"from nights {', '.join(rec.get('baseline_nights') or [])}")
     if rec.get("culprit"):
         pr = f" (#{rec['pr']})" if rec.get("pr") else ""
-        lines.append(f"  culprit:  {rec['culprit']}{pr}")
+        unsure = (f"  (most likely, NOT sure: confidence {rec.get('confidence') or 0:.2g})"
+                  if rec.get("complete") is False else "")
+        lines.append(f"  culprit:  {rec['culprit']}{pr}{unsure}")
     if rec.get("report"):
         lines.append(f"  report:   {rec['report']}")
     for n in rec.get("notes", []):

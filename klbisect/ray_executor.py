@@ -380,7 +380,7 @@ class RayExecutor:
         self.task_info.append({"sha": sha, "slot": slot, "node": res.get("node"),
                                "worktree": res.get("worktree"), "env": res.get("env", {})})
         why = infrastructure_failure(out)
-        return Failure(sha, slot, f"on {res.get('node')}: {why}") if why else out
+        return Failure(sha, slot, f"on {res.get('node')}: {why}", out) if why else out
 
     def _localize_logs(self, out: Outcome, logs: dict[str, bytes], node: str) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -184,7 +184,8 @@ def worktree_checkout(repo: git.Repo, path: Path, sha: str) -> None:
         except git.GitCommandError:
             worktree_remove(repo, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _git(repo, "worktree", "prune")
+    # --force reuses a registered path whose directory is gone; no `git worktree
+    # prune`, which would also forget the user's own worktrees on an unmounted disk
     _git(repo, "worktree", "add", "--force", "--detach", str(path), sha)
 
 
@@ -193,10 +194,20 @@ def worktree_remove(repo: git.Repo, path: Path) -> None:
         repo.git.execute(["git", "worktree", "remove", "--force", str(path)])
     except git.GitCommandError:
         shutil.rmtree(path, ignore_errors=True)
+        _forget_worktree(repo, path)
+
+
+def _forget_worktree(repo: git.Repo, path: Path) -> None:
+    """Drop git's record of this one worktree (its directory gone): what
+    `git worktree prune` does, without touching any other worktree."""
+    admin = common_dir(repo) / "worktrees"
+    want = (Path(path) / ".git").resolve()
+    for entry in admin.glob("*/gitdir") if admin.is_dir() else []:
         try:
-            repo.git.execute(["git", "worktree", "prune"])
-        except git.GitCommandError:
-            pass
+            if Path(entry.read_text().strip()).resolve() == want:
+                shutil.rmtree(entry.parent, ignore_errors=True)
+        except OSError:
+            continue
 
 
 # ---- git bisect ------------------------------------------------------------

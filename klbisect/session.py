@@ -839,12 +839,19 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             if isinstance(r, Failure):
                 failures[r.sha] = failures.get(r.sha, 0) + 1
                 progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
-                if failures[r.sha] >= 3:
-                    full = "No space left on device" in r.error
-                    raise KlbisectError(f"probing {r.sha[:12]} failed 3 times for reasons outside the "
-                                        f"probe: {r.error}; finished runs are saved, rerun to resume",
-                                        EXIT_STORAGE if full else EXIT_REPO_STATE)
-                continue
+                if failures[r.sha] >= 3 and r.outcome is not None:
+                    # killed by a signal at this commit every time: its own doing (the OOM
+                    # killer, a `timeout -s KILL` wrapper), so a crash of the commit, not a
+                    # reason to stop the search for good
+                    progress(f"  {r.sha[:12]}: killed {failures[r.sha]} times: counted as this commit's crash")
+                    r = r.outcome
+                else:
+                    if failures[r.sha] >= 3:
+                        full = "No space left on device" in r.error
+                        raise KlbisectError(f"probing {r.sha[:12]} failed 3 times for reasons outside the "
+                                            f"probe: {r.error}; finished runs are saved, rerun to resume",
+                                            EXIT_STORAGE if full else EXIT_REPO_STATE)
+                    continue
             run = record(ws, sid, probe_key, build_key, r, slot_by_index[r.slot].checkout
                          if r.slot in slot_by_index else Path("?"))
             i = shas.index(r.sha)

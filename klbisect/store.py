@@ -128,10 +128,15 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
     if path is not None and path.is_dir():
         return KlbisectError(f"klbisect state {path} is a directory, not a database: move it away and rerun",
                              EXIT_STORAGE)
-    if path is not None and ("not a database" in text or "malformed" in text):
-        return KlbisectError(f"klbisect state {path} is damaged ({text}): move it away (e.g. to "
-                             f"{path.name}.bad) and rerun; the runs it held are lost, the repository "
+    if "not a database" in text or "malformed" in text:
+        where = path or "$(git rev-parse --git-common-dir)/klbisect/state.db"
+        return KlbisectError(f"klbisect state {where} is damaged ({text}): move it away (e.g. to "
+                             "state.db.bad) and rerun; the runs it held are lost, the repository "
                              "is untouched", EXIT_STORAGE)
+    if "database is locked" in text:
+        return KlbisectError("klbisect state is locked by another process (a klbisect on another machine "
+                             "sharing this .git, or a sqlite tool left open): close it and rerun; runs "
+                             "already recorded are kept", EXIT_STORAGE)
     if getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM) or any(
             t in text for t in ("readonly", "read-only", "unable to open database")):
         where = f" in {path.parent}" if path is not None else ""

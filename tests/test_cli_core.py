@@ -1194,3 +1194,27 @@ def test_a_read_only_state_directory_is_not_called_a_full_disk(tmp_path):
     assert "read-only" in ro.message and "free disk space" not in ro.message and ro.code == 156
     full = storage_error(OSError(_errno.ENOSPC, "No space left on device"))
     assert "free disk space" in full.message
+
+
+OOM_WRAPPER = '''import os, signal, subprocess, sys
+head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+if head == sys.argv[1]:
+    os.kill(os.getpid(), signal.SIGKILL)     # as the OOM killer ends a probe at this commit
+os.execv(sys.executable, [sys.executable, "probe.py"])
+'''
+
+
+def test_a_commit_whose_probe_is_killed_every_time_is_its_own_crash(history, tmp_path):
+    """SIGKILL at one commit, every time: an outside kill was retried, and the
+    third stopped `run` with 152 on every rerun, so the range could never be
+    bisected. The commit's own doing, it is now its crash (untestable)."""
+    h = history(n_commits=16, seed=6, merges=0, noise=SEPARATED)
+    victim = h.shas[h.culprit_index - 1]
+    wrapper = tmp_path / "oom.py"
+    wrapper.write_text(OOM_WRAPPER)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper} {victim}", "--json",
+            cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    assert h.culprit in res["candidates"] and set(res["candidates"]) <= {victim, h.culprit}
+    assert "killed 3 times: counted as this commit's crash" in p.stderr

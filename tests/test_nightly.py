@@ -649,3 +649,29 @@ def test_the_bisect_judges_the_one_label_that_moved():
     assert moved_label(runs(1.0, 10, 7) + late, runs(1.0, 15, 8), 1.0, 0.001, 0.1) is None
     # one label only: nothing to pick
     assert moved_label(runs(1.8, 10, 1, ("b",)), runs(1.0, 15, 2, ("b",)), 1.8, 0.001, 0.1) is None
+
+
+def test_a_bisect_stopped_short_of_its_confidence_is_not_a_nightly_answer(tmp_path):
+    """A nightly bisect capped by --max-total-runs named its most likely
+    commit as the culprit, exited 0 and stored the night as done, so the
+    rerun without the cap gave the same wrong commit."""
+    lv = Levels(tmp_path)
+    repo = lv.path
+    for night in ("d1", "d2", "d3"):
+        lv.commit(f"Docs {night} (#1{night[1]})")
+        tail_json(nightly(repo, night))
+    for k in range(6):
+        lv.commit(f"Tidy module {k} (#30{k})")
+    culprit = lv.commit("Quantize the KV cache (#200)", 0.008)
+    for k in range(6):
+        lv.commit(f"Tidy module {k} again (#31{k})")
+    p = nightly(repo, "d4", "--max-total-runs", "3", "--post-to", "acme/kvserve#7",
+                env={"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": "http://127.0.0.1:9"})
+    assert p.returncode == 157, p.stderr
+    obj = json.loads(p.stdout.strip().splitlines()[-1])
+    assert obj["verdict"] == "regressed" and obj["complete"] is False and obj["exit_code"] == 157
+    assert obj["posted"] is None                     # a most-likely commit is not posted
+    assert "NOT sure" in p.stderr and "klbisect: error:" in p.stderr
+    again = nightly(repo, "d4")
+    r = tail_json(again)
+    assert r["regressed"] is True and r["culprit"] == culprit and r["pr"] == 200, again.stderr
