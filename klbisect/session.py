@@ -24,8 +24,8 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP, UNDECIDED,
-                     Model, ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge, separation,
-                     summarize)
+                     Model, PredictiveModel, ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge,
+                     separation, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      Interrupted, KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
@@ -1048,8 +1048,10 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             if isinstance(model, Model) and not model.decisive:
                 how = ("overlap" if not model.disjoint else "sit close for their spread" if not model.separates
                        else f"separate on only {min(model.n_good, model.n_bad)} runs a side")
-                progress(f"warning: good and bad {how}, and `git bisect` needs a final verdict per commit; "
-                         "`klbisect run` weighs all runs together and is the safer choice here")
+                progress(f"warning: good and bad {how}, and `git bisect` needs a final verdict per commit: "
+                         + ("each is judged against the endpoints' runs themselves, which takes tens of runs "
+                            "and leaves some commits skipped undecided; " if not model.separates else "")
+                         + "`klbisect run` weighs all runs together and is the cheaper and safer choice here")
             out = gitrepo.bisect_start(ws.repo, good, bad, cfg.first_parent)
             return {"session": sid, "git": out, "model": model.to_dict(), "n_commits": len(cands) - 1,
                     "top": str(ws.top)}
@@ -1181,7 +1183,11 @@ def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key
     runs = commit_runs(ws, probe_key, build_key, list(dict.fromkeys(goods + bads)), cfg.timeout)
     g = [x for s in goods for x in runs[s].values]
     b = [x for s in bads for x in runs[s].values]
-    return Model.fit(g, b) if g and b else model
+    if not (g and b):
+        return model
+    fitted = Model.fit(g, b)
+    # overlapping sides: judged against the runs themselves, not a plugged-in fit
+    return fitted if fitted.separates else PredictiveModel(tuple(g), tuple(b), fitted)
 
 
 # ---- status, log, reset ----------------------------------------------------------
