@@ -245,5 +245,6 @@ def ensure_clean(repo: git.Repo) -> None:
                             "commit or stash them first (git bisect checks out other commits)",
                             EXIT_REPO_STATE)
     if bisect_in_progress(repo):
-        raise KlbisectError("a git bisect is already in progress here; finish it or run "
-                            "`klbisect reset` (or `git bisect reset`) first", EXIT_REPO_STATE)
+        raise KlbisectError("a git bisect is already in progress here: end it with `git bisect reset` (or "
+                            "`klbisect reset`, if a `klbisect start` began it; it leaves others alone) "
+                            "and rerun", EXIT_REPO_STATE)

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+from urllib.request import pathname2url
 
 from .errors import EXIT_STORAGE, KlbisectError
 from .metric import scalar
@@ -164,10 +165,21 @@ class Store:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
-            self._inode = self.path.stat().st_ino
-            self._root = self.path.parent.resolve()   # where log paths are kept relative to
         except (sqlite3.Error, OSError) as e:
-            raise storage_error(e, self.path) from None
+            err = storage_error(e, self.path)
+            if not (self.path.is_file() and "read-only" in err.message):
+                raise err from None
+            # a read-only .git (another user's checkout, a mounted snapshot): what was
+            # recorded can still be read by status, log and report; a write says why not
+            try:
+                self.db = sqlite3.connect(f"file:{pathname2url(str(self.path))}?mode=ro&immutable=1", uri=True,
+                                          isolation_level=None, check_same_thread=False)
+                self.db.row_factory = sqlite3.Row
+                self.db.execute("SELECT 1 FROM sessions LIMIT 1")
+            except sqlite3.Error:
+                raise err from None
+        self._inode = self.path.stat().st_ino
+        self._root = self.path.parent.resolve()   # where log paths are kept relative to
 
     def _check_file(self) -> None:
         # sqlite keeps writing to a deleted or replaced file: every run after
