@@ -20,7 +20,6 @@ import math
 import random
 import time
 
-import numpy as np
 
 from klbisect.decide import OVERLAP_MAX_RUNS, Model, PredictiveModel, judge
 
