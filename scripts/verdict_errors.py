@@ -9,7 +9,7 @@ Values: three labels, log-normal around 0.0030 / 0.0045 / 0.0038 at spread
 3-10x outliers; the metric is the max over labels (an acceptance tester's
 histories, 2026-12-02). Two verdict models: ``plugin``, a ``Model`` fitted
 to the endpoint runs and plugged in (what `probe` used on overlapping
-sides before), and ``predictive`` (``PredictiveModel``: what it uses now).
+sides before), and ``now`` (``PredictiveModel`` where the sides overlap: this tree).
 
     python scripts/verdict_errors.py --trials 400
 """
@@ -47,7 +47,7 @@ def main() -> None:
     t0 = time.time()
     for shift, sigma in ((1.5, 0.15), (1.45, 0.23), (1.35, 0.3)):
         for n_end in (10, 20):
-            for kind in ("plugin", "predictive"):
+            for kind in ("plugin", "now"):
                 wrong = skipped = runs = 0
                 for t in range(a.trials):
                     truth_bad = t % 2 == 0
