@@ -24,8 +24,8 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP, UNDECIDED,
-                     Model, PredictiveModel, ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step, judge,
-                     separation, summarize)
+                     Model, PredictiveModel, ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step,
+                     judge, separation, summarize)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
                      Interrupted, KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
