@@ -308,7 +308,7 @@ def test_three_slots_keep_the_endpoint_they_built(tmp_path):
     endpoint it already built, so twelve endpoint runs cost a build per slot
     and one switch each for the slots that finish their side first (5; 6 when a
     loaded machine reorders the last runs), not a rebuild whenever the queue's
-    next entry is the other endpoint (up to 12)."""
+    next entry is the other endpoint (6-9)."""
     h = make_history(tmp_path / "repo", n_commits=60, seed=6, probe_requires_build=True,
                      noise=NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014)))
     marker = tmp_path / "builds.log"
