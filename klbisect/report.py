@@ -468,7 +468,10 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
         head.append(f"**Judged by:** threshold {m['threshold']:g}, majority of {m.get('votes', 1)} runs")
     elif data.get("boundary") is not None:
         overlap = m.get("kind") == "learned" and not Model.from_dict(m).separates
+        per_commit = (data.get("session") or {}).get("kind") == "gitbisect"
         head.append("**Judged by:** " + (
+            "good and bad runs overlap, so each commit's verdict for git needed the fitted model and a "
+            "rank-based test against the sides' runs to agree; " if overlap and per_commit else
             "good and bad runs overlap, so every run was weighed with both sides' distributions "
             "integrated out (rank based), not plugged in; " if overlap else
             "a model learned from the endpoints; ")
@@ -478,7 +481,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     if labels:
         head += ["**KL before → after the culprit, per label:**", ""] + labels + [""]
     for note in r.get("notes", []):
-        head.append(f"> Note: {_md_cell(note, 500)}")
+        # a blank line after each: a line that follows a quote joins it
+        head += [f"> Note: {_md_cell(note, 500)}", ""]
     tail = ["", f"<sub>klbisect {__version__} · session {r.get('session')}"
             + (f" · plot (attach it): `{_md_cell(plot_note, 200)}`" if plot_note else "") + "</sub>", ""]
 
