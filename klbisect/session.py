@@ -436,7 +436,9 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  f"{sha[:12]}; check --probe-cmd; log: {last.log_path}", EXIT_PROBE_MISSING,
                                  detail=log_tail(last.log_path or ""))
         if last and last.status == STATUS_TIMEOUT:
-            return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs, "
+            # a run that printed values and then hung is still cut short: its labels may be incomplete
+            what = "printed values but did not finish" if last.values else "printed no metric value"
+            return KlbisectError(f"{where} {sha[:12]} {what} in {cr.crashes} runs, "
                                  f"the last stopped by --timeout after {last.duration or 0:.0f} s (a probe "
                              f"that ignores SIGTERM is killed 5 s later); raise "
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
@@ -1085,6 +1087,9 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             build_key = builder.key if builder else None
             _adopt_env(ws, sess.id, builder)
             sha = gitrepo.head_sha(ws.top)
+            if not gitrepo.bisect_in_progress(ws.repo):
+                progress(f"klbisect: warning: no git bisect is in progress (reset outside klbisect?); judging "
+                         f"HEAD {sha[:12]} for session {sess.id} all the same (`klbisect reset` ends it)")
             if sha not in {c[0] for c in ws.store.candidates(sess.id)}:
                 progress(f"klbisect: warning: HEAD {sha[:12]} is not one of the session's commits between "
                          f"{sess.good[:12]} and {sess.bad[:12]}{' (first parents)' if cfg.first_parent else ''}; "

@@ -1218,3 +1218,13 @@ def test_a_commit_whose_probe_is_killed_every_time_is_its_own_crash(history, tmp
     res = json_tail(p.stdout)
     assert h.culprit in res["candidates"] and set(res["candidates"]) <= {victim, h.culprit}
     assert "killed 3 times: counted as this commit's crash" in p.stderr
+
+
+def test_a_probe_that_prints_then_hangs_is_named_for_what_it_did(small):
+    """Every run printed its values, then hung past --timeout: the line
+    said "printed no metric value", and the user looked for a parsing
+    problem instead of the hang."""
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", f"{probe_cmd()} && sleep 30",
+            "--timeout", "3", cwd=small.path, timeout=600)
+    line = error_line(p, 154)
+    assert "printed values but did not finish" in line and "stopped by --timeout" in line, line

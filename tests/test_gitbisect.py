@@ -439,3 +439,12 @@ def test_a_git_answer_the_runs_do_not_back_is_not_reported_as_sure(history):
     text = klb("report", cwd=repo).stdout
     assert "NOT sure" in text or "NOT reached" in text, text
     klb("reset", cwd=repo)
+
+
+def test_probe_after_git_bisect_was_reset_by_hand_says_so(history):
+    h = history(n_commits=6, seed=2, merges=0, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    git(h.path, "bisect", "reset")
+    p = klb("probe", cwd=h.path)
+    assert p.returncode in (0, 1) and "no git bisect is in progress" in p.stderr, p.stderr
+    klb("reset", cwd=h.path)
