@@ -172,9 +172,9 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
             again = compare(mine, open_bad, alpha, min_effect, min_baseline)
             if again.verdict == "regressed" and len(open_bad) < len(mine):
                 # Tonight's runs are the ones that came out high, and a reference
-                # thinner than them passes that luck on: "worse again" (a bisect and
-                # a report) was 0.13% of unchanged nights against the found head's
-                # seven runs, and is 0.025% once it has as many runs as tonight.
+                # thinner than them passes that luck on: "worse again" means a bisect
+                # and a report (docs/statistics.rst, "Nightly: the open regression's
+                # own runs": seen in a scratch simulation, not measured by a script).
                 return Judgement("known", c, True, f"{c.reason}; worse than the open regression's "
                                  f"{len(open_bad)} runs too, to be confirmed on as many as tonight's "
                                  f"{len(mine)}", other_side="open")
@@ -337,8 +337,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     open_after = found["session"] if found else 0
 
     def label_values(shas: list[str], after: int = 0) -> list[float]:
-        return label_runs([r for r in st.runs(probe_key, shas) if (r.session_id or 0) > after], open_label) \
-            if after else label_runs(st.runs(probe_key, shas), open_label)
+        return label_runs([r for r in st.runs(probe_key, shas) if not after or (r.session_id or 0) > after],
+                          open_label)
 
     def open_values() -> tuple[list[float], list[float], int]:
         """The reference values (max, label) and how many runs are fresh."""
