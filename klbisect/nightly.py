@@ -38,6 +38,7 @@ model of ``scripts/nightly_power.py``; ``docs/statistics.rst``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -207,6 +208,17 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
     return Judgement("regressed", c, False, reason)
 
 
+def judge_drift(head: list[float], baseline: list[float], anchor: list[float], alpha: float = 0.001,
+                min_effect: float = 0.1, min_baseline: int = 3) -> Comparison | None:
+    """A night judged good against its baseline, checked against the anchor
+    (the good nights before the baseline): the comparison when tonight and
+    the baseline, pooled, are worse than the anchor; else None. The baseline
+    slides, so a regression whose first nights drew low joins it and, once
+    it fills it, is never worse than it; the anchor still predates it."""
+    d = compare(list(head) + list(baseline), anchor, alpha, min_effect, min_baseline)
+    return d if d.verdict == "regressed" else None
+
+
 # ---- the store: nightly sessions --------------------------------------------------
 
 def _nightly_sessions(store, probe_key: str) -> list:
@@ -320,7 +332,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         st.update_session(sid, config=config)
     progress(f"nightly {night}: {opts.branch} at {head[:12]} {fmt_subject(subj)} (session {sid})")
 
-    baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
+    baseline_shas, baseline_nights, anchor_shas, anchor_nights = _baseline(ws, probe_key, head,
+                                                                           opts.baseline_nights, sid)
     suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
     openr, open_shas, found = _open_regression(ws, probe_key, head, sid)
     found_heads = [found["head"]] if found else open_shas
@@ -457,13 +470,36 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             raise why       # the command is wrong, not the branch: no verdict, rerun once fixed
         if why is not None:
             j = dataclasses.replace(j, reason=why.message)
+    drift, tonight = False, cmp
+    if (j.verdict == "good" and openr is None and cr.values and anchor_shas
+            and anchor_shas[-1] not in _unconfirmed_drifts(ws, probe_key, head, sid)):
+        # The baseline slides: a regression whose first nights drew low joined it,
+        # and once it holds only regressed heads nothing is worse than it. The good
+        # nights before it are the anchor: tonight and the baseline pooled, against them.
+        anchored = commit_runs(ws, probe_key, build_key, anchor_shas, cfg.timeout)
+        anchor = [v for s in anchor_shas for v in anchored[s].values]
+        d = judge_drift(list(cr.values), baseline, anchor, opts.alpha, opts.min_effect, opts.min_baseline)
+        if d is not None:
+            drift = True
+            j = Judgement("regressed", d, False,
+                          f"drift: tonight and the good nights {', '.join(baseline_nights)} (median "
+                          f"{fmt_value(d.head['median'])} over {d.head['n']} runs) against the good nights before "
+                          f"them, {', '.join(anchor_nights)} (median {fmt_value(d.baseline['median'])} over "
+                          f"{d.baseline['n']} runs): {fmt_ratio(d.head['median'], d.baseline['median'])}, "
+                          f"Mann-Whitney p={d.p_value:.2g} <= {opts.alpha:g}")
+            cmp = d     # what decided: its p and ratio are the night's; the summaries stay tonight's
     rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
            "session": sid, "verdict": j.verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
            "reason": j.reason, "values": list(cr.values), "crashes": cr.crashes,
-           "head_summary": cmp.head, "baseline_summary": cmp.baseline,
+           "head_summary": tonight.head, "baseline_summary": tonight.baseline,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
            "last_good": baseline_shas[0] if baseline_shas else None,
-           "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": []}
+           "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": [], "drift": drift}
+    if drift:
+        rec.update(anchor_heads=anchor_shas, anchor_nights=anchor_nights, bisect_good=anchor_shas[-1],
+                   anchor_summary=cmp.baseline)
+        rec["notes"].append(f"a regression the baseline absorbed: bisecting from {anchor_shas[-1][:12]}, the "
+                            f"oldest good head before the baseline (night {anchor_nights[-1]})")
     if j.verdict == "suspect":
         rec["notes"].append(f"still borderline after {len(cr.values)} runs: kept out of the baseline; "
                             "the next nights' runs are pooled with this night's until they decide")
@@ -497,8 +533,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                                 f"baseline heads (nights {', '.join(baseline_nights)}): a regression that "
                                 "drew low on its first night may sit in the newer ones")
     if j.verdict == "regressed" and not cfg.metric:
-        against = found_heads if j.worse_again else baseline_shas
-        pooled = [head] + ([] if j.worse_again else suspect_shas)   # the runs the verdict rests on
+        against = found_heads if j.worse_again else anchor_shas if drift else baseline_shas
+        # the runs the verdict rests on
+        pooled = [head] + ([] if j.worse_again else baseline_shas if drift else suspect_shas)
         moved = moved_label(st.runs(probe_key, pooled), st.runs(probe_key, against), cmp.ratio,
                             opts.alpha, opts.min_effect)
         if moved is not None:
@@ -543,22 +580,37 @@ def moved_label(head_runs: list, against_runs: list, max_ratio: float | None, al
     return best
 
 
-def _baseline(ws, probe_key: str, head: str, k: int, sid: int) -> tuple[list[str], list[str]]:
-    """The last ``k`` distinct good nightly heads that are ancestors of
-    ``head`` (most recent first), and their nights."""
-    shas, nights = [], []
+def _good_heads(ws, probe_key: str, head: str, sid: int):
+    """Distinct good nightly heads that are ancestors of ``head``, most
+    recent first, with their nights. A good night whose head already held
+    the culprit of a regression found on a later night is left out: it drew
+    low on the regression's first night(s), and in a baseline it would hide
+    the very change it carries."""
+    seen, culprits = set(), []
     for s in reversed(_nightly_sessions(ws.store, probe_key)):
         r = s.result or {}
-        if s.id == sid or r.get("verdict") not in GOOD_VERDICTS:
+        if s.id == sid:
+            continue
+        if r.get("verdict") in OPEN_VERDICTS and r.get("culprit") and r.get("complete") is not False:
+            culprits.append(r["culprit"])
+        if r.get("verdict") not in GOOD_VERDICTS:
             continue
         h = r.get("head") or s.bad
-        if h == head or h in shas or not gitrepo.is_ancestor(ws.repo, h, head):
+        if h == head or h in seen or not gitrepo.is_ancestor(ws.repo, h, head):
             continue
-        shas.append(h)
-        nights.append(r.get("night", ""))
-        if len(shas) >= k:
-            break
-    return shas, nights
+        seen.add(h)
+        if any(gitrepo.is_ancestor(ws.repo, c, h) for c in culprits):
+            continue
+        yield h, r.get("night", "")
+
+
+def _baseline(ws, probe_key: str, head: str, k: int, sid: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    """The last ``k`` good nightly heads (most recent first) and their
+    nights, then the ``k`` good heads before those: the anchor that a
+    regression absorbed into the baseline is still measured against."""
+    heads = list(itertools.islice(_good_heads(ws, probe_key, head, sid), 2 * k))
+    shas, nights = [h for h, _ in heads], [n for _, n in heads]
+    return shas[:k], nights[:k], shas[k:], nights[k:]
 
 
 def _judged_before(ws, probe_key: str, head: str, sid: int):
@@ -594,6 +646,14 @@ def _open_regression(ws, probe_key: str, head: str, sid: int) -> tuple[dict | No
             found = r
             break
     return latest, heads, found
+
+
+def _unconfirmed_drifts(ws, probe_key: str, head: str, sid: int) -> set[str]:
+    """The heads that drift bisects started from and found no different: the
+    same anchor (it moves only when a night joins the baseline) would ask
+    the same question of mostly the same runs, and bisect again each night."""
+    return {r["bisect_good"] for r in _judged_before(ws, probe_key, head, sid)
+            if r.get("drift") and r["verdict"] == "suspect" and r.get("bisect_good")}
 
 
 def _suspects(ws, probe_key: str, head: str, sid: int) -> tuple[list[str], list[str]]:
@@ -837,6 +897,9 @@ def format_night(rec: dict) -> str:
     if bs.get("n"):
         lines.append(f"  baseline: {fmt_summary(bs)} "
                      f"from nights {', '.join(rec.get('baseline_nights') or [])}")
+    if (rec.get("anchor_summary") or {}).get("n"):
+        lines.append(f"  anchor:   {fmt_summary(rec['anchor_summary'])} "
+                     f"from nights {', '.join(rec.get('anchor_nights') or [])}")
     if rec.get("culprit"):
         pr = f" (#{rec['pr']})" if rec.get("pr") else ""
         unsure = (f"  (most likely, NOT sure: confidence {rec.get('confidence') or 0:.2g})"

@@ -469,6 +469,38 @@ def test_a_young_baseline_is_measured_again_and_a_second_regression_is_bisected(
     assert db(repo, "SELECT COUNT(*) FROM runs")[0][0] == n_runs
 
 
+def test_a_regression_the_baseline_absorbed_is_found_against_the_nights_before_it(tmp_path):
+    lv = Levels(tmp_path)
+    repo = lv.path
+    two = ("--baseline-nights", "2")
+    heads = {}
+    for night in ("d1", "d2", "d3", "d4"):
+        heads[night] = lv.commit(f"Docs for {night} (#1{night[1:]}0)")
+        assert tail_json(nightly(repo, night, *two))["regressed"] is False
+    # d5, d6: a 1.5x regression that these nights do not flag (as when its first nights
+    # draw low): they are called good and become the whole baseline
+    first = lv.commit("Quantize the KV cache (#150)", 0.006)
+    for night in ("d5", "d6"):
+        heads[night] = lv.commit(f"Docs for {night} (#1{night[1:]}1)")
+        assert tail_json(nightly(repo, night, *two, "--min-effect", "10"))["regressed"] is False
+    # d7 looks like its baseline; against the good nights before that baseline it does not
+    lv.commit("Docs for d7 (#171)")
+    p7 = nightly(repo, "d7", *two)
+    r7 = tail_json(p7)
+    assert r7["regressed"] is True and r7["culprit"] == first and r7["pr"] == 150, p7.stderr
+    assert "REGRESSED: drift: tonight and the good nights d6, d5 (median 0.006" in p7.stderr
+    assert "over 9 runs) against the good nights before them, d4, d3 (median 0.004" in p7.stderr
+    assert "anchor:   median 0.004" in p7.stderr and "from nights d4, d3" in p7.stderr
+    assert db(repo, "SELECT good FROM sessions WHERE kind='run'") == [(heads["d3"],)]
+    # d8: known; the nights that hid the regression never again stand for "good"
+    lv.commit("Docs for d8 (#181)")
+    r8 = tail_json(nightly(repo, "d8", *two))
+    assert r8["regressed"] is True and r8["culprit"] == first
+    assert verdicts(repo) == ["baseline"] + ["good"] * 5 + ["regressed", "known"]
+    [(rec,)] = db(repo, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d8\"%'")
+    assert json.loads(rec)["baseline_heads"] == [heads["d4"], heads["d3"]]
+
+
 def test_a_failed_post_is_an_exit_code(tmp_path):
     lv = Levels(tmp_path)
     repo = lv.path
