@@ -61,6 +61,7 @@ Progress = Callable[[str], None]
 
 GOOD_VERDICTS = ("good", "baseline")
 OPEN_VERDICTS = ("regressed", "known")
+TREND_NIGHTS = 4   # times --baseline-nights: the good nights nightly.judge_trend looks back over
 OPEN_RUNS = 6   # fresh runs of an open regression's head to judge later nights against (a bisect's endpoint)
 DEFAULT_API = "https://api.github.com"
 
@@ -208,15 +209,24 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
     return Judgement("regressed", c, False, reason)
 
 
-def judge_drift(head: list[float], baseline: list[float], anchor: list[float], alpha: float = 0.001,
-                min_effect: float = 0.1, min_baseline: int = 3) -> Comparison | None:
-    """A night judged good against its baseline, checked against the anchor
-    (the good nights before the baseline): the comparison when tonight and
-    the baseline, pooled, are worse than the anchor; else None. The baseline
-    slides, so a regression whose first nights drew low joins it and, once
-    it fills it, is never worse than it; the anchor still predates it."""
-    d = compare(list(head) + list(baseline), anchor, alpha, min_effect, min_baseline)
-    return d if d.verdict == "regressed" else None
+def judge_trend(head: list[float], nights: list[list[float]], alpha: float = 0.001, min_effect: float = 0.1,
+                min_baseline: int = 3) -> tuple[int, Comparison] | None:
+    """A night judged good against its baseline, checked against the trend
+    of the good nights before it (``nights``, most recent first): for each
+    split, tonight and the nights after it against the nights before it, at
+    ``alpha`` over the number of splits. The split with the smallest p, when
+    one is a regression; else None. The baseline slides, so a regression
+    whose first nights drew low joins it and, once it fills it, is never
+    worse than it; the nights before it still predate it."""
+    splits = len(nights) - 1
+    best = None
+    for k in range(1, splits + 1):
+        recent = list(head) + [v for n in nights[:k] for v in n]
+        older = [v for n in nights[k:] for v in n]
+        c = compare(recent, older, alpha / splits, min_effect, min_baseline)
+        if c.verdict == "regressed" and (best is None or c.p_value < best[1].p_value):
+            best = (k, c)
+    return best
 
 
 # ---- the store: nightly sessions --------------------------------------------------
@@ -332,8 +342,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         st.update_session(sid, config=config)
     progress(f"nightly {night}: {opts.branch} at {head[:12]} {fmt_subject(subj)} (session {sid})")
 
-    baseline_shas, baseline_nights, anchor_shas, anchor_nights = _baseline(ws, probe_key, head,
-                                                                           opts.baseline_nights, sid)
+    baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
     suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
     openr, open_shas, found = _open_regression(ws, probe_key, head, sid)
     found_heads = [found["head"]] if found else open_shas
@@ -471,23 +480,28 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         if why is not None:
             j = dataclasses.replace(j, reason=why.message)
     drift, tonight = False, cmp
-    if (j.verdict == "good" and openr is None and cr.values and anchor_shas
-            and anchor_shas[-1] not in _unconfirmed_drifts(ws, probe_key, head, sid)):
-        # The baseline slides: a regression whose first nights drew low joined it,
-        # and once it holds only regressed heads nothing is worse than it. The good
-        # nights before it are the anchor: tonight and the baseline pooled, against them.
-        anchored = commit_runs(ws, probe_key, build_key, anchor_shas, cfg.timeout)
-        anchor = [v for s in anchor_shas for v in anchored[s].values]
-        d = judge_drift(list(cr.values), baseline, anchor, opts.alpha, opts.min_effect, opts.min_baseline)
-        if d is not None:
-            drift = True
+    recent_shas: list[str] = []
+    anchor_shas: list[str] = []
+    anchor_nights: list[str] = []
+    if j.verdict == "good" and openr is None and cr.values:
+        # The baseline slides: a regression whose first nights drew low joined it, and
+        # once it holds only regressed heads nothing is worse than it. The trend of the
+        # good nights before tonight still shows it (nightly.judge_trend).
+        trend_shas, trend_nights = _baseline(ws, probe_key, head, TREND_NIGHTS * opts.baseline_nights, sid,
+                                             trend=True)
+        by_sha = commit_runs(ws, probe_key, build_key, trend_shas, cfg.timeout)
+        t = judge_trend(list(cr.values), [list(by_sha[x].values) for x in trend_shas], opts.alpha,
+                        opts.min_effect, opts.min_baseline)
+        if t is not None:
+            k, d = t
+            drift, cmp = True, d     # what decided: its p and ratio are the night's; the summaries stay tonight's
+            recent_shas, anchor_shas, anchor_nights = trend_shas[:k], trend_shas[k:], trend_nights[k:]
             j = Judgement("regressed", d, False,
-                          f"drift: tonight and the good nights {', '.join(baseline_nights)} (median "
+                          f"drift: tonight and the good nights {', '.join(trend_nights[:k])} (median "
                           f"{fmt_value(d.head['median'])} over {d.head['n']} runs) against the good nights before "
                           f"them, {', '.join(anchor_nights)} (median {fmt_value(d.baseline['median'])} over "
                           f"{d.baseline['n']} runs): {fmt_ratio(d.head['median'], d.baseline['median'])}, "
-                          f"Mann-Whitney p={d.p_value:.2g} <= {opts.alpha:g}")
-            cmp = d     # what decided: its p and ratio are the night's; the summaries stay tonight's
+                          f"Mann-Whitney p={d.p_value:.2g} <= {opts.alpha:g} over {len(trend_shas) - 1} splits")
     rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
            "session": sid, "verdict": j.verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
            "reason": j.reason, "values": list(cr.values), "crashes": cr.crashes,
@@ -499,7 +513,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         rec.update(anchor_heads=anchor_shas, anchor_nights=anchor_nights, bisect_good=anchor_shas[-1],
                    anchor_summary=cmp.baseline)
         rec["notes"].append(f"a regression the baseline absorbed: bisecting from {anchor_shas[-1][:12]}, the "
-                            f"oldest good head before the baseline (night {anchor_nights[-1]})")
+                            f"oldest good head of the trend (night {anchor_nights[-1]})")
     if j.verdict == "suspect":
         rec["notes"].append(f"still borderline after {len(cr.values)} runs: kept out of the baseline; "
                             "the next nights' runs are pooled with this night's until they decide")
@@ -535,7 +549,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     if j.verdict == "regressed" and not cfg.metric:
         against = found_heads if j.worse_again else anchor_shas if drift else baseline_shas
         # the runs the verdict rests on
-        pooled = [head] + ([] if j.worse_again else baseline_shas if drift else suspect_shas)
+        pooled = [head] + ([] if j.worse_again else recent_shas if drift else suspect_shas)
         moved = moved_label(st.runs(probe_key, pooled), st.runs(probe_key, against), cmp.ratio,
                             opts.alpha, opts.min_effect)
         if moved is not None:
@@ -548,6 +562,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                                 "blur it with the others' noise")
     progress(f"nightly {night}: {rec['verdict'].upper()}: {j.reason}")
     rec["state"] = "bisecting" if rec["verdict"] == "regressed" else "done"
+    rec["judged_notes"] = len(rec["notes"])     # the bisect's own notes follow, once per attempt
     st.update_session(sid, result=rec, state=rec["state"],
                       ended=time.time() if rec["state"] == "done" else None)
     return rec
@@ -580,17 +595,22 @@ def moved_label(head_runs: list, against_runs: list, max_ratio: float | None, al
     return best
 
 
-def _good_heads(ws, probe_key: str, head: str, sid: int):
+def _good_heads(ws, probe_key: str, head: str, sid: int, trend: bool = False):
     """Distinct good nightly heads that are ancestors of ``head``, most
     recent first, with their nights. A good night whose head already held
     the culprit of a regression found on a later night is left out: it drew
     low on the regression's first night(s), and in a baseline it would hide
-    the very change it carries."""
+    the very change it carries. With ``trend``, they stop at the last
+    regression (a bisect across its culprit and its fix would find the
+    culprit again) and at the last trend check a bisect did not confirm
+    (its two ends were measured at length and found alike)."""
     seen, culprits = set(), []
     for s in reversed(_nightly_sessions(ws.store, probe_key)):
         r = s.result or {}
         if s.id == sid:
             continue
+        if trend and (r.get("verdict") in OPEN_VERDICTS or (r.get("drift") and r.get("verdict") == "suspect")):
+            return
         if r.get("verdict") in OPEN_VERDICTS and r.get("culprit") and r.get("complete") is not False:
             culprits.append(r["culprit"])
         if r.get("verdict") not in GOOD_VERDICTS:
@@ -604,13 +624,10 @@ def _good_heads(ws, probe_key: str, head: str, sid: int):
         yield h, r.get("night", "")
 
 
-def _baseline(ws, probe_key: str, head: str, k: int, sid: int) -> tuple[list[str], list[str], list[str], list[str]]:
-    """The last ``k`` good nightly heads (most recent first) and their
-    nights, then the ``k`` good heads before those: the anchor that a
-    regression absorbed into the baseline is still measured against."""
-    heads = list(itertools.islice(_good_heads(ws, probe_key, head, sid), 2 * k))
-    shas, nights = [h for h, _ in heads], [n for _, n in heads]
-    return shas[:k], nights[:k], shas[k:], nights[k:]
+def _baseline(ws, probe_key: str, head: str, k: int, sid: int, trend: bool = False) -> tuple[list[str], list[str]]:
+    """The last ``k`` good nightly heads (most recent first) and their nights."""
+    heads = list(itertools.islice(_good_heads(ws, probe_key, head, sid, trend), k))
+    return [h for h, _ in heads], [n for _, n in heads]
 
 
 def _judged_before(ws, probe_key: str, head: str, sid: int):
@@ -648,14 +665,6 @@ def _open_regression(ws, probe_key: str, head: str, sid: int) -> tuple[dict | No
     return latest, heads, found
 
 
-def _unconfirmed_drifts(ws, probe_key: str, head: str, sid: int) -> set[str]:
-    """The heads that drift bisects started from and found no different: the
-    same anchor (it moves only when a night joins the baseline) would ask
-    the same question of mostly the same runs, and bisect again each night."""
-    return {r["bisect_good"] for r in _judged_before(ws, probe_key, head, sid)
-            if r.get("drift") and r["verdict"] == "suspect" and r.get("bisect_good")}
-
-
 def _suspects(ws, probe_key: str, head: str, sid: int) -> tuple[list[str], list[str]]:
     """The heads and nights of the unbroken run of suspect nights just
     before this one."""
@@ -673,6 +682,8 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
     from .report import write_report  # noqa: PLC0415
     from .session import Workspace, run_bisect  # noqa: PLC0415
     good = rec.get("bisect_good") or rec.get("last_good")
+    # a resumed bisect (the night run again) writes its notes afresh
+    rec["notes"] = rec["notes"][:rec.get("judged_notes", len(rec["notes"]))]
     bcfg = dataclasses.replace(cfg, good=good, bad=rec["head"], metric=rec.get("bisect_metric") or cfg.metric)
     progress(f"nightly {rec['night']}: bisecting {good[:12]}..{rec['head'][:12]}")
     try:

@@ -444,13 +444,13 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
                                  EXIT_NO_SIGNAL, detail=log_tail(last.log_path or ""))
         tail = log_tail(last.log_path if last and last.log_path else "")
-        missing = re.search(r"No module named '?(sglang)\b", tail)
-        missing_module = re.search(r"No module named '?([\w.]+)", tail)
-        if missing and probe_key.startswith("sglang:"):
+        missing = re.search(r"No module named '?([\w.]+)", tail)
+        missing_module = missing.group(1) if missing else ""
+        if missing_module.split(".")[0] == "sglang" and probe_key.startswith("sglang:"):
             hint = ("sglang is not importable by the --sglang-python interpreter: install it there (`klbisect "
                     "run --build sglang` installs each commit) or point --sglang-python at the one that has it")
         elif probe_key.startswith("cmd:") and missing_module:
-            hint = (f"the probe could not import {missing_module.group(1)}: a test module newer than the good "
+            hint = (f"the probe could not import {missing_module}: a test module newer than the good "
                     "commit must be copied outside the repository and --probe-cmd pointed at the copy; a package "
                     "must be installed in the probe's Python")
         elif probe_key.startswith("cmd:") and re.search(
@@ -1230,11 +1230,14 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     first_bad = min(bad_idx)
     if refs["bad"] and refs["bad"][0] in shas:
         first_bad = shas.index(refs["bad"][0])
-    good_idx = [shas.index(s) for s, v in verdicts.items() if v["verdict"] == GOOD and s in shas and
-                shas.index(s) < first_bad] + [0]
-    last_good = max(good_idx)
+    # git's own refs too: a commit marked by hand (`git bisect skip`, or a wrapper
+    # script's exit 125) has no klbisect verdict
+    good_idx = [shas.index(s) for s, v in verdicts.items() if v["verdict"] == GOOD and s in shas] + \
+        [shas.index(s) for s in refs["good"] if s in shas] + [0]
+    last_good = max(i for i in good_idx if i < first_bad)
     between = list(range(last_good + 1, first_bad + 1))
-    skipped = {shas.index(s) for s, v in verdicts.items() if v["verdict"] == SKIP and s in shas}
+    skipped = {shas.index(s) for s, v in verdicts.items() if v["verdict"] == SKIP and s in shas} | \
+        {shas.index(s) for s in refs["skip"] if s in shas}
     complete = all(i in skipped for i in between[:-1])
     if not complete:
         # git is still narrowing: what is left is a range, not an answer (status

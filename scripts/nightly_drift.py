@@ -1,16 +1,20 @@
-"""The anchor check of ``klbisect nightly``, on plain numbers: what it costs
+"""The trend check of ``klbisect nightly``, on plain numbers: what it costs
 on histories with no change, and what it finds after a regression the
 baseline absorbed.
 
 Each night's runs go through ``nightly.judge_night`` with the loop's run
 policy (``--runs`` runs, one more while borderline, up to ``--max-runs``;
 suspect nights pooled with the next). A night judged good is then checked
-by ``nightly.judge_drift``: tonight and the baseline (the last
-``--baseline-nights`` good nights), pooled, against the anchor (the
-``--baseline-nights`` good nights before those).
+by ``nightly.judge_trend``: for each split of the last ``--trend-nights``
+good nights, tonight and the nights after the split against the nights
+before it, at ``--alpha`` over the number of splits. The policy is simpler
+than the command's in one way: a night still borderline at ``--max-runs``
+does not measure the baseline heads again, so the baseline test's false
+alarms here are more than the command's.
 
 * ``null``: ``--nights`` nights of one code. Any regressed night is a false
-  alarm; counted apart for the baseline test and for the anchor check.
+  alarm (its bisect would find nothing: the night stays out, and the trend
+  starts again after it); counted apart for the baseline test and the trend check.
 * ``absorbed``: ``--good-nights`` good nights, then a regression (one label
   of three times ``--factor``) whose first ``--absorbed`` nights are called
   good whatever their runs say (they drew low), then up to ``--nights``
@@ -20,7 +24,7 @@ Values: three labels, log-normal (median 0.002, sigma 0.26: the KL test's
 overlap model), the max over labels, as ``scripts/nightly_days.py``.
 
     python scripts/nightly_drift.py --trials 2000 --case null
-    python scripts/nightly_drift.py --trials 2000 --case absorbed [--no-anchor]
+    python scripts/nightly_drift.py --trials 2000 --case absorbed [--no-trend]
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import time
 
 import numpy as np
 
-from klbisect.nightly import judge_drift, judge_night
+from klbisect.nightly import TREND_NIGHTS, judge_night, judge_trend
 
 
 def main() -> None:
@@ -44,11 +48,15 @@ def main() -> None:
     ap.add_argument("--max-runs", type=int, default=10)
     ap.add_argument("--baseline-nights", type=int, default=5)
     ap.add_argument("--alpha", type=float, default=0.001)
-    ap.add_argument("--no-anchor", action="store_true", help="the rule before 2026-12-02: no anchor check")
+    ap.add_argument("--no-trend", action="store_true", help="the rule before 2026-12-02: no trend check")
+    ap.add_argument("--trend-nights", type=int, default=0,
+                    help=f"good nights the trend check looks back over (default: {TREND_NIGHTS} x --baseline-nights)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     k = a.baseline_nights
+    trend = a.trend_nights or TREND_NIGHTS * k
+    since = [0]     # the trend starts after the last regressed night (a false alarm, here)
     t0 = time.time()
 
     def run(reg: bool) -> float:
@@ -58,10 +66,9 @@ def main() -> None:
         return float(v.max())
 
     def night(good: list[list[float]], suspects: list[list[float]], reg: bool, forced_good: bool):
-        """(verdict, by): by is "baseline", "anchor" or "" for the test that called it."""
+        """(verdict, by, runs): by is "baseline", "trend" or "" for the test that called it."""
         head = [run(reg) for _ in range(a.runs)]
         baseline = [v for n in good[-k:] for v in n]
-        anchor = [v for n in good[-2 * k:-k] for v in n]
         border = [v for n in suspects for v in n]
         while True:
             j = judge_night(head, baseline, border, alpha=a.alpha)
@@ -71,27 +78,31 @@ def main() -> None:
             break
         if forced_good:
             return "good", "", head
-        if j.verdict == "good" and anchor and not a.no_anchor and judge_drift(head, baseline, anchor, a.alpha) is not None:
-            return "regressed", "anchor", head
+        if j.verdict == "good" and not a.no_trend:
+            nights = good[::-1][:min(trend, len(good) - since[0])]
+            if len(nights) >= 2 and judge_trend(head, nights, a.alpha) is not None:
+                return "regressed", "trend", head
         return j.verdict, "baseline" if j.verdict == "regressed" else "", head
 
-    stats = {"nights": 0, "anchored": 0, "by_baseline": 0, "by_anchor": 0, "histories_alarmed": 0}
+    stats = {"nights": 0, "trended": 0, "by_baseline": 0, "by_trend": 0, "histories_alarmed": 0}
     found_at: list[int | None] = []
-    found_by: dict[str, int] = {"baseline": 0, "anchor": 0}
+    found_by: dict[str, int] = {"baseline": 0, "trend": 0}
     for _ in range(a.trials):
         good: list[list[float]] = []
         suspects: list[list[float]] = []
+        since[0] = 0
         if a.case == "null":
             alarmed = False
             for _n in range(a.nights):
-                anchored = len(good) > k
+                trended = len(good) - since[0] >= 2
                 v, by, head = night(good, suspects, False, False)
                 stats["nights"] += 1
-                stats["anchored"] += int(anchored and v in ("good", "regressed"))
+                stats["trended"] += int(trended and (v == "good" or by == "trend"))
                 if v == "regressed":
                     stats[f"by_{by}"] += 1
                     alarmed = True
                     suspects = []       # a false alarm: its bisect finds nothing, the night stays out
+                    since[0] = len(good)
                 elif v == "suspect":
                     suspects.append(head)
                 else:
@@ -118,20 +129,20 @@ def main() -> None:
     took = time.time() - t0
     if a.case == "null":
         print(f"null: {a.trials} histories of {a.nights} nights, {a.runs} runs a night (up to {a.max_runs}), "
-              f"baseline {k} nights, alpha {a.alpha:g}; {took:.0f} s")
+              f"baseline {k} nights, trend {0 if a.no_trend else trend} nights, alpha {a.alpha:g}; {took:.0f} s")
         n = stats["nights"]
         print(f"  nights judged: {n}; false alarms by the baseline test: {stats['by_baseline']} "
               f"({100 * stats['by_baseline'] / n:.3f}%)")
-        print(f"  nights with an anchor: {stats['anchored']}; false alarms by the anchor check: {stats['by_anchor']} "
-              f"({100 * stats['by_anchor'] / max(stats['anchored'], 1):.3f}% of them)")
+        print(f"  nights checked against the trend: {stats['trended']}; false alarms by the trend check: "
+              f"{stats['by_trend']} ({100 * stats['by_trend'] / max(stats['trended'], 1):.3f}% of them)")
         print(f"  histories with any false alarm: {stats['histories_alarmed']} of {a.trials}")
         return
     hits = [h for h in found_at if h is not None]
     print(f"absorbed: {a.trials} histories; one label of three x{a.factor:g} after {a.good_nights} good nights, "
           f"its first {a.absorbed} night(s) called good; {a.runs} runs a night (up to {a.max_runs}), "
-          f"baseline {k} nights, alpha {a.alpha:g}; {took:.0f} s")
+          f"baseline {k} nights, trend {0 if a.no_trend else trend} nights, alpha {a.alpha:g}; {took:.0f} s")
     print(f"  found within {a.nights} nights: {len(hits)} of {a.trials} "
-          f"(by the baseline test {found_by['baseline']}, by the anchor check {found_by['anchor']})")
+          f"(by the baseline test {found_by['baseline']}, by the trend check {found_by['trend']})")
     if hits:
         q = np.percentile(np.array(hits) + 1, [50, 95])
         print(f"  night found (1 = the regression's first): median {q[0]:.0f}, 95th percentile {q[1]:.0f}")

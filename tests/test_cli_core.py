@@ -642,6 +642,27 @@ def test_votes_without_a_threshold_and_a_regex_that_matches_nothing_say_so(histo
     assert "--metric-regex 'kl is (?P<value>[0-9.]+)' matched no line" in line, line
 
 
+def test_a_probe_that_cannot_import_its_module_names_it(tmp_path):
+    """The tail of a probe's log says which import failed: the hint names
+    the module (a --probe-cmd test) or the --sglang-python that lacks sglang."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "probe.py").write_text("import notinstalled_mod_xyz\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "Add the probe (#1)")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "Docs (#2)")
+    p = klb("run", "--good", "HEAD~1", "--bad", "HEAD", "--probe-cmd", f"{PY} probe.py", cwd=repo)
+    # the probe's own traceback is shown from its log; klbisect's one line names the module
+    assert p.returncode == 154 and "the probe could not import notinstalled_mod_xyz" in p.stderr, p.stderr
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2, 3]]")
+    klb("reset", "--purge", cwd=repo)
+    p = klb("run", "--good", "HEAD~1", "--bad", "HEAD", "--probe", "sglang", "--model-path", "m",
+            "--prompts", prompts, "--sglang-python", PY, "--launch-timeout", "20", cwd=repo)
+    assert p.returncode == 154 and "sglang is not importable by the --sglang-python interpreter" in p.stderr, p.stderr
+
+
 def test_log_of_a_session_that_reused_every_run_lists_them(history):
     """A second question over the same range may need no new run: its log
     shows the runs its answer rests on, marked with where they came from."""

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb, log_file,
-                      probe_cmd, user_state)
+from conftest import (PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb, klbisect_script,
+                      log_file, probe_cmd, user_state)
 
 EXACT_THRESHOLD = "0.0065"
 VERDICT = re.compile(r"klbisect: ([0-9a-f]{12}) is (GOOD|BAD|SKIP)")
@@ -447,4 +447,27 @@ def test_probe_after_git_bisect_was_reset_by_hand_says_so(history):
     git(h.path, "bisect", "reset")
     p = klb("probe", cwd=h.path)
     assert p.returncode in (0, 1) and "no git bisect is in progress" in p.stderr, p.stderr
+    klb("reset", cwd=h.path)
+
+
+def test_commits_skipped_by_hand_are_part_of_the_answer(history, tmp_path):
+    """A wrapper that skips one commit (exit 125) before calling the probe:
+    git ends on "only skipped commits left", and the report names that
+    block from git's own refs, rather than waiting for git to finish."""
+    h = history(n_commits=20, seed=4, merges=0, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    wrapper = tmp_path / "skip-the-culprit.sh"
+    wrapper.write_text(f'#!/bin/sh\n[ "$(git rev-parse HEAD)" = "{h.culprit}" ] && exit 125\n'
+                       f'exec {" ".join(klbisect_script())} probe\n')
+    wrapper.chmod(0o755)
+    out = subprocess.run(["git", "bisect", "run", str(wrapper)], cwd=h.path, env=child_env(),
+                         capture_output=True, text=True, timeout=900)
+    assert "only 'skip'ped commits left" in out.stdout, out.stdout + out.stderr
+    rep = klb("report", cwd=h.path)
+    assert rep.returncode == 0, rep.stderr
+    after = h.shas[h.culprit_index + 1]
+    assert "**The first bad commit is one of these 2 commits**" in rep.stdout
+    assert f"`{h.culprit[:12]}`" in rep.stdout and f"`{after[:12]}`" in rep.stdout
+    status = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    assert status["complete"] is True and set(status["candidates"]) == {h.culprit, after}
     klb("reset", cwd=h.path)

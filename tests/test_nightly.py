@@ -489,9 +489,9 @@ def test_a_regression_the_baseline_absorbed_is_found_against_the_nights_before_i
     r7 = tail_json(p7)
     assert r7["regressed"] is True and r7["culprit"] == first and r7["pr"] == 150, p7.stderr
     assert "REGRESSED: drift: tonight and the good nights d6, d5 (median 0.006" in p7.stderr
-    assert "over 9 runs) against the good nights before them, d4, d3 (median 0.004" in p7.stderr
-    assert "anchor:   median 0.004" in p7.stderr and "from nights d4, d3" in p7.stderr
-    assert db(repo, "SELECT good FROM sessions WHERE kind='run'") == [(heads["d3"],)]
+    assert "over 9 runs) against the good nights before them, d4, d3, d2, d1 (median 0.004" in p7.stderr
+    assert "anchor:   median 0.004" in p7.stderr and "from nights d4, d3, d2, d1" in p7.stderr
+    assert db(repo, "SELECT good FROM sessions WHERE kind='run'") == [(heads["d1"],)]
     # d8: known; the nights that hid the regression never again stand for "good"
     lv.commit("Docs for d8 (#181)")
     r8 = tail_json(nightly(repo, "d8", *two))
@@ -707,3 +707,7 @@ def test_a_bisect_stopped_short_of_its_confidence_is_not_a_nightly_answer(tmp_pa
     again = nightly(repo, "d4")
     r = tail_json(again)
     assert r["regressed"] is True and r["culprit"] == culprit and r["pr"] == 200, again.stderr
+    # the resumed bisect's record says what happened once, and no longer that it stopped short
+    [(rec,)] = db(repo, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d4\"%'")
+    notes = json.loads(rec)["notes"]
+    assert len(notes) == len(set(notes)) and not any("stopped before --confidence" in n for n in notes), notes
