@@ -28,6 +28,16 @@ nights' until they decide), ``regressed`` (new regression, bisected),
 ``known`` (the open regression persists, or is not shown fixed),
 ``crashed`` (no values).
 
+A night judged good is also checked against the trend: the good nights
+since the last regression (up to ``TREND_NIGHTS`` x ``--baseline-nights``),
+split at each night, tonight and the nights after the split against those
+before it, at ``--alpha`` over the number of splits (``judge_trend``). The
+baseline slides, so a regression whose first nights drew low joins it and,
+once it fills it, is never worse than it; the older nights still predate
+it. Such a night is regressed (``drift`` in its record), bisected from the
+oldest night of the trend. A good night whose head holds the culprit of a
+regression found later leaves the baseline.
+
 A modest regression can stay borderline on one night's ten runs; calling
 such a night good would put the regression into the baseline, after which
 it is never seen. Pooling suspect nights with the next one gains the runs

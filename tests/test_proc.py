@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import PY, SEPARATED, klb_popen, processes_with, reaped, wait_gone
+from conftest import PY, SEPARATED, child_env, klb_popen, processes_with, reaped, wait_gone
 from klbisect.build import CommandBuilder
 from klbisect.probe import Slot
 from klbisect.proc import child_environ, kill_all_active, owner_marker, reap_stale, run_logged
@@ -406,3 +406,34 @@ def test_a_run_started_as_klbisect_was_killed_is_reaped_without_a_pid_file(tmp_p
         if orphan.poll() is None:
             os.killpg(orphan.pid, signal.SIGKILL)
         orphan.wait()
+
+
+SLOW_IMPORT = """
+import builtins, sys, time
+real = builtins.__import__
+def slow(name, *a, **k):
+    if name == "cli" or name.endswith(".cli"):
+        print("loading", flush=True)
+        time.sleep(30)
+    return real(name, *a, **k)
+builtins.__import__ = slow
+from klbisect.__main__ import run
+sys.argv = ["klbisect", "status"]
+run()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_modules_load_is_one_line(tmp_path, sig):
+    """The first half second of every command is numpy's and click's import:
+    a stop there was a traceback (Ctrl-C) or a silent exit 143 (SIGTERM)."""
+    p = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT], cwd=tmp_path, env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "loading"
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert err.strip() == "klbisect: interrupted before it started; nothing was recorded"
