@@ -16,7 +16,9 @@ R regressed, k known, c crashed) and counts what a maintainer would feel:
   many of them named the planted commit;
 * ``absorbed``: nights whose head carried the regression yet was judged
   good (it then joins the baseline, and the regression hides in it);
-* ``runs``: probe runs in all, nightly and bisect.
+* ``runs``: probe runs in all, nightly and bisect;
+* ``trend``: nights called regressed by the trend check (``drift``), not
+  against the baseline.
 
     python scripts/nightly_days.py --histories 6 --nights 14 --seed 0
 
@@ -101,10 +103,12 @@ def history(root: Path, a: argparse.Namespace, seed: int) -> dict:
         bisects = len(configs)
         on_label = sum(1 for c in configs if c.get("metric"))
         runs = con.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        trend = sum(1 for (r,) in con.execute("SELECT result FROM sessions WHERE kind='nightly'")
+                    if r and json.loads(r).get("drift"))
     finally:
         con.close()
     return {"verdicts": "".join(verdicts), "bisects": bisects, "on_label": on_label, "reported": reported,
-            "right": right, "absorbed": absorbed, "runs": runs}
+            "right": right, "absorbed": absorbed, "runs": runs, "trend": trend}
 
 
 def main() -> None:
@@ -117,19 +121,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="names the histories (the probe's noise is fresh)")
     a = ap.parse_args()
     t0 = time.time()
-    totals = {"bisects": 0, "on_label": 0, "reported": 0, "right": 0, "absorbed": 0, "runs": 0}
+    totals = {"bisects": 0, "on_label": 0, "reported": 0, "right": 0, "absorbed": 0, "runs": 0, "trend": 0}
     print(f"{a.histories} histories of {a.nights} nights; one label of three x{a.factor:g} before night "
           f"{a.regress_night}" + (f", fixed before night {a.fix_night}" if a.fix_night else ", never fixed"))
-    print(f"{'history':>7}  {'verdicts':<{a.nights}}  bisects (label)  reported (right)  absorbed  runs")
+    print(f"{'history':>7}  {'verdicts':<{a.nights}}  bisects (label)  reported (right)  absorbed  runs  trend")
     with tempfile.TemporaryDirectory() as tmp:
         for h in range(a.histories):
             r = history(Path(tmp) / f"h{h}", a, a.seed + h)
             for k in totals:
                 totals[k] += r[k]
             print(f"{h:>7}  {r['verdicts']:<{a.nights}}  {r['bisects']:>7} ({r['on_label']})  {r['reported']:>9} ({r['right']})"
-                  f"  {r['absorbed']:>8}  {r['runs']:>4}", flush=True)
+                  f"  {r['absorbed']:>8}  {r['runs']:>4}  {r['trend']:>5}", flush=True)
     print(f"{'all':>7}  {'':<{a.nights}}  {totals['bisects']:>7} ({totals['on_label']})  {totals['reported']:>9} ({totals['right']})"
-          f"  {totals['absorbed']:>8}  {totals['runs']:>4}")
+          f"  {totals['absorbed']:>8}  {totals['runs']:>4}  {totals['trend']:>5}")
     print(f"{time.time() - t0:.0f} s")
 
 
