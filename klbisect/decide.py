@@ -34,6 +34,7 @@ SEPARATION_P = 0.05
 DEFAULT_MAX_RUNS = 10    # runs per commit when one run nearly decides it
 OVERLAP_MAX_RUNS = 100   # and when they overlap: a 0.7-spread shift can need that many
 MAX_TOTAL_RUNS = 2000     # a safety stop for a whole search: overlapping sides need a few hundred runs
+UNDECIDED_LIMIT = 2      # commits `probe` left undecided at --max-runs before it stops git bisect
 OVERLAP_P = 0.2          # enough of a hint to start an integrated search (endpoint_step)
 DISJOINT_MARGIN = 0.75   # "disjoint" needs a gap of this many spreads between the closest runs
 #                          (0.25 let log-normal tails reach across a gap that looked clean)

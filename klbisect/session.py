@@ -23,11 +23,11 @@ import filelock
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
-from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP, UNDECIDED,
-                     Model, PredictiveModel, ThresholdModel, crash_skip_limit, endpoint_crash_limit, endpoint_step,
-                     judge, separation, summarize)
-from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
-                     Interrupted, KlbisectError, NoDifference)
+from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP,
+                     UNDECIDED, UNDECIDED_LIMIT, Model, PredictiveModel, ThresholdModel, crash_skip_limit,
+                     endpoint_crash_limit, endpoint_step, judge, separation, summarize)
+from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
+                     EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, scalar
@@ -1123,6 +1123,9 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     code = {GOOD: 0, BAD: 1, SKIP: 125}[verdict.decision]
                     v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
                     break
+                stop = _gitbisect_budget(ws, sess, cfg, sha)
+                if stop is not None:
+                    raise stop
                 out = measurer.measure(sha, slot)
                 _keep_env(ws, sess.id, builder)
                 if out.build is not None and out.build.ok and build_key:
@@ -1139,6 +1142,28 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             return v
     finally:
         ws.close()
+
+
+def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: str) -> KlbisectError | None:
+    """Why `probe` stops git bisect (exit 157, so git aborts) before another
+    run: commits left undecided at --max-runs, or --max-total-runs spent.
+    Where good and bad overlap that much, git would spend --max-runs on
+    every commit it tries next and skip them, a block of hundreds for tens
+    of thousands of runs (scripts/gitbisect_sessions.py); the same runs,
+    weighed together by `klbisect run`, go much further."""
+    undecided = [s for s, v in ws.store.verdicts(sess.id).items()
+                 if s != sha and v["verdict"] == SKIP and str(v.get("reason", "")).startswith("undecided")]
+    total = len(ws.store.session_runs(sess.id))
+    advice = (f"`klbisect reset`, then `klbisect run --good {sess.good[:12]} --bad {sess.bad[:12]}` with the same "
+              f"probe options reuses these {total} runs and weighs them all together")
+    if len(undecided) >= UNDECIDED_LIMIT:
+        return KlbisectError(f"{len(undecided)} commits stayed undecided after their --max-runs runs: good and bad "
+                             "runs overlap too much for a verdict per commit, and git would spend as many on each "
+                             f"commit it tries next; {advice}", EXIT_NOT_SURE)
+    if total >= cfg.max_total_runs:
+        return KlbisectError(f"this git bisect has spent {total} probe runs (--max-total-runs "
+                             f"{cfg.max_total_runs}); {advice}", EXIT_NOT_SURE)
+    return None
 
 
 def _env_key(sid: int) -> str:

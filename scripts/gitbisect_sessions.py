@@ -13,10 +13,17 @@ done (one commit left, or only skipped ones), the answer is weighed as
 of all the runs over git's answer; under ``--confidence`` it is reported
 "NOT sure".
 
+Since 2026-12-02 ``probe`` stops git bisect (exit 157, naming ``klbisect
+run``) once ``decide.UNDECIDED_LIMIT`` commits stayed undecided at
+``--max-runs``, or the session spent ``--max-total-runs``; ``--no-limits``
+plays the rule before.
+
 Columns: ``right`` (git named the culprit alone), ``block`` (git's answer is
 a block of skipped commits holding the culprit), ``wrong``, and of the
-wrong ones how many were reported sure, the failure that matters; then
-runs per session, endpoints included.
+wrong ones how many were reported sure, the failure that matters;
+``stopped`` (probe stopped git bisect); ``NOT sure`` (every session whose
+answer, if any, is under ``--confidence``); then runs per session,
+endpoints included.
 
     python scripts/gitbisect_sessions.py --trials 100 --commits 1000
 """
@@ -27,8 +34,8 @@ import math
 import random
 import time
 
-from klbisect.decide import (BAD, GOOD, OVERLAP_MAX_RUNS, UNDECIDED, VERDICT_LR, Model, PredictiveModel,
-                             endpoint_step, judge)
+from klbisect.decide import (BAD, GOOD, MAX_TOTAL_RUNS, OVERLAP_MAX_RUNS, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR,
+                             Model, PredictiveModel, endpoint_step, judge)
 from klbisect.search import CommitRuns, plan
 
 BASES = (0.0030, 0.0045, 0.0038)
@@ -45,7 +52,8 @@ def refined(runs: dict[int, list[float]], verdicts: dict[int, str], n: int):
     return fitted if fitted.separates else PredictiveModel(tuple(g), tuple(b), fitted)
 
 
-def session(draw, n: int, culprit: int, max_runs: int, confidence: float, scaled: bool = False) -> dict:
+def session(draw, n: int, culprit: int, max_runs: int, confidence: float, scaled: bool = False,
+            limits: bool = True) -> dict:
     g: list[float] = []
     b: list[float] = []
     while True:
@@ -63,6 +71,10 @@ def session(draw, n: int, culprit: int, max_runs: int, confidence: float, scaled
         left = [i for i in range(lo + 1, hi) if i not in skipped]
         if not left:
             break
+        spent = sum(len(x) for x in runs.values())
+        if limits and (len(skipped) >= UNDECIDED_LIMIT or spent >= MAX_TOTAL_RUNS):
+            # `probe` stops git bisect here (exit 157) and names `klbisect run`
+            return {"outcome": "stopped", "runs": spent, "sure": False}
         mid = min(left, key=lambda i: abs(i - (lo + hi) / 2))
         model = refined(runs, verdicts, n)
         xs = runs.setdefault(mid, [])
@@ -99,12 +111,16 @@ def main() -> None:
     ap.add_argument("--max-runs", type=int, default=OVERLAP_MAX_RUNS)
     ap.add_argument("--confidence", type=float, default=0.99)
     ap.add_argument("--models", default=",".join(m[0] for m in MODELS))
-    ap.add_argument("--scaled", action="store_true")
+    ap.add_argument("--scaled", action="store_true",
+                    help="ablation: a verdict needs 1/(1 - confidence) times the commits a wrong one would move")
+    ap.add_argument("--no-limits", action="store_true",
+                    help="the rule before 2026-12-02: probe never stops git bisect (no UNDECIDED_LIMIT, no "
+                         "--max-total-runs)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     rng = random.Random(a.seed)
     print(f"{a.commits} commits, --max-runs {a.max_runs}, --confidence {a.confidence:g}, {a.trials} trials a model")
-    print(f"{'model':<12} {'right':>6} {'block':>6} {'wrong':>6} {'wrong, sure':>11} {'NOT sure':>8} "
+    print(f"{'model':<12} {'right':>6} {'block':>6} {'wrong':>6} {'wrong, sure':>11} {'stopped':>7} {'NOT sure':>8} "
           f"{'mean runs':>9} {'p95 runs':>8}")
     t0 = time.time()
     for name, shift, sigma, outliers in MODELS:
@@ -120,13 +136,14 @@ def main() -> None:
                 vals.append(v)
             return max(vals)
 
-        out = [session(draw, a.commits, rng.randint(1, a.commits), a.max_runs, a.confidence, a.scaled)
+        out = [session(draw, a.commits, rng.randint(1, a.commits), a.max_runs, a.confidence, a.scaled,
+                       not a.no_limits)
                for _ in range(a.trials)]
-        count = {k: sum(o["outcome"] == k for o in out) for k in ("right", "block", "wrong")}
+        count = {k: sum(o["outcome"] == k for o in out) for k in ("right", "block", "wrong", "stopped")}
         wrong_sure = sum(o["outcome"] == "wrong" and o["sure"] for o in out)
         not_sure = sum(not o["sure"] for o in out)
         runs = sorted(o["runs"] for o in out)
-        print(f"{name:<12} {count['right']:>6} {count['block']:>6} {count['wrong']:>6} {wrong_sure:>11} "
+        print(f"{name:<12} {count['right']:>6} {count['block']:>6} {count['wrong']:>6} {wrong_sure:>11} {count['stopped']:>7} "
               f"{not_sure:>8} {sum(runs) / len(runs):>9.1f} {runs[int(0.95 * (len(runs) - 1))]:>8}", flush=True)
     print(f"{time.time() - t0:.0f} s")
 

@@ -471,3 +471,24 @@ def test_commits_skipped_by_hand_are_part_of_the_answer(history, tmp_path):
     status = json.loads(klb("status", "--json", cwd=h.path).stdout)
     assert status["complete"] is True and set(status["candidates"]) == {h.culprit, after}
     klb("reset", cwd=h.path)
+
+
+def test_probe_stops_git_bisect_once_commits_stay_undecided(history):
+    """Where one commit's runs cannot reach a verdict within --max-runs, git
+    would go on skipping commit after commit (tens of thousands of runs on
+    an overlapping model): after two, probe stops git bisect (157) and names
+    the `klbisect run` that reuses the runs."""
+    h = history(n_commits=20, seed=4, merges=0, noise=SEPARATED)
+    st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--max-runs", "1", cwd=h.path)
+    assert st.returncode == 0, st.stderr
+    out = bisect_run(h.path)
+    assert "157" in out.stdout + out.stderr, out.stdout + out.stderr
+    assert "2 commits stayed undecided after their --max-runs runs" in out.stderr
+    assert f"`klbisect run --good {h.good[:12]} --bad {h.bad[:12]}`" in out.stderr
+    skips = db_query(h.path, "SELECT sha FROM verdicts WHERE verdict='skip'")
+    assert len(skips) == 2
+    assert db_query(h.path, "SELECT COUNT(*) FROM runs")[0][0] == 12 + 2
+    klb("reset", cwd=h.path)
+    again = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+    assert "reusing 14 runs" in again.stderr
