@@ -1157,9 +1157,9 @@ def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: s
     advice = (f"`klbisect reset`, then `klbisect run --good {sess.good[:12]} --bad {sess.bad[:12]}` with the same "
               f"probe options reuses these {total} runs and weighs them all together")
     if len(undecided) >= UNDECIDED_LIMIT:
-        return KlbisectError(f"{len(undecided)} commits stayed undecided after their --max-runs runs: good and bad "
-                             "runs overlap too much for a verdict per commit, and git would spend as many on each "
-                             f"commit it tries next; {advice}", EXIT_NOT_SURE)
+        return KlbisectError(f"{len(undecided)} commits stayed undecided after their --max-runs runs: a verdict per "
+                             "commit is out of reach here (good and bad runs overlap, or --max-runs is too low), "
+                             f"and git would spend as many on each commit it tries next; {advice}", EXIT_NOT_SURE)
     if total >= cfg.max_total_runs:
         return KlbisectError(f"this git bisect has spent {total} probe runs (--max-total-runs "
                              f"{cfg.max_total_runs}); {advice}", EXIT_NOT_SURE)
