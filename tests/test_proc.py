@@ -205,6 +205,12 @@ except KeyboardInterrupt:
 """
 
 
+def _hup_default() -> None:
+    """A terminal's child takes SIGHUP's default, even when these tests run
+    under nohup (which the child would inherit as "ignored")."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_sighup_from_a_dropped_terminal_kills_the_probe_and_exits_130(tmp_path):
     """An ssh session dropped: the terminal is gone (every write to it fails
     with EIO) and SIGHUP arrives. The probe is killed and the exit is 130,
@@ -214,7 +220,7 @@ def test_sighup_from_a_dropped_terminal_kills_the_probe_and_exits_130(tmp_path):
     try:
         p = subprocess.Popen([sys.executable, "-c", _UNDER_STOP_SIGNALS, str(tmp_path)],
                              env=dict(os.environ, KLB_TEST_CMD=_sleeper(tag)),
-                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+                             stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, preexec_fn=_hup_default)
     finally:
         os.close(slave)
     try:
@@ -428,7 +434,7 @@ def test_a_signal_while_the_modules_load_is_one_line(tmp_path, sig):
     """The first half second of every command is numpy's and click's import:
     a stop there was a traceback (Ctrl-C) or a silent exit 143 (SIGTERM)."""
     p = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT], cwd=tmp_path, env=child_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
     try:
         assert p.stdout.readline().strip() == "loading"
         p.send_signal(sig)
