@@ -47,6 +47,7 @@ PAIR_SPREAD_FLOOR = 0.7   # Model.mad is at least this share of _pair_spread
 PAIR_SPREAD_MOST = 200    # _pair_spread: runs per side it compares pairwise (200 -> 19,900 pairs)
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
+UNDECIDED_SKIP = "undecided after"   # how judge's reason for a skip at --max-runs starts
 
 
 def _stats():
@@ -536,6 +537,20 @@ class PredictiveModel:
         return math.copysign(min(abs(a), abs(b)), a) if a * b > 0 else 0.0
 
 
+def verdict_model(good: Sequence[float], bad: Sequence[float]) -> "Model | PredictiveModel":
+    """The model a verdict per commit is judged by, fitted to the runs of
+    the commits known good and bad: plugged in where they separate, and
+    against the runs themselves (``PredictiveModel``) where they overlap."""
+    fitted = Model.fit(good, bad)
+    return fitted if fitted.separates else PredictiveModel(tuple(good), tuple(bad), fitted)
+
+
+def is_undecided_skip(decision: str, reason: str) -> bool:
+    """A skip because --max-runs ran out before a verdict (``judge``), as
+    opposed to one for a failed build or crashes."""
+    return decision == SKIP and reason.startswith(UNDECIDED_SKIP)
+
+
 def runs_per_commit(model: "Model | ThresholdModel | PredictiveModel", max_runs: int | None = None) -> int:
     """``--max-runs``, or by default (None): 10 runs when the sides separate
     (one run nearly decides), OVERLAP_MAX_RUNS when they overlap. Then the
@@ -576,7 +591,7 @@ def judge(values: Sequence[float], crashes: int, model: "Model | ThresholdModel 
     if n == 0 and crashes >= crash_limit:
         return Verdict(SKIP, n, crashes, 0.0, f"{crashes} runs crashed or timed out without a usable value")
     if n >= max_runs:
-        return Verdict(SKIP, n, crashes, llr, f"undecided after {n} runs (--max-runs)")
+        return Verdict(SKIP, n, crashes, llr, f"{UNDECIDED_SKIP} {n} runs (--max-runs)")
     if crashes >= max_runs + crash_limit:
         return Verdict(SKIP, n, crashes, llr, f"{crashes} crashed runs")
     return Verdict(UNDECIDED, n, crashes, llr)

@@ -24,8 +24,9 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP,
-                     UNDECIDED, UNDECIDED_LIMIT, Model, PredictiveModel, ThresholdModel, crash_skip_limit,
-                     endpoint_crash_limit, endpoint_step, judge, separation, summarize)
+                     UNDECIDED, UNDECIDED_LIMIT, Model, ThresholdModel, crash_skip_limit,
+                     endpoint_crash_limit, endpoint_step, is_undecided_skip, judge, separation, summarize,
+                     verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
@@ -1152,7 +1153,7 @@ def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: s
     of thousands of runs (scripts/gitbisect_sessions.py); the same runs,
     weighed together by `klbisect run`, go much further."""
     undecided = [s for s, v in ws.store.verdicts(sess.id).items()
-                 if s != sha and v["verdict"] == SKIP and str(v.get("reason", "")).startswith("undecided")]
+                 if s != sha and is_undecided_skip(v["verdict"], str(v.get("reason", "")))]
     total = len(ws.store.session_runs(sess.id))
     advice = (f"`klbisect reset`, then `klbisect run --good {sess.good[:12]} --bad {sess.bad[:12]}` with the same "
               f"probe options reuses these {total} runs and weighs them all together")
@@ -1215,9 +1216,7 @@ def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key
     b = [x for s in bads for x in runs[s].values]
     if not (g and b):
         return model
-    fitted = Model.fit(g, b)
-    # overlapping sides: judged against the runs themselves, not a plugged-in fit
-    return fitted if fitted.separates else PredictiveModel(tuple(g), tuple(b), fitted)
+    return verdict_model(g, b)
 
 
 # ---- status, log, reset ----------------------------------------------------------
@@ -1250,19 +1249,20 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
         return None
     refs = gitrepo.bisect_refs(ws.repo)
     shas = [c[0] for c in cands]
+    at = {s: i for i, s in enumerate(shas)}
     verdicts = ws.store.verdicts(sess.id)
-    bad_idx = [shas.index(s) for s, v in verdicts.items() if v["verdict"] == BAD and s in shas] + [len(shas) - 1]
-    first_bad = min(bad_idx)
-    if refs["bad"] and refs["bad"][0] in shas:
-        first_bad = shas.index(refs["bad"][0])
-    # git's own refs too: a commit marked by hand (`git bisect skip`, or a wrapper
-    # script's exit 125) has no klbisect verdict
-    good_idx = [shas.index(s) for s, v in verdicts.items() if v["verdict"] == GOOD and s in shas] + \
-        [shas.index(s) for s in refs["good"] if s in shas] + [0]
-    last_good = max(i for i in good_idx if i < first_bad)
+
+    def marked(kind: str) -> set[int]:
+        """klbisect's verdicts of this kind, and git's own refs: a commit marked by
+        hand (`git bisect skip`, or a wrapper script's exit 125) has no verdict here."""
+        return {at[s] for s, v in verdicts.items() if v["verdict"] == kind and s in at} | \
+            {at[s] for s in refs[kind] if s in at}
+
+    first_bad = at[refs["bad"][0]] if refs["bad"] and refs["bad"][0] in at else \
+        min({at[s] for s, v in verdicts.items() if v["verdict"] == BAD and s in at} | {len(shas) - 1})
+    last_good = max(i for i in marked(GOOD) | {0} if i < first_bad)
     between = list(range(last_good + 1, first_bad + 1))
-    skipped = {shas.index(s) for s, v in verdicts.items() if v["verdict"] == SKIP and s in shas} | \
-        {shas.index(s) for s in refs["skip"] if s in shas}
+    skipped = marked(SKIP)
     complete = all(i in skipped for i in between[:-1])
     if not complete:
         # git is still narrowing: what is left is a range, not an answer (status
@@ -1334,7 +1334,7 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
         elif pl is not None:
             v = judge(cr.values, cr.crashes, pl.model, cfg.max_runs, cfg.crash_limit)
             entry["verdict"], entry["reason"] = v.decision, v.reason
-            if v.decision == SKIP and v.reason.startswith("undecided") and sess.kind == "run":
+            if is_undecided_skip(v.decision, v.reason) and sess.kind == "run":
                 # --max-runs without a verdict is a skip to git bisect; `run` skips nothing,
                 # and the search may still place it from its neighbours (good*/bad*)
                 entry["verdict"] = UNDECIDED

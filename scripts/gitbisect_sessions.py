@@ -35,7 +35,7 @@ import random
 import time
 
 from klbisect.decide import (BAD, GOOD, MAX_TOTAL_RUNS, OVERLAP_MAX_RUNS, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR,
-                             Model, PredictiveModel, endpoint_step, judge)
+                             Model, endpoint_step, judge, verdict_model)
 from klbisect.search import CommitRuns, plan
 
 BASES = (0.0030, 0.0045, 0.0038)
@@ -48,8 +48,7 @@ MODELS = (("separated", 2.5, 0.1, 0.0), ("1.5x/0.15", 1.5, 0.15, 0.03), ("1.45x/
 def refined(runs: dict[int, list[float]], verdicts: dict[int, str], n: int):
     g = [x for i, v in verdicts.items() if v == GOOD for x in runs[i]] + runs[0]
     b = [x for i, v in verdicts.items() if v == BAD for x in runs[i]] + runs[n]
-    fitted = Model.fit(g, b)
-    return fitted if fitted.separates else PredictiveModel(tuple(g), tuple(b), fitted)
+    return verdict_model(g, b)
 
 
 def session(draw, n: int, culprit: int, max_runs: int, confidence: float, scaled: bool = False,

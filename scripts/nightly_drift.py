@@ -56,7 +56,6 @@ def main() -> None:
     rng = np.random.default_rng(a.seed)
     k = a.baseline_nights
     trend = a.trend_nights or TREND_NIGHTS * k
-    since = [0]     # the trend starts after the last regressed night (a false alarm, here)
     t0 = time.time()
 
     def run(reg: bool) -> float:
@@ -65,8 +64,10 @@ def main() -> None:
             v[1] *= a.factor
         return float(v.max())
 
-    def night(good: list[list[float]], suspects: list[list[float]], reg: bool, forced_good: bool):
-        """(verdict, by, runs): by is "baseline", "trend" or "" for the test that called it."""
+    def night(good: list[list[float]], suspects: list[list[float]], reg: bool, forced_good: bool, since: int = 0):
+        """(verdict, by, runs): by is "baseline", "trend" or "" for the test that
+        called it. The trend holds the good nights from index ``since`` on: it
+        starts again after a regressed night (a false alarm, here)."""
         head = [run(reg) for _ in range(a.runs)]
         baseline = [v for n in good[-k:] for v in n]
         border = [v for n in suspects for v in n]
@@ -79,7 +80,7 @@ def main() -> None:
         if forced_good:
             return "good", "", head
         if j.verdict == "good" and not a.no_trend:
-            nights = good[::-1][:min(trend, len(good) - since[0])]
+            nights = good[::-1][:min(trend, len(good) - since)]
             if len(nights) >= 2 and judge_trend(head, nights, a.alpha) is not None:
                 return "regressed", "trend", head
         return j.verdict, "baseline" if j.verdict == "regressed" else "", head
@@ -90,19 +91,19 @@ def main() -> None:
     for _ in range(a.trials):
         good: list[list[float]] = []
         suspects: list[list[float]] = []
-        since[0] = 0
         if a.case == "null":
+            since = 0
             alarmed = False
             for _n in range(a.nights):
-                trended = len(good) - since[0] >= 2
-                v, by, head = night(good, suspects, False, False)
+                trended = len(good) - since >= 2
+                v, by, head = night(good, suspects, False, False, since)
                 stats["nights"] += 1
                 stats["trended"] += int(trended and (v == "good" or by == "trend"))
                 if v == "regressed":
                     stats[f"by_{by}"] += 1
                     alarmed = True
                     suspects = []       # a false alarm: its bisect finds nothing, the night stays out
-                    since[0] = len(good)
+                    since = len(good)
                 elif v == "suspect":
                     suspects.append(head)
                 else:

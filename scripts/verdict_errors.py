@@ -21,7 +21,7 @@ import random
 import time
 
 
-from klbisect.decide import OVERLAP_MAX_RUNS, Model, PredictiveModel, judge
+from klbisect.decide import OVERLAP_MAX_RUNS, Model, judge, verdict_model
 
 BASES = (0.0030, 0.0045, 0.0038)
 
@@ -53,9 +53,7 @@ def main() -> None:
                     truth_bad = t % 2 == 0
                     g = [draw(False, shift, sigma) for _ in range(n_end)]
                     b = [draw(True, shift, sigma) for _ in range(n_end)]
-                    fitted = Model.fit(g, b)
-                    model = fitted if kind == "plugin" or fitted.separates else PredictiveModel(tuple(g), tuple(b),
-                                                                                               fitted)
+                    model = Model.fit(g, b) if kind == "plugin" else verdict_model(g, b)
                     xs: list[float] = []
                     while True:
                         v = judge(xs, 0, model, a.max_runs)
