@@ -504,6 +504,33 @@ def test_a_regression_the_baseline_absorbed_is_found_against_the_nights_before_i
     assert json.loads(rec)["baseline_heads"] == [heads["d4"], heads["d3"]]
 
 
+def test_the_trend_starts_again_after_a_regression_or_an_unconfirmed_alarm(tmp_path):
+    """The good nights a trend check looks back over end at the last open
+    regression (a bisect across its culprit and its fix would find the
+    culprit again) and at the last trend alarm a bisect did not confirm
+    (the same old runs would start a bisect every night); the baseline
+    looks past both."""
+    from klbisect.nightly import _baseline  # noqa: PLC0415
+    from klbisect.session import Workspace  # noqa: PLC0415
+    lv = Levels(tmp_path)
+    heads = [lv.commit(f"Docs (#3{i}0)") for i in range(7)]
+    ws = Workspace(lv.path)
+    try:
+        def night(i: int, verdict: str, **extra) -> None:
+            sid = ws.store.create_session("nightly", None, heads[i], "k", {"night": f"d{i}"})
+            ws.store.update_session(sid, result={"night": f"d{i}", "head": heads[i], "verdict": verdict, **extra})
+
+        for i, verdict in enumerate(("good", "good", "known", "good", "suspect", "good", "good")):
+            night(i, verdict, **({"drift": True} if i == 4 else {}))
+        tonight = lv.commit("Docs (#399)")
+        assert _baseline(ws, "k", tonight, 20, 0, trend=True)[1] == ["d6", "d5"]
+        assert _baseline(ws, "k", tonight, 20, 0)[1] == ["d6", "d5", "d3", "d1", "d0"]
+        ws.store.update_session(5, result={"night": "d4", "head": heads[4], "verdict": "suspect"})
+        assert _baseline(ws, "k", tonight, 20, 0, trend=True)[1] == ["d6", "d5", "d3"]
+    finally:
+        ws.close()
+
+
 def test_a_failed_post_is_an_exit_code(tmp_path):
     lv = Levels(tmp_path)
     repo = lv.path
