@@ -26,7 +26,9 @@ counts as good), ``good``, ``suspect`` (still borderline after ``--max-runs``
 runs: kept out of the baseline, and its runs are pooled with the next
 nights' until they decide), ``regressed`` (new regression, bisected),
 ``known`` (the open regression persists, or is not shown fixed),
-``crashed`` (no values).
+``crashed`` (no values), ``environment`` (regressed, but its good endpoint
+measured again tonight is as high as the head: not bisected, and the
+baseline starts again from it; ``_check_environment``).
 
 A night judged good is also checked against the trend: the good nights
 since the last regression (up to ``TREND_NIGHTS`` x ``--baseline-nights``),
@@ -61,7 +63,8 @@ from typing import Callable
 import numpy as np
 
 from . import repo as gitrepo
-from .decide import DEFAULT_MAX_RUNS, summarize
+from .decide import BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, UNDECIDED, Verdict, summarize, verdict_model
+from .decide import judge as judge_commit
 from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError,
                      NoDifference)
 from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
@@ -239,6 +242,18 @@ def judge_trend(head: list[float], nights: list[list[float]], alpha: float = 0.0
     return best
 
 
+
+def judge_environment(fresh: list[float], crashes: int, good: list[float], head: list[float],
+                      max_runs: int, crash_limit: int = 2) -> Verdict:
+    """Whether a regressed night's good endpoint, measured again tonight
+    (``fresh``), still looks like its runs of earlier nights (``good``) or
+    like tonight's head (``head``). Bad: the environment changed (a driver,
+    a wheel, another machine), not the code, and a bisect reusing the
+    earlier nights' runs would blame whichever commit splits old runs from
+    new. Judged as a bisect judges a commit (``decide.judge``): undecided
+    while more runs would help, skip at ``max_runs``."""
+    return judge_commit(fresh, crashes, verdict_model(good, head), max_runs, crash_limit)
+
 # ---- the store: nightly sessions --------------------------------------------------
 
 def _nightly_sessions(store, probe_key: str) -> list:
@@ -314,6 +329,9 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         with ws.locked():
             rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
                                      progress)
+            if rec["verdict"] == "regressed" and rec.get("state") != "done" and "env_check" not in rec:
+                rec = _check_environment(ws, cfg, opts, rec, probe, make_builder(cfg), probe_key, build_key,
+                                         progress)
     finally:
         ws.close()
 
@@ -324,10 +342,37 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     return rec
 
 
+class _Meter:
+    """Measures commits one at a time for a nightly session, in a worktree
+    made on first use; ``close`` removes it and lets a builder that changed
+    the user's environment (--build sglang) put it back."""
+
+    def __init__(self, ws, probe, builder, sid: int, probe_key: str, build_key: str | None, progress: Progress):
+        self.ws, self.probe, self.builder, self.sid = ws, probe, builder, sid
+        self.probe_key, self.build_key, self.progress = probe_key, build_key, progress
+        self.slot = self.measurer = None
+
+    def measure(self, sha: str):
+        from .executors import make_slots  # noqa: PLC0415
+        from .measure import Measurer  # noqa: PLC0415
+        from .session import record, say_building  # noqa: PLC0415
+        ws = self.ws
+        if self.slot is None:
+            self.slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+            self.measurer = Measurer(ws.repo, self.probe, self.builder, ws.logs / f"s{self.sid}", use_worktree=True,
+                                     on_build=say_building(self.progress))
+        out = self.measurer.measure(sha, self.slot)
+        return out, record(ws, self.sid, self.probe_key, self.build_key, out, self.slot.checkout)
+
+    def close(self) -> None:
+        from .session import close_builder  # noqa: PLC0415
+        if self.slot is not None and self.slot.checkout.exists():
+            gitrepo.worktree_remove(self.ws.repo, self.slot.checkout)
+        close_builder(self.builder, self.progress)
+
+
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
-    from .executors import make_slots  # noqa: PLC0415
-    from .measure import Measurer  # noqa: PLC0415
-    from .session import close_builder, commit_runs, record, say_building  # noqa: PLC0415
+    from .session import commit_runs  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -389,21 +434,12 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         return judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
                            opts.min_effect, opts.min_baseline, open_head=mine or None)
 
-    slot = None
-    measurer = None
+    meter = _Meter(ws, probe, builder, sid, probe_key, build_key, progress)
+    measure = meter.measure
     target = opts.runs
     cap_values = max(cfg.max_runs or DEFAULT_MAX_RUNS, opts.runs)
     base_tries = 0
     open_tries = 0
-
-    def measure(sha: str):
-        nonlocal slot, measurer
-        if slot is None:
-            slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
-            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
-                                on_build=say_building(progress))
-        out = measurer.measure(sha, slot)
-        return out, record(ws, sid, probe_key, build_key, out, slot.checkout)
 
     try:
         while True:
@@ -474,9 +510,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                 progress(f"  run {len(mine) + 1}: "
                          + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
     finally:
-        if slot is not None and slot.checkout.exists():
-            gitrepo.worktree_remove(ws.repo, slot.checkout)
-        close_builder(builder, progress)
+        meter.close()
 
     cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
     j = judge(list(cr.values))
@@ -556,10 +590,12 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             rec["notes"].append(f"bisecting from {baseline_shas[-1][:12]}, the oldest of the {len(baseline_shas)} "
                                 f"baseline heads (nights {', '.join(baseline_nights)}): a regression that "
                                 "drew low on its first night may sit in the newer ones")
+    if j.verdict == "regressed":
+        # the runs the verdict rests on: tonight's side, and the side it was judged against
+        rec["against_heads"] = found_heads if j.worse_again else anchor_shas if drift else baseline_shas
+        rec["pooled_heads"] = [head] + ([] if j.worse_again else recent_shas if drift else suspect_shas)
     if j.verdict == "regressed" and not cfg.metric:
-        against = found_heads if j.worse_again else anchor_shas if drift else baseline_shas
-        # the runs the verdict rests on
-        pooled = [head] + ([] if j.worse_again else recent_shas if drift else suspect_shas)
+        against, pooled = rec["against_heads"], rec["pooled_heads"]
         moved = moved_label(st.runs(probe_key, pooled), st.runs(probe_key, against), cmp.ratio,
                             opts.alpha, opts.min_effect)
         if moved is not None:
@@ -575,6 +611,86 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     rec["judged_notes"] = len(rec["notes"])     # the bisect's own notes follow, once per attempt
     st.update_session(sid, result=rec, state=rec["state"],
                       ended=time.time() if rec["state"] == "done" else None)
+    return rec
+
+
+ENV_CHECK_RUNS = 2 * OVERLAP_ENDPOINT_RUNS   # a regressed night's good endpoint tonight, at most (a bisect's
+# endpoint runs: a bisect over overlapping values measures it that much anyway)
+
+
+def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder, probe_key: str,
+                       build_key: str | None, progress: Progress) -> dict:
+    """A regressed night's good endpoint, measured again tonight before any
+    bisect (``judge_environment``). The nights' runs are matched by the
+    probe command alone, so after a new driver or wheel the head's runs are
+    high against runs the old environment gave; a bisect reusing those
+    would blame a commit that changed nothing. Found so, the night is
+    ``environment``: not bisected, and the baseline starts again from it.
+    Resumable: tonight's runs of the endpoint are those of its session."""
+    st, sid, good = ws.store, rec["session"], rec["bisect_good"]
+    label = rec.get("bisect_metric")
+
+    def values(runs: list) -> list[float]:
+        if label:
+            return label_runs(runs, label)
+        return [r.value for r in runs if r.value is not None and r.status != STATUS_TIMEOUT]
+
+    def tonight() -> list:
+        return [r for r in st.runs(probe_key, [good]) if (r.session_id or 0) >= sid]
+
+    earlier = values([r for r in st.runs(probe_key, rec.get("against_heads") or [good]) if (r.session_id or 0) < sid])
+    # the head as measured tonight (an unmoved branch has older runs of it too)
+    head = values([r for r in st.runs(probe_key, [rec["head"]]) if (r.session_id or 0) >= sid])
+    cap = max(opts.runs, ENV_CHECK_RUNS)
+    if len(earlier) < 2 or len(head) < 2:
+        return rec      # measured tonight only: nothing older to be stale
+    progress(f"nightly {rec['night']}: measuring the good endpoint {good[:12]} again, in tonight's environment")
+    meter = _Meter(ws, probe, builder, sid, probe_key, build_key, progress)
+    try:
+        while True:
+            mine = tonight()
+            fresh = values(mine)
+            v = judge_environment(fresh, len(mine) - len(fresh), earlier, head, cap, cfg.crash_limit)
+            if v.decision != UNDECIDED or len(mine) >= cap + cfg.crash_limit:
+                break
+            out, run = meter.measure(good)
+            if out.build_failed:
+                progress(f"  {good[:12]} does not build now: {out.build.log_path}")
+                break
+            if run is not None:
+                progress(f"  run {len(mine) + 1}: "
+                         + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
+    finally:
+        meter.close()
+    fresh = values(tonight())
+    if v.decision != BAD and v.decision != GOOD and fresh:
+        # Overlapping values can leave it undecided between the two; the same commit
+        # now reading higher than it did is the direct question, at --alpha.
+        moved = compare(fresh, earlier, opts.alpha, opts.min_effect)
+        if moved.verdict == "regressed":
+            v = dataclasses.replace(v, decision=BAD, reason=f"undecided between the two, but higher than it "
+                                                            f"was: Mann-Whitney p={moved.p_value:.2g}")
+    seen = (f"{good[:12]} measured again tonight: median {fmt_value(float(np.median(fresh)))} over {len(fresh)} "
+            f"runs, against {fmt_value(float(np.median(earlier)))} over {len(earlier)} runs on earlier nights "
+            f"and {fmt_value(float(np.median(head)))} at tonight's head" if fresh else
+            f"{good[:12]} gave no value tonight")
+    rec["env_check"] = {"decision": v.decision, "runs": len(fresh), "reason": v.reason}
+    if v.decision == BAD:
+        rec.update(verdict="environment", state="done",
+                   reason=f"the environment changed, not the code: the good endpoint {seen} "
+                          f"({v.reason if v.n_values >= cap else v.lr_text})")
+        rec["notes"] = [n.replace("part of this regression", "part of this change of environment")
+                        for n in rec["notes"] if "bisecting" not in n]
+        rec["notes"].append("not bisected: the earlier nights' runs were measured in another environment (a "
+                            "driver, a wheel, a machine); the next nights are judged against tonight's")
+        progress(f"nightly {rec['night']}: ENVIRONMENT: {rec['reason']}")
+    elif v.decision == GOOD:
+        rec["notes"].append(f"the good endpoint {seen}: as it was ({v.lr_text}), so the change is in the code")
+    else:
+        rec["notes"].append(f"the good endpoint {seen}: neither as it was nor like the head ({v.reason or v.decision}); "
+                            "the bisect goes ahead")
+    rec["judged_notes"] = len(rec["notes"])
+    st.update_session(sid, result=rec, state=rec["state"], ended=time.time() if rec["state"] == "done" else None)
     return rec
 
 
@@ -610,7 +726,9 @@ def _good_heads(ws, probe_key: str, head: str, sid: int, trend: bool = False):
     recent first, with their nights. A good night whose head already held
     the culprit of a regression found on a later night is left out: it drew
     low on the regression's first night(s), and in a baseline it would hide
-    the very change it carries. With ``trend``, they stop at the last
+    the very change it carries. They stop at the last night the
+    environment changed, with it (its head is good in the new one). With
+    ``trend``, they also stop at the last
     regression (a bisect across its culprit and its fix would find the
     culprit again) and at the last trend check a bisect did not confirm
     (its two ends were measured at length and found alike)."""
@@ -623,6 +741,12 @@ def _good_heads(ws, probe_key: str, head: str, sid: int, trend: bool = False):
             return
         if r.get("verdict") in OPEN_VERDICTS and r.get("culprit") and r.get("complete") is not False:
             culprits.append(r["culprit"])
+        if r.get("verdict") == "environment":
+            # the nights before it were measured in another environment
+            h = r.get("head") or s.bad
+            if h != head and h not in seen and gitrepo.is_ancestor(ws.repo, h, head):
+                yield h, r.get("night", "")
+            return
         if r.get("verdict") not in GOOD_VERDICTS:
             continue
         h = r.get("head") or s.bad
@@ -1013,7 +1137,8 @@ def history_table(trend: dict):
             cells.append(escape(f"{fmt_span(s)} {s['n']}")
                          if s.get("n") else "-")
         v = n["verdict"]
-        style = {"regressed": "bold red", "known": "red", "suspect": "magenta", "crashed": "yellow"}.get(v, "")
+        style = {"regressed": "bold red", "known": "red", "suspect": "magenta", "crashed": "yellow",
+                 "environment": "cyan"}.get(v, "")
         verdict = v + (f" {n['culprit'][:10]}" if n.get("culprit") and v == "regressed" else "")
         if n.get("crashes"):
             verdict += f" ({n['crashes']} crashed)"

@@ -377,7 +377,8 @@ def test_an_open_regression_closes_only_when_a_night_is_shown_better():
 
 
 LEVEL_PROBE = '''import json, os, random
-level = json.load(open("kl.json"))["level"]
+# KL_DRIVER_SCALE stands for the machine: a new driver or wheel that moves every commit
+level = json.load(open("kl.json"))["level"] * float(os.environ.get("KL_DRIVER_SCALE", "1"))
 rng = random.Random(os.urandom(16))
 print("probe sees GITHUB_TOKEN =", os.environ.get("GITHUB_TOKEN", "(unset)"))
 for label in ("logprobs_match", "prefill_cache_hit"):
@@ -502,6 +503,54 @@ def test_a_regression_the_baseline_absorbed_is_found_against_the_nights_before_i
     assert verdicts(repo) == ["baseline"] + ["good"] * 5 + ["regressed", "known"]
     [(rec,)] = db(repo, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d8\"%'")
     assert json.loads(rec)["baseline_heads"] == [heads["d4"], heads["d3"]]
+
+
+def test_an_environment_change_is_not_bisected_and_the_baseline_starts_again(tmp_path):
+    """Runs are matched by the probe command alone. After a new driver every
+    commit reads higher than the nights before, and a bisect over those
+    nights' runs would blame a commit that changed nothing: the good
+    endpoint is measured again first."""
+    lv = Levels(tmp_path)
+    repo = lv.path
+    two = ("--baseline-nights", "2")
+    heads = {}
+    for night in ("d1", "d2", "d3"):
+        heads[night] = lv.commit(f"Docs for {night} (#1{night[1:]}0)")
+        assert tail_json(nightly(repo, night, *two))["regressed"] is False
+
+    new_driver = {"KL_DRIVER_SCALE": "2"}
+    heads["d4"] = lv.commit("Docs for d4 (#140)")
+    p4 = nightly(repo, "d4", *two, env=new_driver)
+    r4 = json.loads(p4.stdout.strip().splitlines()[-1])
+    assert p4.returncode == 0 and r4["verdict"] == "environment", p4.stderr
+    assert r4["regressed"] is False and r4["culprit"] is None
+    assert re.search(r"ENVIRONMENT: the environment changed, not the code: the good endpoint "
+                     + heads["d2"][:12] + r" measured again tonight: median 0\.00[78]\d* over [23] runs", p4.stderr), p4.stderr
+    assert "the next nights are judged against tonight's" in p4.stderr
+    assert db(repo, "SELECT COUNT(*) FROM sessions WHERE kind='run'") == [(0,)]
+    assert "bisecting" not in p4.stderr
+    [(sid4,)] = db(repo, "SELECT id FROM sessions WHERE kind='nightly' AND bad=?", (heads["d4"],))
+    assert db(repo, "SELECT COUNT(*) FROM runs WHERE sha=? AND session_id=?", (heads["d2"], sid4))[0][0] in (2, 3)
+
+    # d5: the same driver, another docs commit: judged against d4, not the old nights
+    heads["d5"] = lv.commit("Docs for d5 (#150)")
+    assert tail_json(nightly(repo, "d5", *two, env=new_driver))["regressed"] is False
+    [(rec,)] = db(repo, "SELECT result FROM sessions WHERE kind='nightly' AND bad=?", (heads["d5"],))
+    assert json.loads(rec)["baseline_heads"] == [heads["d4"]]
+
+    # d6: a real regression under the new driver: its good endpoint is as it was, and the
+    # bisect, over runs of the new driver only, names it
+    first = lv.commit("Quantize the KV cache (#160)", 0.008)
+    lv.commit("Docs for d6 (#161)")
+    p6 = nightly(repo, "d6", *two, env=new_driver)
+    r6 = tail_json(p6)
+    assert r6["regressed"] is True and r6["culprit"] == first and r6["pr"] == 160, p6.stderr
+    assert "as it was" in p6.stderr and "so the change is in the code" in p6.stderr
+    assert db(repo, "SELECT good FROM sessions WHERE kind='run'") == [(heads["d4"],)]
+    assert verdicts(repo) == ["baseline", "good", "good", "environment", "good", "regressed"]
+    h = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(repo), "-o", str(tmp_path / "h.png")],
+                       cwd=repo, env=_env(), capture_output=True, text=True, timeout=120)
+    assert h.returncode == 0 and "environment" in h.stdout, h.stderr
 
 
 def test_the_trend_starts_again_after_a_regression_or_an_unconfirmed_alarm(tmp_path):
