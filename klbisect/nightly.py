@@ -244,15 +244,25 @@ def judge_trend(head: list[float], nights: list[list[float]], alpha: float = 0.0
 
 
 def judge_environment(fresh: list[float], crashes: int, good: list[float], head: list[float],
-                      max_runs: int, crash_limit: int = 2) -> Verdict:
-    """Whether a regressed night's good endpoint, measured again tonight
-    (``fresh``), still looks like its runs of earlier nights (``good``) or
-    like tonight's head (``head``). Bad: the environment changed (a driver,
-    a wheel, another machine), not the code, and a bisect reusing the
-    earlier nights' runs would blame whichever commit splits old runs from
-    new. Judged as a bisect judges a commit (``decide.judge``): undecided
-    while more runs would help, skip at ``max_runs``."""
-    return judge_commit(fresh, crashes, verdict_model(good, head), max_runs, crash_limit)
+                      max_runs: int, crash_limit: int = 2, alpha: float = 0.001, min_effect: float = 0.1) -> Verdict:
+    """Whether good commits, measured again tonight (``fresh``), still look
+    like their runs of earlier nights (``good``) or like tonight's head
+    (``head``). Bad: the environment changed (a driver, a wheel, another
+    machine), not the code, and a bisect reusing the earlier nights' runs
+    would blame whichever commit splits old runs from new. Judged as a
+    bisect judges a commit (``decide.judge``): undecided while more runs
+    would help. At ``max_runs``, overlapping values can leave it between
+    the two; then the same commits reading higher than they did (one-sided
+    Mann-Whitney at ``alpha``, medians ``min_effect`` apart) is bad too."""
+    v = judge_commit(fresh, crashes, verdict_model(good, head), max_runs, crash_limit)
+    if v.decision in (BAD, GOOD) or len(fresh) < max_runs:
+        return v
+    moved = compare(fresh, good, alpha, min_effect)
+    if moved.verdict == "regressed":
+        return dataclasses.replace(v, decision=BAD, reason=f"undecided between the two, but higher than they "
+                                                          f"were: Mann-Whitney p={moved.p_value:.2g}")
+    return v
+
 
 # ---- the store: nightly sessions --------------------------------------------------
 
@@ -372,7 +382,7 @@ class _Meter:
 
 
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
-    from .session import commit_runs  # noqa: PLC0415
+    from .session import commit_runs, make_builder  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -527,7 +537,14 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     recent_shas: list[str] = []
     anchor_shas: list[str] = []
     anchor_nights: list[str] = []
-    if j.verdict == "good" and openr is None and cr.values:
+    env = None
+    if j.verdict in ("good", "suspect") and openr is None and baseline_shas:
+        meter = _Meter(ws, probe, make_builder(cfg), sid, probe_key, build_key, progress)
+        try:
+            env = _seen_environment(ws, cfg, opts, sid, probe_key, head, baseline_shas, meter, progress)
+        finally:
+            meter.close()
+    if j.verdict == "good" and openr is None and cr.values and env is None:
         # The baseline slides: a regression whose first nights drew low joined it, and
         # once it holds only regressed heads nothing is worse than it. The trend of the
         # good nights before tonight still shows it (nightly.judge_trend).
@@ -606,7 +623,10 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             rec["notes"].append(f"bisecting on the label {label}, the one that moved ({moved_by}, "
                                 f"p={c.p_value:.2g}); the max over labels moved {max_by} and would "
                                 "blur it with the others' noise")
-    progress(f"nightly {night}: {rec['verdict'].upper()}: {j.reason}")
+    if env is not None:
+        _as_environment(rec, env[1], env[0], progress)
+    else:
+        progress(f"nightly {night}: {rec['verdict'].upper()}: {j.reason}")
     rec["state"] = "bisecting" if rec["verdict"] == "regressed" else "done"
     rec["judged_notes"] = len(rec["notes"])     # the bisect's own notes follow, once per attempt
     st.update_session(sid, result=rec, state=rec["state"],
@@ -616,6 +636,66 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
 
 ENV_CHECK_RUNS = 2 * OVERLAP_ENDPOINT_RUNS   # a regressed night's good endpoint tonight, at most (a bisect's
 # endpoint runs: a bisect over overlapping values measures it that much anyway)
+ENV_LEAN = 3.0   # odds for the head at which a night that measured its baseline again measures it more
+
+
+def _run_values(runs: list, label: str | None) -> list[float]:
+    if label:
+        return label_runs(runs, label)
+    return [r.value for r in runs if r.value is not None and r.status != STATUS_TIMEOUT]
+
+
+def _split_tonight(st, probe_key: str, shas: list[str], sid: int, label: str | None = None):
+    """The values of ``shas`` measured before tonight's session, and tonight's runs."""
+    runs = st.runs(probe_key, shas)
+    return (_run_values([r for r in runs if (r.session_id or 0) < sid], label),
+            [r for r in runs if (r.session_id or 0) >= sid])
+
+
+def _seen_text(what: str, fresh: list[float], earlier: list[float], head: list[float]) -> str:
+    if not fresh:
+        return f"{what} gave no value tonight"
+    return (f"{what} measured again tonight: median {fmt_value(float(np.median(fresh)))} over {len(fresh)} runs, "
+            f"against {fmt_value(float(np.median(earlier)))} over {len(earlier)} runs on earlier nights and "
+            f"{fmt_value(float(np.median(head)))} at tonight's head")
+
+
+def _as_environment(rec: dict, seen: str, v: Verdict, progress: Progress) -> None:
+    why = v.reason if "Mann-Whitney" in v.reason else v.lr_text
+    rec.update(verdict="environment", state="done", reason=f"the environment changed, not the code: {seen} ({why})")
+    rec["env_check"] = {"decision": v.decision, "runs": v.n_values, "reason": v.reason}
+    rec["notes"] = [n.replace("part of this regression", "part of this change of environment") for n in rec["notes"]
+                    if "bisecting" not in n and "kept out of the baseline" not in n]
+    rec["notes"].append("not bisected: the earlier nights' runs were measured in another environment (a "
+                        "driver, a wheel, a machine); the next nights are judged against tonight's")
+    progress(f"nightly {rec['night']}: ENVIRONMENT: {rec['reason']}")
+
+
+def _measure_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str, shas: list[str],
+                         earlier: list[float], head: list[float], label: str | None, cap: int, meter,
+                         progress: Progress, lean: float | None = None) -> tuple[Verdict, list[float]]:
+    """Tonight's runs of the good commits ``shas``, and more of ``shas[0]``
+    until ``judge_environment`` decides or ``cap``. With ``lean`` (a log
+    likelihood ratio), only while the runs so far lean that far towards
+    the head, and the end judged on the runs there are."""
+    st = ws.store
+    while True:
+        mine = _split_tonight(st, probe_key, shas, sid)[1]
+        fresh = _run_values(mine, label)
+        crashes = len(mine) - len(fresh)
+        v = judge_environment(fresh, crashes, earlier, head, cap, cfg.crash_limit, opts.alpha, opts.min_effect)
+        if v.decision != UNDECIDED or len(mine) >= cap + cfg.crash_limit or (lean is not None and v.log_lr < lean):
+            break
+        out, run = meter.measure(shas[0])
+        if out.build_failed:
+            progress(f"  {shas[0][:12]} does not build now: {out.build.log_path}")
+            break
+        if run is not None:
+            progress(f"  {shas[0][:12]} again, run {len(mine) + 1}: "
+                     + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
+    if lean is not None and v.decision == UNDECIDED and fresh:
+        v = judge_environment(fresh, crashes, earlier, head, len(fresh), cfg.crash_limit, opts.alpha, opts.min_effect)
+    return v, fresh
 
 
 def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder, probe_key: str,
@@ -629,69 +709,58 @@ def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder,
     Resumable: tonight's runs of the endpoint are those of its session."""
     st, sid, good = ws.store, rec["session"], rec["bisect_good"]
     label = rec.get("bisect_metric")
-
-    def values(runs: list) -> list[float]:
-        if label:
-            return label_runs(runs, label)
-        return [r.value for r in runs if r.value is not None and r.status != STATUS_TIMEOUT]
-
-    def tonight() -> list:
-        return [r for r in st.runs(probe_key, [good]) if (r.session_id or 0) >= sid]
-
-    earlier = values([r for r in st.runs(probe_key, rec.get("against_heads") or [good]) if (r.session_id or 0) < sid])
+    earlier, _ = _split_tonight(st, probe_key, rec.get("against_heads") or [good], sid, label)
     # the head as measured tonight (an unmoved branch has older runs of it too)
-    head = values([r for r in st.runs(probe_key, [rec["head"]]) if (r.session_id or 0) >= sid])
-    cap = max(opts.runs, ENV_CHECK_RUNS)
+    head = _run_values(_split_tonight(st, probe_key, [rec["head"]], sid)[1], label)
     if len(earlier) < 2 or len(head) < 2:
         return rec      # measured tonight only: nothing older to be stale
     progress(f"nightly {rec['night']}: measuring the good endpoint {good[:12]} again, in tonight's environment")
     meter = _Meter(ws, probe, builder, sid, probe_key, build_key, progress)
     try:
-        while True:
-            mine = tonight()
-            fresh = values(mine)
-            v = judge_environment(fresh, len(mine) - len(fresh), earlier, head, cap, cfg.crash_limit)
-            if v.decision != UNDECIDED or len(mine) >= cap + cfg.crash_limit:
-                break
-            out, run = meter.measure(good)
-            if out.build_failed:
-                progress(f"  {good[:12]} does not build now: {out.build.log_path}")
-                break
-            if run is not None:
-                progress(f"  run {len(mine) + 1}: "
-                         + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
+        v, fresh = _measure_environment(ws, cfg, opts, sid, probe_key, [good], earlier, head, label,
+                                        max(opts.runs, ENV_CHECK_RUNS), meter, progress)
     finally:
         meter.close()
-    fresh = values(tonight())
-    if v.decision != BAD and v.decision != GOOD and fresh:
-        # Overlapping values can leave it undecided between the two; the same commit
-        # now reading higher than it did is the direct question, at --alpha.
-        moved = compare(fresh, earlier, opts.alpha, opts.min_effect)
-        if moved.verdict == "regressed":
-            v = dataclasses.replace(v, decision=BAD, reason=f"undecided between the two, but higher than it "
-                                                            f"was: Mann-Whitney p={moved.p_value:.2g}")
-    seen = (f"{good[:12]} measured again tonight: median {fmt_value(float(np.median(fresh)))} over {len(fresh)} "
-            f"runs, against {fmt_value(float(np.median(earlier)))} over {len(earlier)} runs on earlier nights "
-            f"and {fmt_value(float(np.median(head)))} at tonight's head" if fresh else
-            f"{good[:12]} gave no value tonight")
+    seen = _seen_text(f"the good endpoint {good[:12]}", fresh, earlier, head)
     rec["env_check"] = {"decision": v.decision, "runs": len(fresh), "reason": v.reason}
     if v.decision == BAD:
-        rec.update(verdict="environment", state="done",
-                   reason=f"the environment changed, not the code: the good endpoint {seen} "
-                          f"({v.reason if v.n_values >= cap else v.lr_text})")
-        rec["notes"] = [n.replace("part of this regression", "part of this change of environment")
-                        for n in rec["notes"] if "bisecting" not in n]
-        rec["notes"].append("not bisected: the earlier nights' runs were measured in another environment (a "
-                            "driver, a wheel, a machine); the next nights are judged against tonight's")
-        progress(f"nightly {rec['night']}: ENVIRONMENT: {rec['reason']}")
+        _as_environment(rec, seen, v, progress)
     elif v.decision == GOOD:
-        rec["notes"].append(f"the good endpoint {seen}: as it was ({v.lr_text}), so the change is in the code")
+        rec["notes"].append(f"{seen}: as it was ({v.lr_text}), so the change is in the code")
     else:
-        rec["notes"].append(f"the good endpoint {seen}: neither as it was nor like the head ({v.reason or v.decision}); "
+        rec["notes"].append(f"{seen}: neither as it was nor like the head ({v.reason or v.decision}); "
                             "the bisect goes ahead")
     rec["judged_notes"] = len(rec["notes"])
     st.update_session(sid, result=rec, state=rec["state"], ended=time.time() if rec["state"] == "done" else None)
     return rec
+
+
+def _seen_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str, head: str, shas: list[str],
+                      meter, progress: Progress) -> tuple[Verdict, str] | None:
+    """A borderline night measures its baseline heads again when they are
+    the thinner side. After a new driver those runs read like the head;
+    in the baseline they make it half old, half new, against which the
+    night (and the next ones) look good or stay suspect: a head at twice
+    the old level was called good (p=0.39), and no night is regressed, so
+    ``_check_environment`` never runs. Tonight's runs of those heads are
+    judged the same way, with more runs only while they lean towards the
+    head at ``ENV_LEAN`` to 1 or more (under no change, 1 in 3 or fewer of
+    the nights that measured the baseline again ever do: Ville's
+    inequality). One run past the head's range counts for less (5.7:1
+    seen), so one run's cap (40:1) was too high a bar.
+    The verdict and what was seen, when the environment changed."""
+    st = ws.store
+    earlier, mine = _split_tonight(st, probe_key, shas, sid)
+    now = _run_values(_split_tonight(st, probe_key, [head], sid)[1], None)
+    if not mine or len(earlier) < 2 or len(now) < 2:
+        return None
+    v, fresh = _measure_environment(ws, cfg, opts, sid, probe_key, shas, earlier, now, None,
+                                    max(opts.runs, ENV_CHECK_RUNS), meter, progress, lean=math.log(ENV_LEAN))
+    if v.decision != BAD:
+        return None
+    mine = _split_tonight(st, probe_key, shas, sid)[1]
+    heads = ", ".join(x[:12] for x in shas if any(r.sha == x for r in mine))
+    return v, _seen_text(f"the baseline {'heads' if ',' in heads else 'head'} {heads}", fresh, earlier, now)
 
 
 def label_runs(runs: list, label: str) -> list[float]:

@@ -17,6 +17,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from klbisect.histgen import make_history
@@ -551,6 +552,54 @@ def test_an_environment_change_is_not_bisected_and_the_baseline_starts_again(tmp
     h = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(repo), "-o", str(tmp_path / "h.png")],
                        cwd=repo, env=_env(), capture_output=True, text=True, timeout=120)
     assert h.returncode == 0 and "environment" in h.stdout, h.stderr
+
+
+def test_good_commits_measured_again_say_whether_the_environment_changed():
+    from klbisect.nightly import judge_environment  # noqa: PLC0415
+    rng = np.random.default_rng(7)
+
+    def level(x: float, n: int) -> list[float]:
+        return list(x * rng.uniform(0.97, 1.03, n))
+
+    old, head = level(0.004, 15), level(0.008, 10)
+    assert judge_environment(level(0.004, 3), 0, old, head, 20).decision == "good"
+    assert judge_environment(level(0.008, 3), 0, old, head, 20).decision == "bad"
+    assert judge_environment(level(0.008, 1), 0, old, head, 20).decision == "undecided"
+
+    # overlapping values: at the cap the two are not told apart, but the same commits
+    # reading higher than they did is the question asked then
+    def lognormal(median: float, n: int) -> list[float]:
+        return list(median * np.exp(0.26 * rng.standard_normal(n)))
+    old, head = lognormal(0.002, 30), lognormal(0.0024, 10)
+    moved = judge_environment(lognormal(0.004, 10), 0, old, head, 10)
+    assert moved.decision == "bad" and "Mann-Whitney" in moved.reason
+    same = judge_environment(lognormal(0.002, 10), 0, old, head, 10)
+    assert same.decision != "bad"
+
+
+def test_a_borderline_night_whose_baseline_reads_like_the_head_again_is_environment(tmp_path):
+    """A borderline night measures its baseline heads again. After a new
+    driver those runs read like the head, and in the baseline they would
+    make tonight look good: they decide the environment changed."""
+    lv = Levels(tmp_path)
+    repo = lv.path
+    one = ("--baseline-nights", "1")
+    base = lv.commit("Docs (#101)")
+    assert tail_json(nightly(repo, "d1", *one))["regressed"] is False
+    lv.commit("Docs (#102)")
+    # six head runs against three baseline runs cannot reach p <= 0.001: the baseline head
+    # is measured again, in tonight's environment
+    p2 = nightly(repo, "d2", *one, "--runs", "6", "--max-runs", "6", env={"KL_DRIVER_SCALE": "2"})
+    r2 = json.loads(p2.stdout.strip().splitlines()[-1])
+    assert p2.returncode == 0 and r2["verdict"] == "environment", p2.stderr
+    assert f"ENVIRONMENT: the environment changed, not the code: the baseline head {base[:12]} measured again " \
+           "tonight" in p2.stderr
+    assert "GOOD" not in p2.stderr and "SUSPECT" not in p2.stderr
+    d3 = lv.commit("Docs (#103)")
+    assert tail_json(nightly(repo, "d3", *one, env={"KL_DRIVER_SCALE": "2"}))["regressed"] is False
+    [(rec,)] = db(repo, "SELECT result FROM sessions WHERE kind='nightly' AND bad=?", (d3,))
+    assert json.loads(rec)["verdict"] == "good"
+    assert db(repo, "SELECT COUNT(*) FROM sessions WHERE kind='run'") == [(0,)]
 
 
 def test_the_trend_starts_again_after_a_regression_or_an_unconfirmed_alarm(tmp_path):
