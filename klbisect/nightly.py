@@ -63,7 +63,8 @@ from typing import Callable
 import numpy as np
 
 from . import repo as gitrepo
-from .decide import BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, UNDECIDED, Verdict, summarize, verdict_model
+from .decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, SKIP, UNDECIDED, UNDECIDED_SKIP, Verdict,
+                     summarize, verdict_model)
 from .decide import judge as judge_commit
 from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError,
                      NoDifference)
@@ -243,6 +244,9 @@ def judge_trend(head: list[float], nights: list[list[float]], alpha: float = 0.0
 
 
 
+ENV_CONFIRM_P = 0.01   # a verdict of "environment" also needs the good commits higher than they were, at this p
+
+
 def judge_environment(fresh: list[float], crashes: int, good: list[float], head: list[float],
                       max_runs: int, crash_limit: int = 2, alpha: float = 0.001, min_effect: float = 0.1) -> Verdict:
     """Whether good commits, measured again tonight (``fresh``), still look
@@ -251,17 +255,28 @@ def judge_environment(fresh: list[float], crashes: int, good: list[float], head:
     machine), not the code, and a bisect reusing the earlier nights' runs
     would blame whichever commit splits old runs from new. Judged as a
     bisect judges a commit (``decide.judge``): undecided while more runs
-    would help. At ``max_runs``, overlapping values can leave it between
-    the two; then the same commits reading higher than they did (one-sided
-    Mann-Whitney at ``alpha``, medians ``min_effect`` apart) is bad too."""
+    would help. The head's runs drew high, which is why they are asked
+    about, so its model can take good runs for its own: bad also needs the
+    fresh runs higher than the earlier ones (one-sided Mann-Whitney at
+    ``ENV_CONFIRM_P``, medians ``min_effect`` apart). At ``max_runs``,
+    overlapping values can leave it between the two; then that test at
+    ``alpha`` decides alone."""
     v = judge_commit(fresh, crashes, verdict_model(good, head), max_runs, crash_limit)
-    if v.decision in (BAD, GOOD) or len(fresh) < max_runs:
+    if v.decision == GOOD:
+        return v
+    if v.decision == BAD:
+        moved = compare(fresh, good, ENV_CONFIRM_P, min_effect)
+        if moved.verdict == "regressed":
+            return v
+        if len(fresh) < max_runs:
+            return dataclasses.replace(v, decision=UNDECIDED, reason="")
+    if len(fresh) < max_runs:
         return v
     moved = compare(fresh, good, alpha, min_effect)
     if moved.verdict == "regressed":
         return dataclasses.replace(v, decision=BAD, reason=f"undecided between the two, but higher than they "
                                                           f"were: Mann-Whitney p={moved.p_value:.2g}")
-    return v
+    return dataclasses.replace(v, decision=SKIP, reason=v.reason or f"{UNDECIDED_SKIP} {len(fresh)} runs")
 
 
 # ---- the store: nightly sessions --------------------------------------------------
@@ -667,7 +682,9 @@ def _as_environment(rec: dict, seen: str, v: Verdict, progress: Progress) -> Non
     rec["notes"] = [n.replace("part of this regression", "part of this change of environment") for n in rec["notes"]
                     if "bisecting" not in n and "kept out of the baseline" not in n]
     rec["notes"].append("not bisected: the earlier nights' runs were measured in another environment (a "
-                        "driver, a wheel, a machine); the next nights are judged against tonight's")
+                        "driver, a wheel, a machine); the next nights are judged against tonight's. If nothing "
+                        "changed on the machine, those nights drew low and tonight was a false alarm: the same "
+                        "answer, no bisect")
     progress(f"nightly {rec['night']}: ENVIRONMENT: {rec['reason']}")
 
 
