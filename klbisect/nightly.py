@@ -26,9 +26,10 @@ counts as good), ``good``, ``suspect`` (still borderline after ``--max-runs``
 runs: kept out of the baseline, and its runs are pooled with the next
 nights' until they decide), ``regressed`` (new regression, bisected),
 ``known`` (the open regression persists, or is not shown fixed),
-``crashed`` (no values), ``environment`` (regressed, but its good endpoint
-measured again tonight is as high as the head: not bisected, and the
-baseline starts again from it; ``_check_environment``).
+``crashed`` (no values), ``environment`` (good commits measured again
+tonight read like the head: a regressed night's good endpoint, or the
+baseline heads a borderline night measured again; not bisected, and the
+baseline starts again from it; ``_check_environment``, ``_seen_environment``).
 
 A night judged good is also checked against the trend: the good nights
 since the last regression (up to ``TREND_NIGHTS`` x ``--baseline-nights``),
@@ -241,7 +242,6 @@ def judge_trend(head: list[float], nights: list[list[float]], alpha: float = 0.0
         if c.verdict == "regressed" and (best is None or c.p_value < best[1].p_value):
             best = (k, c)
     return best
-
 
 
 ENV_CONFIRM_P = 0.01   # a verdict of "environment" also needs the good commits higher than they were, at this p
@@ -763,9 +763,9 @@ def _seen_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str, h
     judged the same way, with more runs only while they lean towards the
     head at ``ENV_LEAN`` to 1 or more (under no change, 1 in 3 or fewer of
     the nights that measured the baseline again ever do: Ville's
-    inequality). One run past the head's range counts for less (5.7:1
-    seen), so one run's cap (40:1) was too high a bar.
-    The verdict and what was seen, when the environment changed."""
+    inequality; one run's cap, 40:1, was too high a bar, as a run just
+    past the head's range counts for less). The verdict and what was seen,
+    when the environment changed."""
     st = ws.store
     earlier, mine = _split_tonight(st, probe_key, shas, sid)
     now = _run_values(_split_tonight(st, probe_key, [head], sid)[1], None)
