@@ -554,11 +554,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     anchor_nights: list[str] = []
     env = None
     if j.verdict in ("good", "suspect") and openr is None and baseline_shas:
-        meter = _Meter(ws, probe, make_builder(cfg), sid, probe_key, build_key, progress)
-        try:
-            env = _seen_environment(ws, cfg, opts, sid, probe_key, head, baseline_shas, meter, progress)
-        finally:
-            meter.close()
+        env = _seen_environment(ws, cfg, opts, sid, probe_key, head, baseline_shas,
+                                lambda: _Meter(ws, probe, make_builder(cfg), sid, probe_key, build_key, progress),
+                                progress)
     if j.verdict == "good" and openr is None and cr.values and env is None:
         # The baseline slides: a regression whose first nights drew low joined it, and
         # once it holds only regressed heads nothing is worse than it. The trend of the
@@ -677,8 +675,8 @@ def _seen_text(what: str, fresh: list[float], earlier: list[float], head: list[f
 
 def _as_environment(rec: dict, seen: str, v: Verdict, progress: Progress) -> None:
     why = v.reason if "Mann-Whitney" in v.reason else v.lr_text
-    rec.update(verdict="environment", state="done", reason=f"the environment changed, not the code: {seen} ({why})")
-    rec["env_check"] = {"decision": v.decision, "runs": v.n_values, "reason": v.reason}
+    rec.update(verdict="environment", state="done", reason=f"the environment changed, not the code: {seen} ({why})",
+               env_check={"decision": v.decision, "runs": v.n_values, "reason": v.reason})
     rec["notes"] = [n.replace("part of this regression", "part of this change of environment") for n in rec["notes"]
                     if "bisecting" not in n and "kept out of the baseline" not in n]
     rec["notes"].append("not bisected: the earlier nights' runs were measured in another environment (a "
@@ -689,27 +687,35 @@ def _as_environment(rec: dict, seen: str, v: Verdict, progress: Progress) -> Non
 
 
 def _measure_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str, shas: list[str],
-                         earlier: list[float], head: list[float], label: str | None, cap: int, meter,
-                         progress: Progress, lean: float | None = None) -> tuple[Verdict, list[float]]:
+                         earlier: list[float], head: list[float], label: str | None, cap: int,
+                         new_meter: Callable[[], "_Meter"], progress: Progress,
+                         lean: float | None = None) -> tuple[Verdict, list[float]]:
     """Tonight's runs of the good commits ``shas``, and more of ``shas[0]``
     until ``judge_environment`` decides or ``cap``. With ``lean`` (a log
     likelihood ratio), only while the runs so far lean that far towards
-    the head, and the end judged on the runs there are."""
+    the head, and the end judged on the runs there are. ``new_meter`` is
+    called on the first run measured, if any."""
     st = ws.store
-    while True:
-        mine = _split_tonight(st, probe_key, shas, sid)[1]
-        fresh = _run_values(mine, label)
-        crashes = len(mine) - len(fresh)
-        v = judge_environment(fresh, crashes, earlier, head, cap, cfg.crash_limit, opts.alpha, opts.min_effect)
-        if v.decision != UNDECIDED or len(mine) >= cap + cfg.crash_limit or (lean is not None and v.log_lr < lean):
-            break
-        out, run = meter.measure(shas[0])
-        if out.build_failed:
-            progress(f"  {shas[0][:12]} does not build now: {out.build.log_path}")
-            break
-        if run is not None:
-            progress(f"  {shas[0][:12]} again, run {len(mine) + 1}: "
-                     + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
+    meter = None
+    try:
+        while True:
+            mine = _split_tonight(st, probe_key, shas, sid)[1]
+            fresh = _run_values(mine, label)
+            crashes = len(mine) - len(fresh)
+            v = judge_environment(fresh, crashes, earlier, head, cap, cfg.crash_limit, opts.alpha, opts.min_effect)
+            if v.decision != UNDECIDED or len(mine) >= cap + cfg.crash_limit or (lean is not None and v.log_lr < lean):
+                break
+            meter = meter or new_meter()
+            out, run = meter.measure(shas[0])
+            if out.build_failed:
+                progress(f"  {shas[0][:12]} does not build now: {out.build.log_path}")
+                break
+            if run is not None:
+                progress(f"  {shas[0][:12]} again, run {len(mine) + 1}: "
+                         + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
+    finally:
+        if meter is not None:
+            meter.close()
     if lean is not None and v.decision == UNDECIDED and fresh:
         v = judge_environment(fresh, crashes, earlier, head, len(fresh), cfg.crash_limit, opts.alpha, opts.min_effect)
     return v, fresh
@@ -732,28 +738,24 @@ def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder,
     if len(earlier) < 2 or len(head) < 2:
         return rec      # measured tonight only: nothing older to be stale
     progress(f"nightly {rec['night']}: measuring the good endpoint {good[:12]} again, in tonight's environment")
-    meter = _Meter(ws, probe, builder, sid, probe_key, build_key, progress)
-    try:
-        v, fresh = _measure_environment(ws, cfg, opts, sid, probe_key, [good], earlier, head, label,
-                                        max(opts.runs, ENV_CHECK_RUNS), meter, progress)
-    finally:
-        meter.close()
+    v, fresh = _measure_environment(ws, cfg, opts, sid, probe_key, [good], earlier, head, label,
+                                    max(opts.runs, ENV_CHECK_RUNS),
+                                    lambda: _Meter(ws, probe, builder, sid, probe_key, build_key, progress), progress)
     seen = _seen_text(f"the good endpoint {good[:12]}", fresh, earlier, head)
-    rec["env_check"] = {"decision": v.decision, "runs": len(fresh), "reason": v.reason}
     if v.decision == BAD:
         _as_environment(rec, seen, v, progress)
-    elif v.decision == GOOD:
-        rec["notes"].append(f"{seen}: as it was ({v.lr_text}), so the change is in the code")
     else:
-        rec["notes"].append(f"{seen}: neither as it was nor like the head ({v.reason or v.decision}); "
-                            "the bisect goes ahead")
+        rec["env_check"] = {"decision": v.decision, "runs": len(fresh), "reason": v.reason}
+        rec["notes"].append(f"{seen}: as it was ({v.lr_text}), so the change is in the code" if v.decision == GOOD
+                            else f"{seen}: neither as it was nor like the head ({v.reason or v.decision}); "
+                                 "the bisect goes ahead")
     rec["judged_notes"] = len(rec["notes"])
     st.update_session(sid, result=rec, state=rec["state"], ended=time.time() if rec["state"] == "done" else None)
     return rec
 
 
 def _seen_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str, head: str, shas: list[str],
-                      meter, progress: Progress) -> tuple[Verdict, str] | None:
+                      new_meter: Callable[[], "_Meter"], progress: Progress) -> tuple[Verdict, str] | None:
     """A borderline night measures its baseline heads again when they are
     the thinner side. After a new driver those runs read like the head;
     in the baseline they make it half old, half new, against which the
@@ -772,7 +774,7 @@ def _seen_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str, h
     if not mine or len(earlier) < 2 or len(now) < 2:
         return None
     v, fresh = _measure_environment(ws, cfg, opts, sid, probe_key, shas, earlier, now, None,
-                                    max(opts.runs, ENV_CHECK_RUNS), meter, progress, lean=math.log(ENV_LEAN))
+                                    max(opts.runs, ENV_CHECK_RUNS), new_meter, progress, lean=math.log(ENV_LEAN))
     if v.decision != BAD:
         return None
     mine = _split_tonight(st, probe_key, shas, sid)[1]
