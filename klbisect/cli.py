@@ -213,6 +213,13 @@ def search_options(f):
     return f
 
 
+# bisects only: the nightly job tells a new environment by itself
+fresh_option = click.option(
+    "--fresh", is_flag=True,
+    help="Leave out the runs and failed builds recorded before this session (after a new driver, wheel or "
+         "machine); a rerun without --fresh resumes it.")
+
+
 def sglang_options(f):
     opts = [
         click.option("--model-path", default=None, help="--probe sglang: model to serve."),
@@ -262,7 +269,7 @@ def make_config(kw: dict):
         sglang=sglang, **{k: kw[k] for k in _SEARCH_KEYS if k in kw},
         **({"first_parent": not kw["all_commits"]} if "all_commits" in kw else {}),
         parallel=kw.get("parallel", 1), gpus_per_probe=kw.get("gpus_per_probe", 0),
-        executor=kw.get("executor", "local"), ray_address=kw.get("ray_address"),
+        executor=kw.get("executor", "local"), ray_address=kw.get("ray_address"), fresh=kw.get("fresh", False),
     )
 
 
@@ -294,6 +301,7 @@ def _emit_json(obj) -> None:
 @range_options
 @probe_options
 @search_options
+@fresh_option
 @click.option("--parallel", type=COUNT, default=1, show_default=True, help="Probe this many commits at once.")
 @click.option("--gpus-per-probe", type=_Number(int, lambda v: v >= 0, "a whole number, 0 or more (0: no assignment)"),
               default=0, show_default=True,
@@ -318,6 +326,7 @@ def run(repo, as_json, **kw):
 @range_options
 @probe_options
 @search_options
+@fresh_option
 def start(repo, **kw):
     """Calibrate the endpoints, then `git bisect start --first-parent`.
 

@@ -47,6 +47,8 @@ PAIR_SPREAD_FLOOR = 0.7   # Model.mad is at least this share of _pair_spread
 PAIR_SPREAD_MOST = 200    # _pair_spread: runs per side it compares pairwise (200 -> 19,900 pairs)
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
+STALE_CHECK_RUNS = 2     # runs of its own a session takes at a boundary commit measured only by earlier ones
+STALE_RUN_LR = 3.0       # ... each leaning the other way this far contradicts those earlier runs
 UNDECIDED_SKIP = "undecided after"   # how judge's reason for a skip at --max-runs starts
 
 
@@ -543,6 +545,19 @@ def verdict_model(good: Sequence[float], bad: Sequence[float]) -> "Model | Predi
     against the runs themselves (``PredictiveModel``) where they overlap."""
     fitted = Model.fit(good, bad)
     return fitted if fitted.separates else PredictiveModel(tuple(good), tuple(bad), fitted)
+
+
+def contradicts(model, earlier: Sequence[float], now: Sequence[float], lr: float = STALE_RUN_LR) -> bool:
+    """Runs measured now at one commit read against the runs earlier sessions
+    recorded there: the earlier ones lean one way together, and each of at
+    least STALE_CHECK_RUNS new ones leans the other way at ``lr``:1 or more.
+    Runs are matched by the probe command alone, so this is what a new
+    driver, wheel or machine looks like at a commit the answer rests on."""
+    if len(now) < STALE_CHECK_RUNS or not len(earlier):
+        return False
+    side = model.commit_log_lr(list(earlier))
+    each = [model.commit_log_lr([v]) for v in now]
+    return side != 0 and all(e * side < 0 and abs(e) >= math.log(lr) for e in each)
 
 
 def is_undecided_skip(decision: str, reason: str) -> bool:

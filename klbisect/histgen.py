@@ -19,7 +19,9 @@ import json
 import os
 import random
 import re
+import shlex
 import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -1067,6 +1069,42 @@ def _git_env() -> dict[str, str]:
             "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE",
             "GIT_CEILING_DIRECTORIES", "GIT_PREFIX"}
     return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+# The generated probe as another driver, wheel or machine sees it. KL_DRIVER_SCALE
+# multiplies every value; KL_DRIVER_HIDE=1 maps the moving label's bad range onto
+# the good one (a uniform model's): a regression this machine never shows.
+DRIVER_PROBE = r'''import json, os, re, subprocess, sys
+scale = float(os.environ.get("KL_DRIVER_SCALE", "1"))
+spec = json.load(open(".probe_noise.json"))
+(g0, g1), (b0, b1) = spec["good"], spec["bad"]
+label = None
+
+
+def seen(line):
+    global label
+    m = re.match(r"\[(\w+)\]", line)
+    label = m.group(1) if m else label
+    m = re.match(r"avg_kl_div=([0-9.eE+-]+)", line)
+    if not m:
+        return line
+    v = float(m.group(1))
+    if os.environ.get("KL_DRIVER_HIDE") == "1" and label == spec["moving_label"] and v >= b0:
+        v = g0 + (min(v, b1) - b0) / (b1 - b0) * (g1 - g0)
+    return f"avg_kl_div={v * scale:.6g}\n"
+
+
+p = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True)
+sys.stdout.write("".join(seen(line) for line in p.stdout.splitlines(keepends=True)))
+sys.stderr.write(p.stderr)
+sys.exit(p.returncode)
+'''
+
+
+def write_driver_probe(path: Path) -> str:
+    """Write DRIVER_PROBE to ``path``; returns the --probe-cmd that runs it in a checkout."""
+    Path(path).write_text(DRIVER_PROBE)
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(path))}"
 
 
 def make_history(path: Path, n_commits: int = 1000, culprit_index: int | None = None,

@@ -909,7 +909,8 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
     bcfg = dataclasses.replace(cfg, good=good, bad=rec["head"], metric=rec.get("bisect_metric") or cfg.metric)
     progress(f"nightly {rec['night']}: bisecting {good[:12]}..{rec['head'][:12]}")
     try:
-        res = run_bisect(path, bcfg, progress)
+        # its runs of earlier nights were judged tonight (_check_environment)
+        res = run_bisect(path, bcfg, progress, check_reused=False)
         rec.update(culprit=res.culprit, pr=res.pr, bisect_session=res.session,
                    candidates=res.candidates, confidence=res.confidence, complete=res.complete)
         if not res.complete:

@@ -24,7 +24,7 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP,
-                     UNDECIDED, UNDECIDED_LIMIT, Model, ThresholdModel, crash_skip_limit,
+                     STALE_CHECK_RUNS, UNDECIDED, UNDECIDED_LIMIT, Model, ThresholdModel, contradicts, crash_skip_limit,
                      endpoint_crash_limit, endpoint_step, is_undecided_skip, judge, separation, summarize,
                      verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
@@ -75,11 +75,12 @@ class BisectConfig:
     executor: str = "local"               # local | ray
     ray_address: str | None = None
     sglang: dict = field(default_factory=dict)   # model_path, server_args, prompts, ...
+    fresh: bool = False                   # count only runs recorded since the session began
 
     def question(self) -> dict:
         d = asdict(self)
         for k in ("good", "bad", "parallel", "gpus_per_probe", "executor", "ray_address",
-                  "max_total_runs", "timeout"):
+                  "max_total_runs", "timeout", "fresh"):
             d.pop(k)
         d["build_paths"] = list(self.build_paths)
         return d
@@ -87,7 +88,7 @@ class BisectConfig:
     def stored(self) -> dict:
         """What a session keeps: the question, and the settings a rerun may
         change (RERUN_KEYS) but that `klbisect probe` and `status` read back."""
-        return {**self.question(), "timeout": self.timeout}
+        return {**self.question(), "timeout": self.timeout, **({"fresh": True} if self.fresh else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BisectConfig":
@@ -186,6 +187,12 @@ class Workspace:
         if self._store is not None:
             self._store.metric, self._store.worse = metric, worse
 
+    def use_session(self, sess: SessionRow) -> None:
+        """See the runs as this session does: its --metric, and for a --fresh
+        session only the runs recorded since it began."""
+        self.use_metric(sess.config.get("metric"), sess.config.get("worse") or "higher")
+        self.store.view_from(sess if sess.config.get("fresh") else None)
+
     @contextmanager
     def locked(self) -> Iterator["Workspace"]:
         try:
@@ -275,7 +282,9 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     not make a commit untestable: each command builds it once more, so a
     fixed environment (a network blip, a full disk) needs no other command.
     With ``after_session``, only the runs of later sessions count (a nightly
-    regression's head, without the runs that found it)."""
+    regression's head, without the runs that found it). A --fresh session's
+    store hides older runs, and older failed builds count for nothing too."""
+    failed_since = max(failed_since or 0.0, ws.store.since)
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
@@ -300,19 +309,55 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
 
 
 # Stored with a session but not part of its question: a rerun with another
-# --timeout (after every run timed out) resumes the same session.
-RERUN_KEYS = ("timeout",)
+# --timeout (after every run timed out) resumes the same session, and a
+# rerun without --fresh resumes a --fresh one (which stays fresh).
+RERUN_KEYS = ("timeout", "fresh")
 
 
 def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | None, progress: Progress) -> None:
     """Runs are matched by the probe command alone: a new session says how
     many it reuses, since a changed environment (a new wheel, another GPU)
-    would make them stale. Runs cut short by a --timeout lower than this
-    one's are run again, so they are not counted."""
-    earlier = sum(1 for r in ws.store.runs(probe_key, shas) if not _cut_short(r, timeout))
-    if earlier:
+    would make them stale, or, with --fresh, how many it leaves out. Runs
+    cut short by a --timeout lower than this one's are run again, so they
+    are not counted."""
+    fresh = ws.store.since_session
+    earlier = sum(1 for r in ws.store.runs(probe_key, shas, every=True)
+                  if not _cut_short(r, timeout) and not (fresh and (r.session_id or 0) >= fresh))
+    if earlier and fresh:
+        progress(f"--fresh: leaving out the {earlier} runs this probe command recorded earlier at these commits")
+    elif earlier:
         progress(f"reusing {earlier} runs this probe command recorded earlier at these commits "
-                 "(`klbisect reset --purge` forgets them, if the environment changed since)")
+                 "(if the environment changed since, rerun with --fresh to leave them out)")
+
+
+def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], block, model) -> list[int]:
+    """The commits nearest an answer on each side that earlier sessions
+    measured: runs are matched by the probe command alone, so if the
+    environment changed since, those runs are what the answer wrongly rests
+    on. Each needs STALE_CHECK_RUNS runs of this session before the answer
+    stands; runs that contradict the earlier ones stop the search with what
+    to do. Sessions that reuse nothing skip this."""
+    by_index: dict[int, list] = {}
+    at = {s: i for i, s in enumerate(shas)}
+    for r in ws.store.runs(probe_key, shas):
+        if r.value is not None:
+            by_index.setdefault(at[r.sha], []).append(r)
+    reused = [i for i, runs in by_index.items() if any(r.session_id != sid for r in runs)]
+    below = [i for i in reused if i < block.first]
+    above = [i for i in reused if i >= block.last]
+    need = []
+    for i in ([max(below)] if below else []) + ([min(above)] if above else []):
+        earlier = [r.value for r in by_index[i] if r.session_id != sid]
+        now = [r.value for r in by_index[i] if r.session_id == sid]
+        if contradicts(model, earlier, now):
+            side, other = ("bad", "good") if model.commit_log_lr(now) > 0 else ("good", "bad")
+            raise KlbisectError(
+                f"{shas[i][:12]}, near the answer, reads {side} now ({', '.join(fmt_value(v) for v in now)}) "
+                f"and {other} in the {len(earlier)} runs earlier sessions recorded there "
+                f"({fmt_summary(summarize(earlier))}): the environment the probe sees changed since (a new "
+                "driver, wheel or machine?); rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
+        need += [i] * max(STALE_CHECK_RUNS - len(now), 0)
+    return need
 
 
 def _check_direction(cfg: BisectConfig, sep) -> None:
@@ -781,19 +826,22 @@ CANARY_STREAK = 6     # runs crashed in a row ...
 CANARY_COMMITS = 3    # ... at this many commits: check the environment on the good endpoint
 
 def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stderr,
-               executor_factory=None) -> Result:
+               executor_factory=None, check_reused: bool = True) -> Result:
     """Find the first bad commit between cfg.good and cfg.bad without touching
-    the user's checkout. Resumes an interrupted run of the same question."""
+    the user's checkout. Resumes an interrupted run of the same question.
+    ``check_reused``: measure again the reused commits an answer leans on
+    (``_reused_boundary``); the nightly job judges its environment itself."""
     cfg.validate()
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         with ws.locked():
-            return _run_locked(ws, cfg, progress, executor_factory)
+            return _run_locked(ws, cfg, progress, executor_factory, check_reused)
     finally:
         ws.close()
 
 
-def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_factory) -> Result:
+def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_factory,
+                check_reused: bool = True) -> Result:
     started = time.time()
     good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
     cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
@@ -801,7 +849,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     probe, builder = make_probe(cfg), make_builder(cfg)
     probe_key, build_key = probe.key, (builder.key if builder else None)
     st = ws.store
-    prev = st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
+    # --fresh starts a session of its own; a later rerun without it resumes that one
+    prev = None if cfg.fresh else st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
     if prev and prev.state == "done" and prev.result:
         done = Result(**prev.result)
         # an answer left as a block by failed builds is worth one more build each:
@@ -817,11 +866,14 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     if prev:
         sid = prev.id
         progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
+        cfg.fresh = bool(prev.config.get("fresh"))
         st.update_session(sid, config=cfg.stored())
+        ws.use_session(st.session(sid))
         if st.get(_stop_key(sid)):
             st.put(_stop_key(sid), "")
     else:
         sid = st.create_session("run", good, bad, probe_key, cfg.stored(), cands)
+        ws.use_session(st.session(sid))
         say_reused(ws, probe_key, shas, cfg.timeout, progress)
     progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
@@ -918,7 +970,17 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                       crash_limit=cfg.crash_limit, pending=pending, max_endpoint_runs=cfg.max_endpoint_runs)
             total = len(st.session_runs(sid))
             if pl.done and not ex.in_flight():
-                break
+                recheck = _reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model) if check_reused else []
+                room = max(cfg.max_total_runs - total, 0)
+                if not recheck or not room:
+                    break
+                for i in dict.fromkeys(recheck[:min(ex.free(), room)]):
+                    progress(f"checking {shas[i][:12]} ({i}/{len(shas) - 1}): the answer leans on its runs "
+                             "from earlier sessions; measuring it in this one")
+                for i in recheck[:min(ex.free(), room)]:
+                    ex.submit(shas[i])
+                handle(ex.wait())
+                continue
             if pl.lost is not None and not pl.done and not ex.in_flight():
                 sep = pl.lost
                 raise NoDifference(
@@ -1020,10 +1082,16 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             # `klbisect probe` has no options of its own: it runs with the
             # --timeout of the latest `start`
             if active:
+                if cfg.fresh and not active.config.get("fresh"):
+                    raise KlbisectError(f"session {active.id} is already active here with the earlier runs; "
+                                        "run `klbisect reset`, then `klbisect start --fresh` again", EXIT_REPO_STATE)
                 sid = active.id
+                cfg.fresh = bool(active.config.get("fresh"))
                 ws.store.update_session(sid, config=cfg.stored())
+                ws.use_session(ws.store.session(sid))
             else:
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
+                ws.use_session(ws.store.session(sid))
                 say_reused(ws, probe.key, [c[0] for c in cands], cfg.timeout, progress)
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
                                 on_build=say_building(progress))
@@ -1083,7 +1151,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 raise KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
                                     "--probe-cmd ...` first", EXIT_USAGE)
             cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
-            ws.use_metric(cfg.metric, cfg.worse)
+            ws.use_session(sess)
             probe, builder = make_probe(cfg), make_builder(cfg)
             build_key = builder.key if builder else None
             _adopt_env(ws, sess.id, builder)
@@ -1224,7 +1292,7 @@ def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key
 def current_analysis(ws: Workspace, sess: SessionRow):
     """Recompute the posterior of a session from its stored runs."""
     cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
-    ws.use_metric(cfg.metric, cfg.worse)
+    ws.use_session(sess)
     cands = ws.store.candidates(sess.id)
     shas = [c[0] for c in cands]
     # the key the session stored: the probe itself may read files (--prompts) that are
@@ -1376,7 +1444,7 @@ def status(path: str | Path | None) -> dict:
     ws = Workspace(path)
     try:
         sess = _shown_session(ws)
-        ws.use_metric(sess.config.get("metric"), sess.config.get("worse") or "higher")
+        ws.use_session(sess)
         st = ws.store
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
@@ -1425,7 +1493,7 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
     ws = Workspace(path)
     try:
         sess = _shown_session(ws, session_id)
-        ws.use_metric(sess.config.get("metric"), sess.config.get("worse") or "higher")
+        ws.use_session(sess)
         subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
         # the runs its answer rests on: its own, and those it reused from
         # earlier sessions of the same probe (a rerun may have reused them all)

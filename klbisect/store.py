@@ -151,12 +151,16 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
 class Store:
     """The sqlite state. ``metric`` is the --metric in force: a run's value
     is read from its stored per-label values with it, so runs recorded
-    under another --metric (or none) are reused correctly."""
+    under another --metric (or none) are reused correctly. After
+    ``view_from`` (a --fresh session's view, after the environment
+    changed), ``runs`` leaves out the runs of earlier sessions."""
 
     def __init__(self, path: Path, metric: str | None = None, worse: str = "higher"):
         self.path = Path(path)
         self.metric = metric
         self.worse = worse
+        self.since_session = 0     # runs of sessions before this one are left out
+        self.since = 0.0           # when that session began: older failed builds are left out
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
@@ -289,8 +293,15 @@ class Store:
                  json.dumps(values), value, self._rel(log_path), slot))
             return int(cur.lastrowid)
 
-    def runs(self, probe_key: str, shas: list[str] | None = None, session_id: int | None = None) -> list[Run]:
+    def runs(self, probe_key: str, shas: list[str] | None = None, session_id: int | None = None,
+             every: bool = False) -> list[Run]:
+        """The runs of this probe command (at ``shas``), oldest first; ``every``
+        includes those that ``view_from`` leaves out."""
         q, args = "SELECT * FROM runs WHERE probe_key=?", [probe_key]
+        if self.since_session and not every:
+            # by session, not by time: a Ray node's clock may run behind this machine's
+            q += " AND session_id>=?"
+            args.append(self.since_session)
         if session_id is not None:
             q += " AND session_id=?"
             args.append(session_id)
@@ -300,6 +311,10 @@ class Store:
             keep = set(shas)
             out = [r for r in out if r.sha in keep]
         return out
+
+    def view_from(self, sess: SessionRow | None) -> None:
+        """Show only what ``sess`` and later sessions recorded (None: everything)."""
+        self.since_session, self.since = (sess.id, sess.created) if sess else (0, 0.0)
 
     def session_runs(self, session_id: int) -> list[Run]:
         return [self._run(r) for r in self.db.execute(

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from klbisect.histgen import NoiseModel, _git_env, make_history
+from klbisect.histgen import NoiseModel, _git_env, make_history, write_driver_probe
 
 PY = sys.executable
 BIN = str(Path(sys.executable).parent)
@@ -188,6 +188,12 @@ def history(tmp_path):
         return make_history(tmp_path / f"repo{count[0]}", **kw)
 
     return make
+
+
+@pytest.fixture
+def driver_probe(tmp_path) -> str:
+    """A --probe-cmd for a generated history whose values KL_DRIVER_SCALE moves."""
+    return write_driver_probe(tmp_path / "driver_probe.py")
 
 
 def probe_cmd(extra: str = "") -> str:

@@ -663,17 +663,21 @@ def test_a_probe_that_cannot_import_its_module_names_it(tmp_path):
     assert p.returncode == 154 and "sglang is not importable by the --sglang-python interpreter" in p.stderr, p.stderr
 
 
-def test_log_of_a_session_that_reused_every_run_lists_them(history):
-    """A second question over the same range may need no new run: its log
-    shows the runs its answer rests on, marked with where they came from."""
+def test_log_of_a_session_that_reused_runs_lists_them(history):
+    """A second question over the same range needs only the runs that check
+    the reused ones beside its answer (the environment may have changed):
+    its log shows every run the answer rests on, marked with where they
+    came from."""
     h = history(n_commits=30, seed=5, noise=SEPARATED)
     first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
     assert first.returncode == 0, first.stderr
     again = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--confidence", "0.9",
                 "--json", cwd=h.path)
     assert json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+    assert "from earlier sessions; measuring it in this one" in again.stderr
     rows = json.loads(klb("log", "--json", cwd=h.path).stdout)
-    assert rows and {r["reused_from"] for r in rows} == {1}
+    assert {r["reused_from"] for r in rows} == {1, None}
+    assert 2 <= sum(r["reused_from"] is None for r in rows) <= 4 < sum(r["reused_from"] == 1 for r in rows)
     text = klb("log", cwd=h.path).stdout
     assert "(reused from session 1)" in text and h.culprit[:12] in text
 
@@ -1108,6 +1112,61 @@ def test_a_rerun_with_another_metric_reads_the_stored_runs_by_that_label(history
     line = error_line(p, 150)
     assert "--metric nosuch" in line and spec["moving_label"] in line and still in line
     assert len(db_query(h.path, "SELECT id FROM runs")) == n
+
+
+def test_fresh_leaves_out_the_runs_of_an_older_environment_and_is_resumed_as_fresh(history, driver_probe):
+    """Runs are matched by the probe command: after a new driver that moves
+    every commit, the endpoints' old runs would be judged beside new ones.
+    --fresh measures everything again; a rerun without it resumes the fresh
+    session and still leaves the old runs out."""
+    h = history(n_commits=40, seed=36, noise=SEPARATED)
+    cmd = driver_probe
+    old = klb("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "6", "--commits", "40",
+              "--probe-cmd", cmd, cwd=h.path)
+    assert old.returncode == 0, old.stderr
+    old_ids = {r["id"] for r in db_query(h.path, "SELECT id FROM runs")}
+    assert len(old_ids) == 12
+    new_driver = {"KL_DRIVER_SCALE": "5"}    # good now reads 0.015-0.02: above the old bad runs
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd)
+    stale = klb(*args, "--max-total-runs", "13", cwd=h.path, env=new_driver)
+    assert "reusing 12 runs" in stale.stderr and "rerun with --fresh" in stale.stderr
+    klb("reset", cwd=h.path)
+    old_ids = {r["id"] for r in db_query(h.path, "SELECT id FROM runs")}
+
+    p = klb(*args, "--fresh", "--json", cwd=h.path, env=new_driver)
+    assert f"--fresh: leaving out the {len(old_ids)} runs" in p.stderr, p.stderr
+    res = json_tail(p.stdout)
+    assert res["culprit"] == h.culprit, p.stderr
+    sid = res["session"]
+    mine = db_query(h.path, "SELECT id, sha FROM runs WHERE session_id=?", (sid,))
+    assert sum(r["sha"] == h.good for r in mine) >= 6 and sum(r["sha"] == h.bad for r in mine) >= 6
+    status = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    assert status["session"] == sid and status["reused_runs"] == 0 and status["culprit"] == h.culprit
+    shown = {r["id"] for r in json.loads(klb("log", "--json", cwd=h.path).stdout)}
+    assert shown and not shown & old_ids
+    again = klb(*args, "--json", cwd=h.path, env=new_driver)
+    assert f"already finished (session {sid})" in again.stderr and json_tail(again.stdout)["culprit"] == h.culprit
+
+
+def test_runs_of_an_older_environment_beside_the_answer_are_checked_not_trusted(history, driver_probe):
+    """The old machine never showed the regression, so a bisect there ended
+    with no difference (154). On the new machine, a bisect of a longer range
+    reusing those runs would blame a commit after the old range: before an
+    answer leans on earlier sessions' runs, it measures that commit again,
+    and runs that read the other way stop it with --fresh to try."""
+    h = history(n_commits=40, seed=38, noise=SEPARATED, merges=0)
+    old_bad = h.shas[-6]
+    hidden = {"KL_DRIVER_HIDE": "1"}
+    first = klb("run", "--good", h.good, "--bad", old_bad, "--probe-cmd", driver_probe, "--max-endpoint-runs", "8",
+                cwd=h.path, env=hidden)
+    assert "do not separate" in error_line(first, 154)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe)
+    p = klb(*args, cwd=h.path)
+    line = error_line(p, 154)
+    assert f"{old_bad[:12]}, near the answer, reads bad now" in line and "rerun with --fresh" in line
+    assert "First bad commit" not in p.stdout
+    p = klb(*args, "--fresh", "--json", cwd=h.path)
+    assert json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
 
 
 def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):

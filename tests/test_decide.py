@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOOD, MIN_ENDPOINT_RUNS,
+from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOOD, MIN_ENDPOINT_RUNS, contradicts,
                              OVERLAP_MAX_RUNS, OVERLAP_P, RUN_LR_CAP, SKIP,
                              UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step,
                              exceedance_lower_bound,
@@ -593,3 +593,16 @@ def test_a_verdict_on_overlapping_sides_is_not_the_plugged_in_fit_alone():
                 n += 1
             wrong[kind] += v.decision == ("good" if truth_bad else "bad")
     assert wrong["plugin"] >= 3 and wrong["predictive"] == 0, wrong
+
+
+def test_runs_measured_now_that_read_against_a_commits_earlier_runs_contradict_them(model):
+    """A commit measured good by an earlier session reads bad now, run after
+    run: the environment changed (decide.contradicts); one stray, or new
+    runs that agree, do not."""
+    earlier_good = [0.0040, 0.0045, 0.0050, 0.0042]
+    assert contradicts(model, earlier_good, [0.0110, 0.0120])
+    assert not contradicts(model, earlier_good, [0.0110])                  # one run is not enough
+    assert not contradicts(model, earlier_good, [0.0110, 0.0044])          # one of them agrees
+    assert not contradicts(model, earlier_good, [0.0041, 0.0047])
+    assert not contradicts(model, [], [0.0110, 0.0120])                    # nothing earlier to contradict
+    assert contradicts(model, [0.0110, 0.0120, 0.0105], [0.0040, 0.0045])  # and the other way

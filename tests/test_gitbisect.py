@@ -17,9 +17,9 @@ EXACT_THRESHOLD = "0.0065"
 VERDICT = re.compile(r"klbisect: ([0-9a-f]{12}) is (GOOD|BAD|SKIP)")
 
 
-def bisect_run(repo) -> subprocess.CompletedProcess:
+def bisect_run(repo, env: dict | None = None) -> subprocess.CompletedProcess:
     """What the user types: git bisect run klbisect probe (the console script)."""
-    return subprocess.run(["git", "bisect", "run", "klbisect", "probe"], cwd=str(repo), env=child_env(),
+    return subprocess.run(["git", "bisect", "run", "klbisect", "probe"], cwd=str(repo), env=child_env(env),
                           capture_output=True, text=True, timeout=900)
 
 
@@ -492,3 +492,32 @@ def test_probe_stops_git_bisect_once_commits_stay_undecided(history):
     again = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
     assert json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
     assert "reusing 14 runs" in again.stderr
+
+
+def test_start_fresh_judges_every_commit_by_the_new_environment_alone(history, driver_probe):
+    """After a new driver moved every commit, `start --fresh` calibrates
+    anew and `probe` judges by the new runs only; a fresh start over an
+    active session that reuses the old runs is refused with what to do."""
+    h = history(n_commits=30, seed=37, merges=3, noise=SEPARATED)
+    old = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, cwd=h.path)
+    assert old.returncode == 0, old.stderr
+    new_driver = {"KL_DRIVER_SCALE": "5"}
+    line = error_line(klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, "--fresh",
+                          cwd=h.path, env=new_driver), 152)
+    assert "klbisect reset" in line
+    git(h.path, "bisect", "reset")           # ended by hand: the session is still active
+    line = error_line(klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, "--fresh",
+                          cwd=h.path, env=new_driver), 152)
+    assert "`klbisect reset`, then `klbisect start --fresh`" in line
+    klb("reset", cwd=h.path)
+    old_ids = {r["id"] for r in db_query(h.path, "SELECT id FROM runs")}
+    st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, "--fresh", cwd=h.path,
+             env=new_driver)
+    assert st.returncode == 0, st.stderr
+    assert f"--fresh: leaving out the {len(old_ids)} runs" in st.stderr
+    out = bisect_run(h.path, new_driver)
+    check_verdicts(h, out.stdout + out.stderr)
+    status = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    assert status["culprit"] == h.culprit and status["reused_runs"] == 0, out.stdout + out.stderr
+    assert not {r["id"] for r in json.loads(klb("log", "--json", cwd=h.path).stdout)} & old_ids
+    klb("reset", cwd=h.path)

@@ -703,7 +703,7 @@ def test_a_regression_the_bisect_does_not_confirm_is_suspect_and_not_posted(tmp_
             "baseline", "good")
     lv.commit("Quantize the KV cache (#200)", 0.008)
 
-    def alike(path, bcfg, progress):
+    def alike(path, bcfg, progress, **kw):
         raise NoDifference(f"good and bad do not separate after 40+40 runs between {bcfg.good[:12]} and "
                            f"{bcfg.bad[:12]}")
     monkeypatch.setattr(session, "run_bisect", alike)

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""A bisect after the environment changed: ``klbisect run`` reusing the old
+environment's runs, against ``klbisect run --fresh``.
+
+Each trial generates a history (the seed noise model, three labels) and
+runs a first bisect over ``good..main~5`` in the old environment, then
+bisects ``good..main`` in the new one twice, from copies of the same state:
+once as is (the first session's runs are reused) and once with ``--fresh``.
+The environment is ``histgen.DRIVER_PROBE``, a wrapper around the generated
+probe. ``--case shift``: the new one moves every value of every commit by
+``--scale`` (a new driver or wheel). ``--case appears``: the old one never
+shows the regression (its bad values fall in the good range: a kernel path
+only the new GPU takes), so the first bisect finds nothing. Everything is
+the real command, in subprocesses, on real repositories; runs are the new
+session's own.
+
+    python scripts/fresh_env.py --case shift --trials 10 --scale 1.6
+    python scripts/fresh_env.py --case appears --trials 10
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from klbisect.histgen import make_history, write_driver_probe  # noqa: E402
+
+def klbisect(repo: Path, *args: str, env: dict) -> dict:
+    env = {**os.environ, **env,
+           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    p = subprocess.run([sys.executable, "-m", "klbisect", *args, "--json"], cwd=repo, env=env,
+                       capture_output=True, text=True)
+    try:
+        out = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        out = {"culprit": None, "probe_runs": 0}
+    out["exit"] = p.returncode
+    return out
+
+
+def trial(args: tuple) -> dict:
+    seed, commits, case, scale, work = args
+    base = work / f"h{seed}"
+    h = make_history(base / "repo", n_commits=commits, seed=seed, culprit_index=commits // 3 + seed % (commits // 3))
+    cmd = write_driver_probe(base / "driver_probe.py")
+    old_bad = h.shas[-6]
+    old_env, new_env = (({}, {"KL_DRIVER_SCALE": str(scale)}) if case == "shift" else
+                        ({"KL_DRIVER_HIDE": "1"}, {"KL_DRIVER_SCALE": str(scale)}))
+    first = klbisect(h.path, "run", "--good", h.good, "--bad", old_bad, "--probe-cmd", cmd, env=old_env)
+    out = {"first": "right" if first.get("culprit") == h.culprit else
+           f"exit {first['exit']}" if first.get("culprit") is None else "WRONG"}
+    for how, extra in (("reused", ()), ("fresh", ("--fresh",))):
+        repo = base / how
+        shutil.copytree(h.path, repo, symlinks=True)
+        res = klbisect(repo, "run", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, *extra, env=new_env)
+        with sqlite3.connect(repo / ".git" / "klbisect" / "state.db") as db:
+            runs = db.execute("SELECT COUNT(*) FROM runs WHERE session_id=(SELECT MAX(id) FROM sessions)").fetchone()[0]
+        out[how] = {"right": res.get("culprit") == h.culprit, "named": res.get("culprit") is not None,
+                    "runs": runs, "exit": res["exit"]}
+    shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--commits", type=int, default=200)
+    ap.add_argument("--case", choices=("shift", "appears"), default="shift")
+    ap.add_argument("--scale", type=float, default=None,
+                    help="every value of the new environment, times this [default: 1.6 with shift, 1 with appears]")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=1)
+    a = ap.parse_args(argv)
+    scale = a.scale if a.scale is not None else 1.6 if a.case == "shift" else 1.0
+    t0 = time.time()
+    print(f"command: python scripts/fresh_env.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, mp.Pool(a.jobs) as pool:
+        jobs = [(a.seed + i, a.commits, a.case, scale, Path(tmp)) for i in range(a.trials)]
+        for i, r in enumerate(pool.imap(trial, jobs)):
+            rows.append(r)
+            print(f"  trial {i}: first bisect {r['first']}; "
+                  + "; ".join(f"{k}: {'right' if r[k]['right'] else 'named WRONG' if r[k]['named'] else 'no answer'} "
+                              f"exit {r[k]['exit']}, {r[k]['runs']} runs" for k in ("reused", "fresh")), flush=True)
+    for k in ("reused", "fresh"):
+        runs = np.array([r[k]["runs"] for r in rows])
+        right = sum(r[k]["right"] for r in rows)
+        wrong = sum(r[k]["named"] and not r[k]["right"] for r in rows)
+        print(f"{k:>7}: {right}/{len(rows)} right, {wrong} named a wrong commit; new runs mean {runs.mean():.1f}, "
+              f"max {runs.max()}")
+    old = "as generated" if a.case == "shift" else "the regression hidden"
+    print(f"({time.time() - t0:.0f} s, {a.jobs} worker(s); N = {a.commits}; old environment {old}, new one every value x{scale:g})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
