@@ -338,8 +338,10 @@ def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], b
     stands; runs that contradict the earlier ones stop the search with what
     to do. Sessions that reuse nothing skip this."""
     by_index: dict[int, list] = {}
+    tried: dict[int, int] = {}    # this session's runs per commit, crashed ones too: a crash is no reason to loop
     at = {s: i for i, s in enumerate(shas)}
     for r in ws.store.runs(probe_key, shas):
+        tried[at[r.sha]] = tried.get(at[r.sha], 0) + (r.session_id == sid)
         if r.value is not None:
             by_index.setdefault(at[r.sha], []).append(r)
     reused = [i for i, runs in by_index.items() if any(r.session_id != sid for r in runs)]
@@ -356,7 +358,7 @@ def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], b
                 f"and {other} in the {len(earlier)} runs earlier sessions recorded there "
                 f"({fmt_summary(summarize(earlier))}): the environment the probe sees changed since (a new "
                 "driver, wheel or machine?); rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
-        need += [i] * max(STALE_CHECK_RUNS - len(now), 0)
+        need += [i] * max(STALE_CHECK_RUNS - tried.get(i, 0), 0)
     return need
 
 
