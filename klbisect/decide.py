@@ -49,6 +49,9 @@ PAIR_SPREAD_MOST = 200    # _pair_spread: runs per side it compares pairwise (20
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 STALE_CHECK_RUNS = 2     # runs of its own a session takes at a boundary commit measured only by earlier ones
 STALE_RUN_LR = 3.0       # ... each leaning the other way this far contradicts those earlier runs
+STALE_P = 0.005          # ... or, leaning the other way in sum, differing from them by rank at this p
+STALE_SUSPECT_P = 0.2    # ... and at this p, with fewer than STALE_MAX_RUNS, one more run
+STALE_MAX_RUNS = 4
 UNDECIDED_SKIP = "undecided after"   # how judge's reason for a skip at --max-runs starts
 
 
@@ -547,17 +550,27 @@ def verdict_model(good: Sequence[float], bad: Sequence[float]) -> "Model | Predi
     return fitted if fitted.separates else PredictiveModel(tuple(good), tuple(bad), fitted)
 
 
-def contradicts(model, earlier: Sequence[float], now: Sequence[float], lr: float = STALE_RUN_LR) -> bool:
-    """Runs measured now at one commit read against the runs earlier sessions
-    recorded there: the earlier ones lean one way together, and each of at
-    least STALE_CHECK_RUNS new ones leans the other way at ``lr``:1 or more.
-    Runs are matched by the probe command alone, so this is what a new
-    driver, wheel or machine looks like at a commit the answer rests on."""
+def contradicts(model, earlier: Sequence[float], now: Sequence[float], lr: float = STALE_RUN_LR,
+                p: float = STALE_P) -> bool | None:
+    """Do runs measured now at one commit read against the runs earlier
+    sessions recorded there? Runs are matched by the probe command alone,
+    so this is what a new driver, wheel or machine looks like at a commit an
+    answer rests on. True: the new runs lean the other way, and either
+    differ from the earlier ones by rank (Mann-Whitney, two-sided, at ``p``)
+    or each leans the other way at ``lr``:1 or more (few earlier runs, where
+    ranks cannot show much). None: not yet sure either way; measure again
+    (up to STALE_MAX_RUNS). False: they agree, or nothing to compare."""
     if len(now) < STALE_CHECK_RUNS or not len(earlier):
-        return False
+        return False if not len(earlier) else None
     side = model.commit_log_lr(list(earlier))
     each = [model.commit_log_lr([v]) for v in now]
-    return side != 0 and all(e * side < 0 and abs(e) >= math.log(lr) for e in each)
+    against = side != 0 and sum(each) * side < 0
+    p_rank = float(_stats().mannwhitneyu(list(now), list(earlier), alternative="two-sided").pvalue)
+    if against and (p_rank <= p or all(e * side < 0 and abs(e) >= math.log(lr) for e in each)):
+        return True
+    if against and p_rank <= STALE_SUSPECT_P and len(now) < STALE_MAX_RUNS:
+        return None
+    return False
 
 
 def is_undecided_skip(decision: str, reason: str) -> bool:

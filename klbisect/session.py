@@ -24,7 +24,7 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP,
-                     STALE_CHECK_RUNS, UNDECIDED, UNDECIDED_LIMIT, Model, ThresholdModel, contradicts, crash_skip_limit,
+                     STALE_CHECK_RUNS, STALE_MAX_RUNS, UNDECIDED, UNDECIDED_LIMIT, Model, ThresholdModel, contradicts, crash_skip_limit,
                      endpoint_crash_limit, endpoint_step, is_undecided_skip, judge, separation, summarize,
                      verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
@@ -351,14 +351,17 @@ def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], b
     for i in ([max(below)] if below else []) + ([min(above)] if above else []):
         earlier = [r.value for r in by_index[i] if r.session_id != sid]
         now = [r.value for r in by_index[i] if r.session_id == sid]
-        if contradicts(model, earlier, now):
+        verdict = contradicts(model, earlier, now)
+        if verdict:
             side, other = ("bad", "good") if model.commit_log_lr(now) > 0 else ("good", "bad")
             raise KlbisectError(
                 f"{shas[i][:12]}, near the answer, reads {side} now ({', '.join(fmt_value(v) for v in now)}) "
                 f"and {other} in the {len(earlier)} runs earlier sessions recorded there "
                 f"({fmt_summary(summarize(earlier))}): the environment the probe sees changed since (a new "
                 "driver, wheel or machine?); rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
-        need += [i] * max(STALE_CHECK_RUNS - tried.get(i, 0), 0)
+        # not sure yet: one more run, unless this session already tried it that often
+        want = STALE_CHECK_RUNS if verdict is False or len(now) < STALE_CHECK_RUNS else len(now) + 1
+        need += [i] * max(min(want, STALE_MAX_RUNS) - tried.get(i, 0), 0)
     return need
 
 

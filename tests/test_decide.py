@@ -606,3 +606,13 @@ def test_runs_measured_now_that_read_against_a_commits_earlier_runs_contradict_t
     assert not contradicts(model, earlier_good, [0.0041, 0.0047])
     assert not contradicts(model, [], [0.0110, 0.0120])                    # nothing earlier to contradict
     assert contradicts(model, [0.0110, 0.0120, 0.0105], [0.0040, 0.0045])  # and the other way
+    # forty earlier runs: two new ones above them all differ by rank, even where the
+    # model weighs each at less than 3:1 (between the good and the bad runs)
+    forty = list(np.linspace(0.0038, 0.0060, 40))
+    gap = [0.0068, 0.0070]
+    assert all(abs(model.commit_log_lr([v])) < math.log(3) for v in gap)
+    assert contradicts(model, forty, gap)
+    assert contradicts(model, forty, [0.0059, 0.0060]) is False
+    # leaning the other way without proof yet: one more run (None), then an answer
+    assert contradicts(model, forty, [0.0080, 0.0058]) is None
+    assert contradicts(model, forty, [0.0080, 0.0058, 0.0050, 0.0045]) is False
