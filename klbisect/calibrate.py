@@ -204,7 +204,20 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
                                     "give a commit with the regression", EXIT_REVISION)
             probe, builder = make_probe(cfg), make_builder(cfg)
             build_key = builder.key if builder else None
-            sid = ws.store.create_session("calibrate", sha, bad_sha, probe.key, {**cfg.question(), "rev": rev})
+            # a --fresh calibration cut short is resumed by the next one, back to the first of the chain
+            resumed = ws.store.interrupted_calibration(sha, bad_sha, probe.key) if cfg.fresh else None
+            origin = ws.store.session(resumed.config.get("fresh_from", resumed.id)) if resumed else None
+            sid = ws.store.create_session("calibrate", sha, bad_sha, probe.key,
+                                          {**cfg.stored(), "rev": rev, **({"fresh_from": origin.id} if origin else {})})
+            if cfg.fresh:
+                ws.store.view_from(origin or ws.store.session(sid))
+                at = [sha, bad_sha or sha]
+                left_out = len(ws.store.runs(probe.key, at, every=True)) - len(ws.store.runs(probe.key, at))
+                if left_out or origin:
+                    progress(f"--fresh: leaving out the {left_out} runs this probe command recorded earlier at "
+                             f"{'these commits' if bad_sha else 'this commit'}"
+                             + (f"; resuming the interrupted --fresh calibration of session {origin.id}"
+                                if origin else ""))
             try:
                 return _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, build_key,
                                           thresholds, false_fail_rate, confidence, commits, progress)

@@ -414,6 +414,9 @@ def reset(repo, purge):
 @click.option("--confidence", "conf", type=float, default=0.95, show_default=True,
               help="Confidence of the threshold bound.")
 @probe_options
+@click.option("--fresh", is_flag=True,
+              help="Count only runs from now on (after a new driver, wheel or machine); the same command "
+                   "with --fresh resumes one that was interrupted.")
 @click.option("--json", "as_json", is_flag=True)
 def calibrate(repo, rev, runs, bad_rev, commits, thresholds, false_fail_rate, conf, as_json, **kw):
     """Run the probe N times at one commit and report what its values support."""

@@ -48,9 +48,10 @@ PAIR_SPREAD_MOST = 200    # _pair_spread: runs per side it compares pairwise (20
 
 GOOD, BAD, UNDECIDED, SKIP = "good", "bad", "undecided", "skip"
 STALE_CHECK_RUNS = 2     # runs of its own a session takes at a boundary commit measured only by earlier ones
-STALE_RUN_LR = 3.0       # ... each leaning the other way this far contradicts those earlier runs
-STALE_P = 0.005          # ... or, leaning the other way in sum, differing from them by rank at this p
-STALE_SUSPECT_P = 0.2    # ... and at this p, with fewer than STALE_MAX_RUNS, one more run
+STALE_RUN_LR = 3.0       # ... earlier runs leaning one way this far can be contradicted,
+STALE_SUM_LR = 1000.0    # ... by new runs weighing this much against them together,
+STALE_P = 0.005          # ... or sitting nearer the other side than they do, by rank, at this one-sided p;
+STALE_SUSPECT_P = 0.05   # ... at this p (or STALE_RUN_LR:1 against), with fewer than STALE_MAX_RUNS, one more run
 STALE_MAX_RUNS = 4
 UNDECIDED_SKIP = "undecided after"   # how judge's reason for a skip at --max-runs starts
 
@@ -550,27 +551,40 @@ def verdict_model(good: Sequence[float], bad: Sequence[float]) -> "Model | Predi
     return fitted if fitted.separates else PredictiveModel(tuple(good), tuple(bad), fitted)
 
 
-def contradicts(model, earlier: Sequence[float], now: Sequence[float], lr: float = STALE_RUN_LR,
-                p: float = STALE_P) -> bool | None:
+def contradicts(model, earlier: Sequence[float], now: Sequence[float]) -> bool | None:
     """Do runs measured now at one commit read against the runs earlier
     sessions recorded there? Runs are matched by the probe command alone,
     so this is what a new driver, wheel or machine looks like at a commit an
-    answer rests on. True: the new runs lean the other way, and either
-    differ from the earlier ones by rank (Mann-Whitney, two-sided, at ``p``)
-    or each leans the other way at ``lr``:1 or more (few earlier runs, where
-    ranks cannot show much). None: not yet sure either way; measure again
-    (up to STALE_MAX_RUNS). False: they agree, or nothing to compare."""
+    answer rests on. True: the earlier runs lean one way (STALE_RUN_LR:1 or
+    more) and either the new runs together weigh STALE_SUM_LR:1 against that
+    side (under a right model, runs of an unchanged commit do that at most
+    once in STALE_SUM_LR) or they sit nearer the other side than the earlier
+    runs do, by rank (one-sided Mann-Whitney at STALE_P). The rank test
+    needs no model: runs between the sides are where a model fitted to a
+    few endpoint runs is least sure, even of which side they are on. None:
+    leaning the other way, not yet sure; measure again (up to
+    STALE_MAX_RUNS). False: they agree, or nothing to compare."""
     if len(now) < STALE_CHECK_RUNS or not len(earlier):
         return False if not len(earlier) else None
     side = model.commit_log_lr(list(earlier))
-    each = [model.commit_log_lr([v]) for v in now]
-    against = side != 0 and sum(each) * side < 0
-    p_rank = float(_stats().mannwhitneyu(list(now), list(earlier), alternative="two-sided").pvalue)
-    if against and (p_rank <= p or all(e * side < 0 and abs(e) >= math.log(lr) for e in each)):
+    if abs(side) < math.log(STALE_RUN_LR):
+        return False
+    strength = -model.commit_log_lr(list(now)) * np.sign(side)   # log LR of the new runs against it
+    # earlier good: are the new runs further toward bad than the earlier ones (and the other way)
+    toward_bad = "greater" if _bad_is_higher(model) else "less"
+    toward = toward_bad if side < 0 else ("less" if toward_bad == "greater" else "greater")
+    p_rank = float(_stats().mannwhitneyu(list(now), list(earlier), alternative=toward).pvalue)
+    if strength >= math.log(STALE_SUM_LR) or p_rank <= STALE_P:
         return True
-    if against and p_rank <= STALE_SUSPECT_P and len(now) < STALE_MAX_RUNS:
+    if (strength >= math.log(STALE_RUN_LR) or p_rank <= STALE_SUSPECT_P) and len(now) < STALE_MAX_RUNS:
         return None
     return False
+
+
+def _bad_is_higher(model) -> bool:
+    if isinstance(model, PredictiveModel):
+        model = model.fitted
+    return not isinstance(model, Model) or model.mu_bad >= model.mu_good
 
 
 def is_undecided_skip(decision: str, reason: str) -> bool:

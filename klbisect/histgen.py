@@ -1074,8 +1074,9 @@ def _git_env() -> dict[str, str]:
 # The generated probe as another driver, wheel or machine sees it. KL_DRIVER_SCALE
 # multiplies every value; KL_DRIVER_HIDE=1 maps the moving label's bad range onto
 # the good one (a uniform model's): a regression this machine never shows.
-DRIVER_PROBE = r'''import json, os, re, subprocess, sys
+DRIVER_PROBE = r'''import json, os, re, subprocess, sys, time
 scale = float(os.environ.get("KL_DRIVER_SCALE", "1"))
+time.sleep(float(os.environ.get("KL_DRIVER_SLEEP", "0")))   # a slow machine, for tests that interrupt
 spec = json.load(open(".probe_noise.json"))
 (g0, g1), (b0, b1) = spec["good"], spec["bad"]
 label = None

@@ -73,8 +73,22 @@ def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
         return repo.git.execute(["git", "rev-parse", "--verify", "--quiet", "--end-of-options",
                                  f"{rev}^{{commit}}"]).strip()
     except git.GitCommandError:
-        raise KlbisectError(f"unknown {what} {rev!r}: no such commit in {toplevel(repo)}; "
-                            "check the name or fetch it first", EXIT_REVISION) from None
+        hint = (_SHALLOW_HINT if is_shallow(repo) else "check the name or fetch it first")
+        raise KlbisectError(f"unknown {what} {rev!r}: no such commit in {toplevel(repo)}; {hint}",
+                            EXIT_REVISION) from None
+
+
+_SHALLOW_HINT = ("this clone is shallow: run `git fetch --unshallow` (or `git fetch --shallow-since=DATE` "
+                 "reaching past the good commit), then run klbisect again")
+
+
+def is_shallow(repo: git.Repo) -> bool:
+    """A shallow clone cuts history short, so an old good commit is missing or
+    looks unrelated to bad: the fix is a fetch, not another revision."""
+    try:
+        return repo.git.execute(["git", "rev-parse", "--is-shallow-repository"]).strip() == "true"
+    except git.GitCommandError:
+        return False
 
 
 def is_ancestor(repo: git.Repo, a: str, b: str) -> bool:
@@ -91,8 +105,9 @@ def check_range(repo: git.Repo, good: str, bad: str) -> tuple[str, str]:
         raise KlbisectError(f"good and bad are the same commit ({g[:12]}); "
                             "give a known-good commit older than the bad one", EXIT_REVISION)
     if not is_ancestor(repo, g, b):
-        raise KlbisectError(f"good {good} ({g[:12]}) is not an ancestor of bad {bad} ({b[:12]}); "
-                            "swap them or pick a good commit from bad's history", EXIT_REVISION)
+        hint = _SHALLOW_HINT if is_shallow(repo) else "swap them or pick a good commit from bad's history"
+        raise KlbisectError(f"good {good} ({g[:12]}) is not an ancestor of bad {bad} ({b[:12]}); {hint}",
+                            EXIT_REVISION)
     return g, b
 
 

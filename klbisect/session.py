@@ -353,11 +353,11 @@ def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], b
         now = [r.value for r in by_index[i] if r.session_id == sid]
         verdict = contradicts(model, earlier, now)
         if verdict:
-            side, other = ("bad", "good") if model.commit_log_lr(now) > 0 else ("good", "bad")
+            was, other = ("bad", "good") if model.commit_log_lr(earlier) > 0 else ("good", "bad")
             raise KlbisectError(
-                f"{shas[i][:12]}, near the answer, reads {side} now ({', '.join(fmt_value(v) for v in now)}) "
-                f"and {other} in the {len(earlier)} runs earlier sessions recorded there "
-                f"({fmt_summary(summarize(earlier))}): the environment the probe sees changed since (a new "
+                f"{shas[i][:12]}, near the answer, read {was} in the {len(earlier)} runs earlier sessions "
+                f"recorded there ({fmt_summary(summarize(earlier))}) and leans {other} now "
+                f"({', '.join(fmt_value(v) for v in now)}): the environment the probe sees changed since (a new "
                 "driver, wheel or machine?); rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
         # not sure yet: one more run, unless this session already tried it that often
         want = STALE_CHECK_RUNS if verdict is False or len(now) < STALE_CHECK_RUNS else len(now) + 1

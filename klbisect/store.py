@@ -269,6 +269,16 @@ class Store:
                 return sess
         return None
 
+    def interrupted_calibration(self, rev: str, bad: str | None, probe_key: str) -> SessionRow | None:
+        """The latest calibration of this question, when it is a --fresh one
+        that stopped short of a result: a ``calibrate --fresh`` rerun resumes
+        from it instead of leaving its runs out too."""
+        row = self.db.execute(
+            "SELECT * FROM sessions WHERE kind='calibrate' AND good=? AND bad IS ? AND probe_key=? "
+            "ORDER BY id DESC LIMIT 1", (rev, bad, probe_key)).fetchone()
+        sess = self._session(row)
+        return sess if sess and sess.config.get("fresh") and sess.result is None else None
+
     def update_session(self, sid: int, **fields) -> None:
         cols, vals = [], []
         for k, v in fields.items():

@@ -3,9 +3,10 @@
 environment's runs, against ``klbisect run --fresh``.
 
 Each trial generates a history (the seed noise model, three labels) and
-runs a first bisect over ``good..main~5`` in the old environment, then
-bisects ``good..main`` in the new one twice, from copies of the same state:
-once as is (the first session's runs are reused) and once with ``--fresh``.
+runs a first bisect over ``good..main~5`` in the old environment (at most
+400 runs), then bisects ``good..main`` in the new one twice, from copies of
+the same state: once as is (the first session's runs are reused) and once
+with ``--fresh``.
 The environment is ``histgen.DRIVER_PROBE``, a wrapper around the generated
 probe. ``--case shift``: the new one moves every value of every commit by
 ``--scale`` (a new driver or wheel). ``--case appears``: the old one never
@@ -51,25 +52,51 @@ def klbisect(repo: Path, *args: str, env: dict) -> dict:
     return out
 
 
+def explain(repo: Path, shas: list[str], culprit: int, named: str) -> str:
+    """Where a wrong answer came from: each commit the last session saw,
+    with the earlier sessions' runs and its own."""
+    at = {s: i for i, s in enumerate(shas)}
+    with sqlite3.connect(repo / ".git" / "klbisect" / "state.db") as db:
+        last = db.execute("SELECT MAX(id) FROM sessions").fetchone()[0]
+        rows = db.execute("SELECT sha, session_id, value FROM runs ORDER BY id").fetchall()
+    seen: dict[int, tuple[list, list]] = {}
+    for sha, sid, v in rows:
+        if sha in at and v is not None:
+            seen.setdefault(at[sha], ([], []))[sid == last].append(v)
+    parts = [f"{i}: {len(e)} earlier" + (f" {min(e):.4f}-{max(e):.4f}" if e else "")
+             + (f", now {' '.join(f'{v:.4f}' for v in n)}" if n else "")
+             for i, (e, n) in sorted(seen.items())]
+    return f"named {at[named]}, culprit {culprit}; " + "; ".join(parts)
+
+
 def trial(args: tuple) -> dict:
-    seed, commits, case, scale, work = args
+    seed, commits, case, scale, work, keep = args
     base = work / f"h{seed}"
     h = make_history(base / "repo", n_commits=commits, seed=seed, culprit_index=commits // 3 + seed % (commits // 3))
     cmd = write_driver_probe(base / "driver_probe.py")
     old_bad = h.shas[-6]
     old_env, new_env = (({}, {"KL_DRIVER_SCALE": str(scale)}) if case == "shift" else
                         ({"KL_DRIVER_HIDE": "1"}, {"KL_DRIVER_SCALE": str(scale)}))
-    first = klbisect(h.path, "run", "--good", h.good, "--bad", old_bad, "--probe-cmd", cmd, env=old_env)
-    out = {"first": "right" if first.get("culprit") == h.culprit else
-           f"exit {first['exit']}" if first.get("culprit") is None else "WRONG"}
+    # capped as scripts/null_range.py is: in `appears` the old range holds no regression, and a
+    # search that starts on a chance hint there can run to the default 2,000 (docs/statistics.rst)
+    first = klbisect(h.path, "run", "--good", h.good, "--bad", old_bad, "--probe-cmd", cmd,
+                     "--max-total-runs", "400", env=old_env)
+    # a culprit under exit 157 (the cap) is the most likely commit, not an answer
+    named = first.get("culprit") if first["exit"] == 0 else None
+    out = {"first": "right" if named == h.culprit else f"exit {first['exit']}" if named is None else "WRONG"}
     for how, extra in (("reused", ()), ("fresh", ("--fresh",))):
         repo = base / how
         shutil.copytree(h.path, repo, symlinks=True)
         res = klbisect(repo, "run", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, *extra, env=new_env)
         with sqlite3.connect(repo / ".git" / "klbisect" / "state.db") as db:
             runs = db.execute("SELECT COUNT(*) FROM runs WHERE session_id=(SELECT MAX(id) FROM sessions)").fetchone()[0]
-        out[how] = {"right": res.get("culprit") == h.culprit, "named": res.get("culprit") is not None,
+        named = res.get("culprit") if res["exit"] == 0 else None
+        out[how] = {"right": named == h.culprit, "named": named is not None,
                     "runs": runs, "exit": res["exit"]}
+        if named and named != h.culprit:
+            out[how]["why"] = explain(repo, h.shas, h.culprit_index, named)
+    if keep and any(out[k]["named"] and not out[k]["right"] for k in ("reused", "fresh")):
+        shutil.copytree(base, keep / f"h{seed}", symlinks=True, dirs_exist_ok=True)
     shutil.rmtree(base, ignore_errors=True)
     return out
 
@@ -83,18 +110,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="every value of the new environment, times this [default: 1.6 with shift, 1 with appears]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--keep-wrong", type=Path, default=None, metavar="DIR",
+                    help="copy the repositories of trials that named a wrong commit here, to read their state")
     a = ap.parse_args(argv)
     scale = a.scale if a.scale is not None else 1.6 if a.case == "shift" else 1.0
     t0 = time.time()
     print(f"command: python scripts/fresh_env.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp, mp.Pool(a.jobs) as pool:
-        jobs = [(a.seed + i, a.commits, a.case, scale, Path(tmp)) for i in range(a.trials)]
+        jobs = [(a.seed + i, a.commits, a.case, scale, Path(tmp), a.keep_wrong) for i in range(a.trials)]
         for i, r in enumerate(pool.imap(trial, jobs)):
             rows.append(r)
             print(f"  trial {i}: first bisect {r['first']}; "
                   + "; ".join(f"{k}: {'right' if r[k]['right'] else 'named WRONG' if r[k]['named'] else 'no answer'} "
                               f"exit {r[k]['exit']}, {r[k]['runs']} runs" for k in ("reused", "fresh")), flush=True)
+            for k in ("reused", "fresh"):
+                if "why" in r[k]:
+                    print(f"    {k}: {r[k]['why']}", flush=True)
     for k in ("reused", "fresh"):
         runs = np.array([r[k]["runs"] for r in rows])
         right = sum(r[k]["right"] for r in rows)

@@ -163,3 +163,42 @@ def test_calibrate_counts_a_run_cut_off_short_of_its_labels_as_a_crash(history, 
     assert {ls["summary"]["n"] for ls in res["labels"]} == {6}
     whole = res["labels"][-1]
     assert whole["label"] == "(max over labels)" and whole["summary"]["min"] >= 0.004
+
+
+def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interrupted(history, driver_probe):
+    """After a new driver, the old runs would blur the threshold: --fresh
+    leaves them out, and Ctrl-C loses none of the new ones."""
+    import signal
+    import time
+
+    from conftest import klb_popen, reaped
+    h = history(n_commits=20, seed=13)
+    old = klb("calibrate", "--rev", h.good, "--runs", "5", "--probe-cmd", driver_probe, "--json", cwd=h.path)
+    assert old.returncode == 0, old.stderr
+    old_max = json.loads(old.stdout)["labels"][-1]["summary"]["max"]
+    new_driver = {"KL_DRIVER_SCALE": "10"}               # every value ten times the old ones
+    # a second per run: the Ctrl-C below lands with four runs still to go, however loaded the machine
+    slow = {**new_driver, "KL_DRIVER_SLEEP": "1.0"}
+    args = ("calibrate", "--rev", h.good, "--runs", "6", "--probe-cmd", driver_probe, "--fresh", "--json")
+    with reaped(klb_popen(*args, cwd=h.path, env=slow)) as first:
+        deadline = time.monotonic() + 120
+        while len(db_query(h.path, "SELECT id FROM runs")) < 7:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr
+            time.sleep(0.05)
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=60)
+    assert first.returncode == 130 and "Traceback" not in err, err
+    done_before = len(db_query(h.path, "SELECT id FROM runs")) - 5
+    again = klb(*args, cwd=h.path, env=new_driver)
+    assert again.returncode == 0, again.stderr
+    assert "--fresh: leaving out the 5 runs" in again.stderr and "resuming the interrupted --fresh" in again.stderr
+    res = json.loads(again.stdout)
+    assert res["runs"] == 6 and res["labels"][-1]["summary"]["min"] > old_max
+    assert len(db_query(h.path, "SELECT id FROM runs")) == 5 + 6     # the interrupted runs were kept
+    assert done_before >= 2
+    # finished, the next --fresh calibration starts anew; without --fresh every run counts
+    anew = klb(*args, cwd=h.path, env=new_driver)
+    assert "leaving out the 11 runs" in anew.stderr and json.loads(anew.stdout)["runs"] == 6
+    every = json.loads(klb("calibrate", "--rev", h.good, "--runs", "30", "--probe-cmd", driver_probe, "--json",
+                           cwd=h.path, env=new_driver).stdout)
+    assert every["labels"][-1]["summary"]["min"] <= old_max

@@ -783,6 +783,22 @@ def test_bad_revisions(small, good, bad, words):
     assert words in error_line(p, 151)
 
 
+def test_a_shallow_clone_is_told_to_fetch_more_history(small, tmp_path):
+    """CI checkouts are shallow: the good commit is missing or looks
+    unrelated, and the fix is a fetch, not another revision."""
+    clone = tmp_path / "shallow"
+    subprocess.run(["git", "clone", "-q", "--depth", "3", f"file://{small.path}", str(clone)], check=True)
+    p = klb("run", "--good", small.good, "--bad", "HEAD", "--probe-cmd", "true", cwd=clone)
+    line = error_line(p, 151)
+    assert "unknown good revision" in line and "git fetch --unshallow" in line
+    subprocess.run(["git", "fetch", "-q", "--depth", "1", "origin", small.good], cwd=clone, check=True)
+    p = klb("run", "--good", small.good, "--bad", "HEAD", "--probe-cmd", "true", cwd=clone)
+    line = error_line(p, 151)
+    assert "not an ancestor" in line and "git fetch --unshallow" in line
+    p = klb("run", "--good", "HEAD", "--bad", small.good, "--probe-cmd", "true", cwd=small.path)
+    assert "git fetch" not in error_line(p, 151)
+
+
 def test_no_probe_given(small):
     p = klb("run", "--good", small.good, "--bad", "main", cwd=small.path)
     assert "no probe given" in error_line(p, 150)
@@ -1163,7 +1179,7 @@ def test_runs_of_an_older_environment_beside_the_answer_are_checked_not_trusted(
     args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe)
     p = klb(*args, cwd=h.path)
     line = error_line(p, 154)
-    assert f"{old_bad[:12]}, near the answer, reads bad now" in line and "rerun with --fresh" in line
+    assert f"{old_bad[:12]}, near the answer, read good in the" in line and "leans bad now" in line and "rerun with --fresh" in line
     assert "First bad commit" not in p.stdout
     p = klb(*args, "--fresh", "--json", cwd=h.path)
     assert json_tail(p.stdout)["culprit"] == h.culprit, p.stderr

@@ -612,7 +612,27 @@ def test_runs_measured_now_that_read_against_a_commits_earlier_runs_contradict_t
     gap = [0.0068, 0.0070]
     assert all(abs(model.commit_log_lr([v])) < math.log(3) for v in gap)
     assert contradicts(model, forty, gap)
-    assert contradicts(model, forty, [0.0059, 0.0060]) is False
+    # two at the top of the earlier runs: one more run, which settles it
+    assert contradicts(model, forty, [0.0059, 0.0060]) is None
+    assert contradicts(model, forty, [0.0059, 0.0060, 0.0047]) is False
     # leaning the other way without proof yet: one more run (None), then an answer
     assert contradicts(model, forty, [0.0080, 0.0058]) is None
     assert contradicts(model, forty, [0.0080, 0.0058, 0.0050, 0.0045]) is False
+    # two earlier runs, too few for ranks: new runs that weigh 1000:1 against them together
+    # contradict them, though one of them sits between the sides (each-run 3:1 let this pass)
+    two = [0.0045, 0.0050]
+    assert contradicts(model, two, [0.0120, 0.0075]) is None
+    assert contradicts(model, two, [0.0120, 0.0075, 0.0110]) is True
+    # new runs between the sides, above every earlier run: the model may weigh them either
+    # way (a fit to few endpoint runs is least sure there), the ranks are clear
+    ten = list(np.linspace(0.0043, 0.0059, 10))
+    between = [0.0070, 0.0090, 0.0074]
+    assert contradicts(model, ten, between[:2]) is None
+    assert contradicts(model, ten, between) is True
+    unsure = Model.fit(GOODV + [0.0058, 0.0055], [0.011, 0.012, 0.0115, 0.0125, 0.0118, 0.0122, 0.0113])
+    assert unsure.commit_log_lr([0.0070, 0.0072]) < 0           # this fit calls them good
+    assert contradicts(unsure, ten, [0.0070, 0.0072, 0.0071]) is True
+    # ... and nearer the earlier side than the earlier runs are is no contradiction
+    assert contradicts(model, ten, [0.0040, 0.0041, 0.0040, 0.0042]) is False
+    # earlier runs that hardly lean either way are nothing to contradict
+    assert contradicts(model, [0.0065], [0.0110, 0.0120, 0.0115]) is False
