@@ -24,9 +24,9 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP,
-                     STALE_CHECK_RUNS, STALE_MAX_RUNS, UNDECIDED, UNDECIDED_LIMIT, Model, ThresholdModel, contradicts, crash_skip_limit,
-                     endpoint_crash_limit, endpoint_step, is_undecided_skip, judge, separation, summarize,
-                     verdict_model)
+                     STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, Model,
+                     ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
+                     is_undecided_skip, judge, separation, summarize, verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
@@ -349,20 +349,32 @@ def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], b
     above = [i for i in reused if i >= block.last]
     need = []
     for i in ([max(below)] if below else []) + ([min(above)] if above else []):
-        earlier = [r.value for r in by_index[i] if r.session_id != sid]
-        now = [r.value for r in by_index[i] if r.session_id == sid]
-        verdict = contradicts(model, earlier, now)
-        if verdict:
-            was, other = ("bad", "good") if model.commit_log_lr(earlier) > 0 else ("good", "bad")
-            raise KlbisectError(
-                f"{shas[i][:12]}, near the answer, read {was} in the {len(earlier)} runs earlier sessions "
-                f"recorded there ({fmt_summary(summarize(earlier))}) and leans {other} now "
-                f"({', '.join(fmt_value(v) for v in now)}): the environment the probe sees changed since (a new "
-                "driver, wheel or machine?); rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
-        # not sure yet: one more run, unless this session already tried it that often
-        want = STALE_CHECK_RUNS if verdict is False or len(now) < STALE_CHECK_RUNS else len(now) + 1
-        need += [i] * max(min(want, STALE_MAX_RUNS) - tried.get(i, 0), 0)
+        want = _own_runs_wanted(model, shas[i], by_index[i], sid, "near the answer",
+                                "rerun with --fresh to leave the earlier runs out")
+        need += [i] * max(want - tried.get(i, 0), 0)
     return need
+
+
+def _own_runs_wanted(model, sha: str, runs: list, sid: int, where: str, advice: str) -> int:
+    """How many runs of session ``sid`` a commit that earlier sessions
+    measured needs before its verdict may lean on their runs: STALE_CHECK_RUNS,
+    one more while ``contradicts`` is unsure (up to STALE_MAX_RUNS), and a
+    154 naming the commit and what to do once they read the other way."""
+    earlier = [r.value for r in runs if r.session_id != sid and r.value is not None]
+    now = [r.value for r in runs if r.session_id == sid and r.value is not None]
+    if not earlier:
+        return 0
+    verdict = contradicts(model, earlier, now)
+    if verdict:
+        was, other = ("bad", "good") if model.commit_log_lr(earlier) > 0 else ("good", "bad")
+        raise KlbisectError(
+            f"{sha[:12]}, {where}, read {was} in the {len(earlier)} runs earlier sessions "
+            f"recorded there ({fmt_summary(summarize(earlier))}) and leans {other} now "
+            f"({', '.join(fmt_value(v) for v in now)}): the environment the probe sees changed since (a new "
+            f"driver, wheel or machine?); {advice}", EXIT_NO_SIGNAL)
+    # not sure yet: one more run
+    want = STALE_CHECK_RUNS if verdict is False or len(now) < STALE_CHECK_RUNS else len(now) + 1
+    return min(want, STALE_MAX_RUNS)
 
 
 def _check_direction(cfg: BisectConfig, sep) -> None:
@@ -1193,7 +1205,8 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {log or '?'}", [])
                     break
                 verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
-                if verdict.decision != "undecided":
+                if verdict.decision != "undecided" and not (verdict.decision != SKIP
+                                                            and _reuse_unchecked(ws, sess.id, probe.key, sha, model)):
                     code = {GOOD: 0, BAD: 1, SKIP: 125}[verdict.decision]
                     v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
                     break
@@ -1216,6 +1229,17 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             return v
     finally:
         ws.close()
+
+
+def _reuse_unchecked(ws: Workspace, sid: int, probe_key: str, sha: str, model) -> bool:
+    """A verdict that leans on runs earlier sessions recorded at HEAD waits
+    for runs of this session that agree with them (``_own_runs_wanted``):
+    git bisect trusts each verdict for good, so it is checked at every
+    commit, not only beside the answer as ``run`` does."""
+    runs = ws.store.runs(probe_key, [sha])
+    want = _own_runs_wanted(model, sha, runs, sid, "the commit git bisect checked out",
+                            "`klbisect reset`, then `klbisect start --fresh` with the same options leaves them out")
+    return sum(r.session_id == sid for r in runs) < want
 
 
 def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: str) -> KlbisectError | None:
@@ -1353,7 +1377,28 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
                         f"git bisect finished, but all the runs put only {mass:.1%} on its answer (below "
                         f"--confidence {cfg.confidence:g}): a verdict may be wrong; `klbisect run --good "
                         f"{sess.good[:12]} --bad {sess.bad[:12]}` with the same probe reuses these runs and "
-                        "measures until sure", probe_key, build_key)
+                        "measures until sure" + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model),
+                        probe_key, build_key)
+
+
+def _stale_dissent(ws: Workspace, sid: int, probe_key: str, shas: list[str], between: list[int], model) -> str:
+    """Why all the runs doubt git's answer, when it is runs only earlier
+    sessions recorded, at a commit git never checked out here: after a new
+    driver or machine those are what is wrong, not a verdict."""
+    by: dict[str, list] = {}
+    for r in ws.store.runs(probe_key, shas):
+        if r.value is not None:
+            by.setdefault(r.sha, []).append(r)
+    for i, sha in enumerate(shas[1:-1], 1):        # the endpoints are known, whoever measured them
+        runs = by.get(sha, [])
+        if not runs or any(r.session_id == sid for r in runs) or between[0] <= i <= between[-1]:
+            continue
+        lr = model.commit_log_lr([r.value for r in runs])
+        if (lr <= -math.log(STALE_RUN_LR) and i > between[-1]) or (lr >= math.log(STALE_RUN_LR) and i < between[0]):
+            return (f"; the runs against it include {len(runs)} that earlier sessions recorded at {sha[:12]}, "
+                    f"which read {'good' if lr < 0 else 'bad'} and which git never checked out here: if the "
+                    "environment changed since, `klbisect reset`, then `klbisect start --fresh`")
+    return ""
 
 
 def explain_commit(entry: dict, model) -> str:

@@ -15,8 +15,13 @@ only the new GPU takes), so the first bisect finds nothing. Everything is
 the real command, in subprocesses, on real repositories; runs are the new
 session's own.
 
+``--flow git`` does each bisect as ``klbisect start`` and ``git bisect run
+klbisect probe`` instead (the answer: ``status``'s culprit after git
+finished; a probe's 154 or 157 aborts git and names none).
+
     python scripts/fresh_env.py --case shift --trials 10 --scale 1.6
     python scripts/fresh_env.py --case appears --trials 10
+    python scripts/fresh_env.py --case shift --flow git --trials 10
 """
 from __future__ import annotations
 
@@ -39,10 +44,13 @@ sys.path.insert(0, str(ROOT))
 
 from klbisect.histgen import make_history, write_driver_probe  # noqa: E402
 
+def _env(env: dict) -> dict:
+    return {**os.environ, **env,
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+
+
 def klbisect(repo: Path, *args: str, env: dict) -> dict:
-    env = {**os.environ, **env,
-           "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
-    p = subprocess.run([sys.executable, "-m", "klbisect", *args, "--json"], cwd=repo, env=env,
+    p = subprocess.run([sys.executable, "-m", "klbisect", *args, "--json"], cwd=repo, env=_env(env),
                        capture_output=True, text=True)
     try:
         out = json.loads(p.stdout.strip().splitlines()[-1])
@@ -50,6 +58,28 @@ def klbisect(repo: Path, *args: str, env: dict) -> dict:
         out = {"culprit": None, "probe_runs": 0}
     out["exit"] = p.returncode
     return out
+
+
+def bisect(repo: Path, good: str, bad: str, cmd: str, extra: tuple, env: dict, flow: str) -> dict:
+    """One bisect, the way ``flow`` says: ``run``, or ``start`` then ``git bisect run klbisect probe``
+    (klbisect as ``python -m klbisect``, this tree's). Returns its exit and the culprit it named."""
+    if flow == "run":
+        res = klbisect(repo, "run", "--good", good, "--bad", bad, "--probe-cmd", cmd, *extra, env=env)
+        return {"exit": res["exit"], "named": res.get("culprit") if res["exit"] == 0 else None}
+    st = subprocess.run([sys.executable, "-m", "klbisect", "start", "--good", good, "--bad", bad, "--probe-cmd", cmd,
+                         *extra], cwd=repo, env=_env(env), capture_output=True)
+    if st.returncode != 0:     # a start that stopped stays to be resumed: another question needs a reset
+        subprocess.run([sys.executable, "-m", "klbisect", "reset"], cwd=repo, env=_env(env), capture_output=True)
+        return {"exit": st.returncode, "named": None}
+    gb = subprocess.run(["git", "bisect", "run", sys.executable, "-m", "klbisect", "probe"], cwd=repo,
+                        env=_env(env), capture_output=True, text=True)
+    res = klbisect(repo, "status", env=env)
+    # git aborts on a probe's 128+ exit and says which; the answer is what it finished with
+    probe_exit = next((int(w) for line in gb.stdout.splitlines() + gb.stderr.splitlines()
+                       if "exit code" in line for w in line.split() if w.isdigit()), gb.returncode)
+    named = res.get("culprit") if gb.returncode == 0 and res.get("complete") else None
+    subprocess.run([sys.executable, "-m", "klbisect", "reset"], cwd=repo, env=_env(env), capture_output=True)
+    return {"exit": 0 if gb.returncode == 0 else probe_exit, "named": named}
 
 
 def explain(repo: Path, shas: list[str], culprit: int, named: str) -> str:
@@ -70,7 +100,7 @@ def explain(repo: Path, shas: list[str], culprit: int, named: str) -> str:
 
 
 def trial(args: tuple) -> dict:
-    seed, commits, case, scale, work, keep = args
+    seed, commits, case, scale, work, keep, flow = args
     base = work / f"h{seed}"
     h = make_history(base / "repo", n_commits=commits, seed=seed, culprit_index=commits // 3 + seed % (commits // 3))
     cmd = write_driver_probe(base / "driver_probe.py")
@@ -79,18 +109,17 @@ def trial(args: tuple) -> dict:
                         ({"KL_DRIVER_HIDE": "1"}, {"KL_DRIVER_SCALE": str(scale)}))
     # capped as scripts/null_range.py is: in `appears` the old range holds no regression, and a
     # search that starts on a chance hint there can run to the default 2,000 (docs/statistics.rst)
-    first = klbisect(h.path, "run", "--good", h.good, "--bad", old_bad, "--probe-cmd", cmd,
-                     "--max-total-runs", "400", env=old_env)
     # a culprit under exit 157 (the cap) is the most likely commit, not an answer
-    named = first.get("culprit") if first["exit"] == 0 else None
+    first = bisect(h.path, h.good, old_bad, cmd, ("--max-total-runs", "400"), old_env, flow)
+    named = first["named"]
     out = {"first": "right" if named == h.culprit else f"exit {first['exit']}" if named is None else "WRONG"}
     for how, extra in (("reused", ()), ("fresh", ("--fresh",))):
         repo = base / how
         shutil.copytree(h.path, repo, symlinks=True)
-        res = klbisect(repo, "run", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, *extra, env=new_env)
+        res = bisect(repo, h.good, h.bad, cmd, extra, new_env, flow)
         with sqlite3.connect(repo / ".git" / "klbisect" / "state.db") as db:
             runs = db.execute("SELECT COUNT(*) FROM runs WHERE session_id=(SELECT MAX(id) FROM sessions)").fetchone()[0]
-        named = res.get("culprit") if res["exit"] == 0 else None
+        named = res["named"]
         out[how] = {"right": named == h.culprit, "named": named is not None,
                     "runs": runs, "exit": res["exit"]}
         if named and named != h.culprit:
@@ -110,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="every value of the new environment, times this [default: 1.6 with shift, 1 with appears]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--flow", choices=("run", "git"), default="run",
+                    help="klbisect run, or klbisect start and git bisect run klbisect probe")
     ap.add_argument("--keep-wrong", type=Path, default=None, metavar="DIR",
                     help="copy the repositories of trials that named a wrong commit here, to read their state")
     a = ap.parse_args(argv)
@@ -118,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: python scripts/fresh_env.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp, mp.Pool(a.jobs) as pool:
-        jobs = [(a.seed + i, a.commits, a.case, scale, Path(tmp), a.keep_wrong) for i in range(a.trials)]
+        jobs = [(a.seed + i, a.commits, a.case, scale, Path(tmp), a.keep_wrong, a.flow) for i in range(a.trials)]
         for i, r in enumerate(pool.imap(trial, jobs)):
             rows.append(r)
             print(f"  trial {i}: first bisect {r['first']}; "

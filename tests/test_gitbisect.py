@@ -521,3 +521,64 @@ def test_start_fresh_judges_every_commit_by_the_new_environment_alone(history, d
     assert status["culprit"] == h.culprit and status["reused_runs"] == 0, out.stdout + out.stderr
     assert not {r["id"] for r in json.loads(klb("log", "--json", cwd=h.path).stdout)} & old_ids
     klb("reset", cwd=h.path)
+
+
+def test_probe_checks_runs_earlier_sessions_recorded_before_leaning_on_them(history, driver_probe):
+    """A second git bisect over the same commits reuses the first one's runs:
+    in the same environment each reused commit costs two runs that agree;
+    on a machine that no longer shows the regression, the first reused
+    commit that reads the other way stops git bisect with 154 and says to
+    start --fresh."""
+    h = history(n_commits=30, seed=37, merges=3, noise=SEPARATED)
+
+    def session(env: dict | None = None) -> subprocess.CompletedProcess:
+        st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, cwd=h.path, env=env)
+        assert st.returncode == 0, st.stderr
+        return bisect_run(h.path, env)
+
+    first = session()
+    check_verdicts(h, first.stdout + first.stderr)
+    assert json.loads(klb("status", "--json", cwd=h.path).stdout)["culprit"] == h.culprit
+    klb("reset", cwd=h.path)
+
+    same = session()
+    text = same.stdout + same.stderr
+    judged = check_verdicts(h, text)
+    assert json.loads(klb("status", "--json", cwd=h.path).stdout)["culprit"] == h.culprit, text
+    sid = max(r["id"] for r in db_query(h.path, "SELECT id FROM sessions"))
+    for i, _ in judged:
+        own = db_query(h.path, "SELECT value FROM runs WHERE sha=? AND session_id=?", (h.shas[i], sid))
+        assert len(own) >= 2, (i, text)          # reused, yet measured again before git trusts it
+    klb("reset", cwd=h.path)
+
+    moved = session({"KL_DRIVER_HIDE": "1"})
+    text = moved.stdout + moved.stderr
+    assert moved.returncode != 0 and in_bisect(h.path), text
+    line = next(ln for ln in text.splitlines() if ln.startswith("klbisect: error:"))
+    assert "the commit git bisect checked out, read bad in the" in line and "leans good now" in line, line
+    assert "`klbisect reset`, then `klbisect start --fresh`" in line
+    assert "154" in text                          # git's own line names the exit code it aborted on
+    klb("reset", cwd=h.path)
+    assert not in_bisect(h.path)
+
+
+def test_a_git_answer_doubted_only_by_earlier_sessions_runs_says_so(history, driver_probe):
+    """A machine that never showed the regression left runs at main~5;
+    git, on the new one, never checks that commit out, so its verdicts
+    cannot be stopped there, but the runs that doubt git's answer are named
+    with what to do."""
+    h = history(n_commits=40, seed=21, culprit_index=12, noise=SEPARATED)
+    old_bad = h.shas[-6]
+    hidden = klb("start", "--good", h.good, "--bad", old_bad, "--probe-cmd", driver_probe, cwd=h.path,
+                 env={"KL_DRIVER_HIDE": "1"})
+    assert "do not separate" in error_line(hidden, 154)
+    klb("reset", cwd=h.path)
+    st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, cwd=h.path)
+    assert st.returncode == 0, st.stderr
+    out = bisect_run(h.path)
+    check_verdicts(h, out.stdout + out.stderr)
+    status = klb("status", cwd=h.path).stdout
+    assert "NOT reached: git bisect finished" in status, status
+    assert f"earlier sessions recorded at {old_bad[:12]}, which read good and which git never checked out" in status
+    assert "`klbisect start --fresh`" in status
+    klb("reset", cwd=h.path)
