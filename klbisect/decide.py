@@ -570,9 +570,8 @@ def contradicts(model, earlier: Sequence[float], now: Sequence[float]) -> bool |
     if abs(side) < math.log(STALE_RUN_LR):
         return False
     strength = -model.commit_log_lr(list(now)) * np.sign(side)   # log LR of the new runs against it
-    # earlier good: are the new runs further toward bad than the earlier ones (and the other way)
-    toward_bad = "greater" if _bad_is_higher(model) else "less"
-    toward = toward_bad if side < 0 else ("less" if toward_bad == "greater" else "greater")
+    # are the new runs further toward the other side than the earlier ones: higher, when that side is
+    toward = "greater" if _bad_is_higher(model) == (side < 0) else "less"
     p_rank = float(_stats().mannwhitneyu(list(now), list(earlier), alternative=toward).pvalue)
     if strength >= math.log(STALE_SUM_LR) or p_rank <= STALE_P:
         return True

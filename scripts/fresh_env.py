@@ -29,6 +29,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -66,20 +67,23 @@ def bisect(repo: Path, good: str, bad: str, cmd: str, extra: tuple, env: dict, f
     if flow == "run":
         res = klbisect(repo, "run", "--good", good, "--bad", bad, "--probe-cmd", cmd, *extra, env=env)
         return {"exit": res["exit"], "named": res.get("culprit") if res["exit"] == 0 else None}
-    st = subprocess.run([sys.executable, "-m", "klbisect", "start", "--good", good, "--bad", bad, "--probe-cmd", cmd,
-                         *extra], cwd=repo, env=_env(env), capture_output=True)
-    if st.returncode != 0:     # a start that stopped stays to be resumed: another question needs a reset
-        subprocess.run([sys.executable, "-m", "klbisect", "reset"], cwd=repo, env=_env(env), capture_output=True)
-        return {"exit": st.returncode, "named": None}
-    gb = subprocess.run(["git", "bisect", "run", sys.executable, "-m", "klbisect", "probe"], cwd=repo,
-                        env=_env(env), capture_output=True, text=True)
-    res = klbisect(repo, "status", env=env)
-    # git aborts on a probe's 128+ exit and says which; the answer is what it finished with
-    probe_exit = next((int(w) for line in gb.stdout.splitlines() + gb.stderr.splitlines()
-                       if "exit code" in line for w in line.split() if w.isdigit()), gb.returncode)
-    named = res.get("culprit") if gb.returncode == 0 and res.get("complete") else None
-    subprocess.run([sys.executable, "-m", "klbisect", "reset"], cwd=repo, env=_env(env), capture_output=True)
-    return {"exit": 0 if gb.returncode == 0 else probe_exit, "named": named}
+    def klb(*args: str, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "klbisect", *args], cwd=repo, env=_env(env),
+                              capture_output=True, text=True, **kw)
+
+    try:
+        st = klb("start", "--good", good, "--bad", bad, "--probe-cmd", cmd, *extra)
+        if st.returncode != 0:
+            return {"exit": st.returncode, "named": None}
+        gb = subprocess.run(["git", "bisect", "run", sys.executable, "-m", "klbisect", "probe"], cwd=repo,
+                            env=_env(env), capture_output=True, text=True)
+        if gb.returncode != 0:     # git aborts on a probe's 128+ exit and names it
+            m = re.search(r"exit code (\d+)", gb.stdout + gb.stderr)
+            return {"exit": int(m.group(1)) if m else gb.returncode, "named": None}
+        res = json.loads(klb("status", "--json").stdout)
+        return {"exit": 0, "named": res.get("culprit") if res.get("complete") else None}
+    finally:   # a start that stopped stays to be resumed, and a finished git bisect stays open: reset both
+        klb("reset")
 
 
 def explain(repo: Path, shas: list[str], culprit: int, named: str) -> str:
