@@ -1205,8 +1205,10 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {log or '?'}", [])
                     break
                 verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
-                if verdict.decision != "undecided" and not (verdict.decision != SKIP
-                                                            and _reuse_unchecked(ws, sess.id, probe.key, sha, model)):
+                # before every verdict, undecided too: old and new runs pooled can stay undecided
+                # until --max-runs, and a skip there would hide the contradiction (raises 154)
+                unchecked = _reuse_unchecked(ws, sess.id, probe.key, sha, model)
+                if verdict.decision != "undecided" and not (unchecked and verdict.decision != SKIP):
                     code = {GOOD: 0, BAD: 1, SKIP: 125}[verdict.decision]
                     v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
                     break
