@@ -38,6 +38,9 @@ class LabelStats:
     # a bad commit's label: how often it fails the good commit's recommended
     # threshold, i.e. how often one CI run would catch the regression
     catch: dict | None = None
+    # what the runs alone say of the recommended threshold's true false-failure rate
+    # (recommendation_bound), whatever the estimator that chose it
+    recommended_bound: dict | None = None
 
 
 @dataclass
@@ -97,6 +100,49 @@ def default_thresholds(values: list[float]) -> list[float]:
 MAX_LABEL = "(max over labels)"
 
 
+def runs_for_bound(rate: float, confidence: float) -> int:
+    """Fewest runs that can bound a false-failure rate at ``rate`` with
+    ``confidence`` whatever the distribution: the smallest n with
+    1 - (1 - rate)^n >= confidence, where a threshold above all n runs is
+    the order statistic that bounds it (459 for 0.01 at 0.99)."""
+    n = max(1, math.ceil(math.log1p(-confidence) / math.log1p(-rate)))
+    # the logarithms can round across an integer: settle on the exact condition
+    while n > 1 and 1 - (1 - rate) ** (n - 1) >= confidence:
+        n -= 1
+    while 1 - (1 - rate) ** n < confidence:
+        n += 1
+    return n
+
+
+def recommendation_bound(values: list[float], threshold: float, rate: float, confidence: float) -> dict:
+    """The upper bound the runs alone put on a recommended threshold's true
+    false-failure rate, so that a log-normal fit's threshold is held to it
+    too: ``distribution_free`` says whether it reaches ``rate``. Clopper-
+    Pearson on k of n runs at or above it is exact, whatever the
+    distribution, for an order statistic picked by rank and for any
+    threshold above every run (k = 0, a tail fit's usual place): the rate
+    there is at most the top run's, a uniform order statistic."""
+    (_, k, n), = exceedances(values, [threshold])
+    b = exceedance_upper_bound(k, n, confidence)
+    return {"above": k, "runs": n, "rate_upper_bound": b, "distribution_free": b <= rate * (1 + 1e-9),
+            "runs_for_bound": runs_for_bound(rate, confidence)}
+
+
+def raise_to_labels(max_rec: float | None, label_recs: dict[str, float | None]) -> tuple[float | None, str | None]:
+    """The max over labels' threshold, raised to the highest label's. The
+    max is at or above every label in every run, so its quantile is at
+    least each label's; its own estimate can land lower, though: a
+    log-normal fit to a max of differently shaped labels misses the widest
+    label's tail, and a label's order statistic can come from runs the max
+    lacks (a nan in another label). Raising keeps a valid bound valid,
+    lowering a label would not. Returns (threshold, the label raised to or
+    None)."""
+    top = max(((r, lab) for lab, r in label_recs.items() if r is not None), default=None)
+    if top is None or (max_rec is not None and max_rec >= top[0]):
+        return max_rec, None
+    return top
+
+
 def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate: float,
                 confidence: float, good: list[LabelStats] | None = None) -> list[LabelStats]:
     """Per label: percentiles, exceedances and a recommended threshold; with
@@ -116,9 +162,9 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
     # a bad commit's runs are counted against the good commit's lines, so the two
     # blocks read side by side (its own would start at its own p25, above them)
     good_lines = {ls.label: [e["threshold"] for e in ls.exceedances] for ls in good or []}
-    out = []
+    out, values = [], {}
     for lab in labels:
-        vals = [d[lab] for d in values_by_run if lab in d]
+        vals = values[lab] = [d[lab] for d in values_by_run if lab in d]
         # a printed nan fails any threshold (exceedances count it), but its stand-in
         # would drag percentiles and candidate thresholds up to 1e9: those use the rest
         finite = [v for v in vals if not broke(v)]
@@ -130,7 +176,8 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
               for t, k, n in exceedances(vals, ths)]
         if good is None:
             rec, how = recommend_threshold(finite, rate, confidence)
-            out.append(LabelStats(lab, summary, ex, rec, how))
+            # its bound lines say whether it is distribution-free, and how many runs that needs
+            out.append(LabelStats(lab, summary, ex, rec, how if rec is None else how.split(" (")[0]))
             continue
         t = recommended.get(lab)
         catch = None
@@ -139,6 +186,16 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
             catch = {"threshold": t, "above": k, "runs": n,
                      "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
         out.append(LabelStats(lab, summary, ex, None, "a bad commit's runs", catch))
+    if good is None and out and out[-1].label == MAX_LABEL:
+        whole = out[-1]
+        rec, raised = raise_to_labels(whole.recommended, {ls.label: ls.recommended for ls in out[:-1]})
+        if raised is not None:
+            own = "none" if whole.recommended is None else fmt_value(whole.recommended)
+            whole.recommended, whole.recommended_how = rec, (
+                f"[{raised}]'s: the max fails whenever [{raised}] does; its own estimate was {own}")
+    for ls in out:
+        if ls.recommended is not None:
+            ls.recommended_bound = recommendation_bound(values[ls.label], ls.recommended, rate, confidence)
     return out
 
 
@@ -301,6 +358,31 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
     return res
 
 
+def needs_runs(rate: float, confidence: float) -> str:
+    n = runs_for_bound(rate, confidence)
+    return (f"a bound at {rate:g} from the runs alone ({confidence:.0%} confidence, any distribution) "
+            f"needs at least {n} runs (--runs {n})")
+
+
+def recommendation_lines(ls: LabelStats, rate: float, confidence: float) -> list[str]:
+    """The recommendation with the bound it carries: a tail fit aims at
+    ``rate`` but only the runs bound it, so it must not read as a bound."""
+    b = ls.recommended_bound
+    if b is None:        # stored before calibrate said what bounds it
+        return [f"      recommended threshold for <= {rate:g} false failures: "
+                f"{fmt_value(ls.recommended)} ({ls.recommended_how})"]
+    seen = (f"{b['above']}/{b['runs']} runs at or above it, so true rate <= {b['rate_upper_bound']:.3g} "
+            f"at {confidence:.0%} confidence")
+    if b["distribution_free"]:
+        return [f"      recommended threshold for <= {rate:g} false failures: {fmt_value(ls.recommended)} "
+                f"({seen}, any distribution; {ls.recommended_how})"]
+    lines = [f"      recommended threshold for {rate:g} false failures: {fmt_value(ls.recommended)} "
+             f"({ls.recommended_how}): an estimate, not a bound; {seen}"]
+    if b["runs"] < b["runs_for_bound"]:
+        lines.append(f"      {needs_runs(rate, confidence)}")
+    return lines
+
+
 def format_calibration(c: Calibration) -> str:
     bad = (f"; bad rev {c.bad_sha[:12]}: {c.bad_crashes} without a value" if c.bad_sha else "")
     lines = [f"Calibration of {c.rev} ({c.sha[:12]}): {c.runs} runs with values, {c.crashes} without{bad}"]
@@ -326,10 +408,10 @@ def format_calibration(c: Calibration) -> str:
             elif bad and ls.recommended is None:
                 lines.append("      no recommended threshold to try: the good commit had none for this label")
             elif ls.recommended is not None:
-                lines.append(f"      recommended threshold for <= {c.false_fail_rate:g} false failures: "
-                             f"{fmt_value(ls.recommended)} ({ls.recommended_how})")
+                lines.extend(recommendation_lines(ls, c.false_fail_rate, c.confidence))
             else:
-                lines.append(f"      no threshold recommended: {ls.recommended_how}")
+                lines.append(f"      no threshold recommended: {ls.recommended_how}; "
+                             + needs_runs(c.false_fail_rate, c.confidence))
     block("Per label:", c.labels)
     if c.bad_sha:
         block(f"Bad commit {c.bad_sha[:12]}:", c.bad_labels, bad=True)

@@ -261,14 +261,17 @@ class Model:
         if self.disjoint:
             return ("no run of one side fell among the other's, but they sit close for their spread: "
                     "the search integrates over both distributions")
-        return "they overlap: the search integrates over both distributions"
+        # not disjoint: runs of one side fell among the other's, or the
+        # closest ones stand under DISJOINT_MARGIN spreads apart
+        return ("they overlap, or their closest runs stand under 3/4 of a spread apart: the search integrates "
+                "over both distributions")
 
     @property
     def contact(self) -> str:
         """How the endpoints' runs relate, in the words of a progress line."""
         if self.separates:
             return "separate"
-        return "differ, but sit close for their spread" if self.disjoint else "differ, but their runs overlap"
+        return "differ, but sit close for their spread" if self.disjoint else "differ, but their runs overlap or nearly touch"
 
     def fence(self, spreads: float | None = None) -> tuple[float, float]:
         """(low, high) values beyond which a run is far outside both sides'

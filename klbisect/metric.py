@@ -85,6 +85,34 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     return values
 
 
+# The line naming the exception a Python run ended on: a traceback's last line,
+# pytest's "E   SomeError: ..." or "E   assert ...", unittest's summary.
+_EXC_LINE = re.compile(r"^(?:E\s+)?(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit))(?::|$)")
+_PYTEST_ASSERT = re.compile(r"^E\s+assert\b")
+_UNITTEST_SUMMARY = re.compile(r"^FAILED \(([^)]*)\)")
+
+
+def failed_its_check(text: str) -> bool:
+    """Did the run end on an assertion of its own (a test that printed a KL
+    and then failed ``assert kl < threshold``), not a crash? Such a run
+    stopped because a value it printed was too high, so the values it did
+    print are measurements even when it never reached its later labels.
+    unittest's summary decides when there is one (failures only, no
+    errors); otherwise the last exception line does."""
+    last = None
+    for line in _ANSI.sub("", text).splitlines():
+        m = _UNITTEST_SUMMARY.match(line)
+        if m:
+            return "failures=" in m.group(1) and "errors=" not in m.group(1)
+        if _PYTEST_ASSERT.match(line):
+            last = "AssertionError"
+            continue
+        m = _EXC_LINE.match(line)
+        if m:
+            last = m.group(1)
+    return last == "AssertionError"
+
+
 def check_regex(regex: str) -> None:
     """A --metric-regex that cannot work, refused before the first run."""
     try:

@@ -310,7 +310,7 @@ def today() -> str:
 
 def _report_path(ws, opts: NightlyOptions, night: str, head: str) -> str:
     if opts.report_path:
-        return opts.report_path
+        return os.path.abspath(opts.report_path)   # the record outlives the directory it was typed in
     ext = {"md": "md", "html": "html", "json": "json"}[opts.report_format]
     return str(ws.dir / "reports" / f"nightly-{night}-{head[:12]}.{ext}")
 
@@ -542,7 +542,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     cmp = j.cmp
     if not cr.values:
         from .session import _endpoint_problem  # noqa: PLC0415
-        why = _endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=f"the head of {opts.branch}",
+        # --branch given as a sha: "the head of 093d5bd 093d5bd5aec4" says it twice
+        where = "the head" if head.startswith(opts.branch.lower()) else f"the head of {opts.branch}"
+        why = _endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=where,
                                 metric_regex=cfg.metric_regex)
         if why is not None and why.code in (EXIT_USAGE, EXIT_PROBE_MISSING):
             raise why       # the command is wrong, not the branch: no verdict, rerun once fixed

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from .errors import EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value
 
 GOOD_C, BAD_C, UNK_C, CULPRIT_C = "#2b7bba", "#d62728", "#7f7f7f", "#ff7f0e"
@@ -25,10 +26,21 @@ def _save(fig, out: str | Path | None) -> bytes:
     fig.savefig(buf, format="png", dpi=110)
     data = buf.getvalue()
     if out is not None:
-        p = Path(out)
+        write_out(out, data)
+    return data
+
+
+def write_out(out: str | Path, data: bytes) -> Path:
+    """Write a file the user named with -o (its folders made): a path that
+    cannot be written is the user's to change, said in one line."""
+    p = Path(out)
+    try:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
-    return data
+    except OSError as e:
+        raise KlbisectError(f"cannot write {out}: {e.strerror or e}; give -o a path you can write",
+                            EXIT_USAGE) from None
+    return p
 
 
 def session_plot(data: dict, out: str | Path | None = None) -> bytes:

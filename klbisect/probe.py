@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .metric import parse_values
+from .metric import failed_its_check, parse_values
 from .proc import run_logged
 
 DEFAULT_TIMEOUT = 1800.0  # a 5-minute test plus a slow server launch, twice over
@@ -21,6 +21,9 @@ STATUS_OK = "ok"
 STATUS_CRASH = "crash"
 STATUS_TIMEOUT = "timeout"
 STATUS_NOTFOUND = "notfound"
+# printed values, then failed its own assertion: a measurement even if it
+# stopped before its later labels (their max can only be higher)
+STATUS_FAILED = "failed"
 
 
 @dataclass
@@ -65,11 +68,14 @@ def config_key(kind: str, **parts) -> str:
     return f"{kind}:" + hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def classify(values: dict[str, float], exit_code: int | None, timed_out: bool) -> str:
+def classify(values: dict[str, float], exit_code: int | None, timed_out: bool,
+             text: str = "") -> str:
     # a run stopped at --timeout is a crash even after printing values: the
     # labels it never reached are missing from its max (the values are kept)
     if timed_out:
         return STATUS_TIMEOUT
+    if values and exit_code and failed_its_check(text):
+        return STATUS_FAILED
     if values:
         return STATUS_OK
     if exit_code == 127:
@@ -100,5 +106,5 @@ class CommandProbe:
                          env=env, pid_dir=slot.pid_dir)
         text = Path(log_path).read_text(errors="replace")
         values = parse_values(text, self.metric_regex)
-        status = classify(values, res.exit_code, res.timed_out)
+        status = classify(values, res.exit_code, res.timed_out, text)
         return RunResult(values, res.exit_code, status, res.duration, str(log_path))

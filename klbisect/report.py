@@ -8,6 +8,7 @@ import textwrap
 from .calibrate import Calibration, format_calibration
 from .decide import Model
 from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value
+from .plots import write_out
 from .session import Result
 
 
@@ -159,7 +160,12 @@ def format_status(st: dict) -> str:
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:
             names = ", ".join(s[:12] for s in t["candidates"])
-            lines.append(f"  {t['mass']:.4f}  {names}  {t['subjects'][-1][:60]}")
+            lines.append(f"  {t['mass']:.4f}  {names}  {fmt_subject(t['subjects'][-1], 60)}")
+        res = st.get("result") or {}
+        answer = next((t["mass"] for t in st["top"] if res.get("candidates") == t["candidates"]), None)
+        if answer is not None and res.get("confidence") is not None and abs(answer - res["confidence"]) >= 5e-4:
+            lines.append("  (recomputed now from every run stored for these commits, later sessions' too; the "
+                         "Confidence below is the answer's when its search stopped)")
     if st.get("result"):
         lines.append("")
         lines.append(format_result(st["result"]))
@@ -664,8 +670,5 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
         text = json.dumps(render_json(data), default=str, indent=1)
     written = None
     if out and out != "-":
-        p = Path(out)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
-        written = str(p)
+        written = str(write_out(out, (text if text.endswith("\n") else text + "\n").encode("utf-8")))
     return {"text": text, "path": written, "plot": plot_path, "data": data}

@@ -32,7 +32,8 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSIN
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, scalar
-from .probe import DEFAULT_TIMEOUT, STATUS_NOTFOUND, STATUS_TIMEOUT, CommandProbe, Slot
+from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT, CommandProbe,
+                    Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
                    reap_stale)
 from .search import CommitRuns, plan
@@ -406,7 +407,7 @@ def _usual_labels(runs, counts: dict[frozenset, int] | None = None) -> frozenset
     the tally from one call to the next, for runs that come one at a time."""
     counts = {} if counts is None else counts
     for r in runs:
-        if r.values and r.status == "ok":
+        if r.values and r.status in (STATUS_OK, STATUS_FAILED):
             key = frozenset(r.values)
             counts[key] = counts.get(key, 0) + 1
     return max(counts, key=lambda k: (counts[k], len(k)), default=frozenset())
@@ -415,9 +416,11 @@ def _usual_labels(runs, counts: dict[frozenset, int] | None = None) -> frozenset
 def _cut_off(run, usual: frozenset) -> bool:
     """A run that failed before printing every label the others print: its
     max over labels misses the ones it never reached, so it is a crash, not a
-    low value. A failed assertion after the labels is a measurement, and a
-    run that exits 0 with fewer labels skipped them on purpose."""
-    return bool(usual) and run.exit_code != 0 and frozenset(run.values) < usual
+    low value. A failed assertion is a measurement, even one that stopped the
+    test before its later labels (their values could only raise the max),
+    and a run that exits 0 with fewer labels skipped them on purpose."""
+    return (bool(usual) and run.exit_code != 0 and run.status != STATUS_FAILED
+            and frozenset(run.values) < usual)
 
 
 def valued_runs(runs: list, metric: str | None) -> list:
@@ -436,7 +439,7 @@ def run_shown(run, usual: frozenset, metric: str | None) -> tuple[str, bool]:
     crash (as commit_runs judges it): a value the run printed before it
     timed out or failed short of its labels is named with what became of it."""
     if run.value is None:
-        return (f"no value for --metric {metric}" if run.status == "ok" and metric else f"no value ({run.status})"), True
+        return (f"no value for --metric {metric}" if run.status in (STATUS_OK, STATUS_FAILED) and metric else f"no value ({run.status})"), True
     if run.status == STATUS_TIMEOUT:
         return f"{fmt_value(run.value)}, then timed out: counted as a crash", True
     if metric is None and _cut_off(run, usual):
@@ -502,7 +505,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
             # a run that printed values and then hung is still cut short: its labels may be incomplete
             what = "printed values but did not finish" if last.values else "printed no metric value"
             return KlbisectError(f"{where} {sha[:12]} {what} in {cr.crashes} runs, "
-                                 f"the last stopped by --timeout after {last.duration or 0:.0f} s (a probe "
+                                 f"the last stopped by --timeout after {_seconds(last.duration)} (a probe "
                              f"that ignores SIGTERM is killed 5 s later); raise "
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
                                  EXIT_NO_SIGNAL, detail=log_tail(last.log_path or ""))
@@ -523,6 +526,12 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                     "outside the repository and --probe-cmd pointed at the copy")
         else:
             hint = no_value_hint(probe_key, metric_regex)
+        if any(r.values for r in runs):
+            # values, then a crash short of the labels the other runs print: said as such
+            return KlbisectError(f"{where} {sha[:12]} crashed part-way in {cr.crashes} runs: each printed some "
+                                 "labels' values, then failed without an assertion before the rest (a run "
+                                 "that fails its own assertion is measured); see why in the log: "
+                                 f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
         return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs"
                              f"{note} ({hint}); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
@@ -556,6 +565,15 @@ def _never_built(ws: Workspace, build_key: str | None, log_path: str | None) -> 
                          f"succeeded here: {build_fix_hint(build_key)}, and rerun; log: {log_path}",
                          EXIT_NO_SIGNAL,
                          detail=log_tail(log_path or ""))
+
+
+def _seconds(d: float | None) -> str:
+    """A duration as a --timeout reads: 0.5 s stays 0.5 s, 1800 s stays whole."""
+    d = d or 0.0
+    return f"{d:.1f} s" if d < 10 else f"{d:.0f} s"
+
+
+REBUILD_BATCH = 3   # endpoint runs a side per round when each switch of endpoint rebuilds
 
 
 def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: str, execute,
@@ -633,7 +651,12 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             # and rebuild the other endpoint, or relaunch its server, before every run.
             ng, nb = (max(m, per_side) if m else 0 for m in (step.more_good, step.more_bad))
             if width == 1 and (cfg.build_cmd or cfg.build or cfg.probe == "sglang"):
-                need = [good] * ng + [bad] * nb
+                # a few runs a side per round, the endpoint built last first: one rebuild per
+                # round instead of two for every pair of runs
+                ng, nb = (min(max(n, REBUILD_BATCH), max(cfg.max_endpoint_runs - len(cr.values), n)) if n else 0
+                          for n, cr in ((ng, g), (nb, b)))
+                last = [r.sha for r in ws.store.session_runs(sid) if r.sha in (good, bad)][-1:]
+                need = [bad] * nb + [good] * ng if last == [bad] else [good] * ng + [bad] * nb
             else:
                 need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
         so_far = ""
@@ -1091,6 +1114,15 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             gitrepo.ensure_clean(ws.repo)
             good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
             active = ws.store.active_session("gitbisect")
+            if (active and active.state == "calibrating" and active.model is None
+                    and not gitrepo.bisect_in_progress(ws.repo)
+                    and (active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question())):
+                # a start that failed (a probe-cmd typo, endpoints that did not separate) before
+                # git bisect began: the corrected command replaces it; its runs stay in the store
+                ws.store.update_session(active.id, state="ended", ended=time.time())
+                progress(f"klbisect: session {active.id} stopped before git bisect began; starting over "
+                         "with these options")
+                active = None
             if active and (active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question()):
                 raise KlbisectError(f"a klbisect session ({active.id}) is already active here; "
                                     "run `klbisect reset` first", EXIT_REPO_STATE)
@@ -1106,6 +1138,8 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 cfg.fresh = bool(active.config.get("fresh"))
                 ws.store.update_session(sid, config=cfg.stored())
                 ws.use_session(ws.store.session(sid))
+                if ws.store.get(_stop_key(sid)):
+                    ws.store.put(_stop_key(sid), "")
             else:
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
                 ws.use_session(ws.store.session(sid))
@@ -1128,6 +1162,9 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             try:
                 model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe.key, build_key, progress,
                                             pooled=False)
+            except KlbisectError as e:
+                _note_stop(ws.store, sid, e.message)
+                raise
             finally:
                 if slot.checkout.exists():
                     gitrepo.worktree_remove(ws.repo, slot.checkout)
@@ -1226,11 +1263,50 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     usual = _usual_labels(ws.store.runs(probe.key, [sess.good, sess.bad, sha]))
                     progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
                              f"{run_shown(run, usual if ws.metric is None else frozenset(), ws.metric)[0]}")
+            if v.decision == SKIP and not v.values and not cr.build_failed:
+                _check_environment(ws, sess, cfg, probe, builder, sha, progress)
             ws.store.set_verdict(sess.id, sha, v.decision, {"reason": v.reason, "values": v.values})
             progress(f"klbisect: {sha[:12]} is {v.decision.upper()}: {v.reason}")
             return v
     finally:
         ws.close()
+
+
+def _check_environment(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe, builder, sha: str,
+                       progress: Progress) -> None:
+    """Two commits in a row skipped on crashes alone: an untestable
+    stretch, or the environment broke (a lost GPU, a deleted test) and git
+    would skip every commit it tries next, for days. One run of the good
+    endpoint, in a worktree so git's checkout stays put, tells them apart;
+    a crash there aborts git bisect (154) before it skips more."""
+    earlier = [(s, v) for s, v in ws.store.verdicts(sess.id).items() if s != sha]
+    if not earlier:
+        return
+    prev, pv = earlier[-1]
+    if pv["verdict"] != SKIP or pv.get("values") or str(pv.get("reason", "")).startswith("build failed"):
+        return
+    progress(f"klbisect: {prev[:12]} and {sha[:12]} both crashed on every run: running the good endpoint "
+             f"{sess.good[:12]} once to check the environment")
+    build_key = builder.key if builder else None
+    measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=True,
+                        on_build=say_building(progress))
+    slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+    try:
+        run = record(ws, sess.id, probe.key, build_key, measurer.measure(sess.good, slot), slot.checkout)
+    finally:
+        if slot.checkout.exists():
+            gitrepo.worktree_remove(ws.repo, slot.checkout)
+        if build_key:
+            ws.store.put(f"last_build:{build_key}:{ws.top}", "")   # the install is the good endpoint's now
+    if run is None or run.value is None or run.status == STATUS_TIMEOUT:
+        raise KlbisectError(
+            f"the environment broke mid-bisect: {prev[:12]} and {sha[:12]} crashed on every run, and so did the "
+            f"good endpoint {sess.good[:12]}, which printed values before"
+            + (f" (log: {run.log_path})" if run is not None else " (its build failed)")
+            + f"; fix it, then `git bisect run klbisect probe` again: finished runs are kept, and git keeps "
+            f"{prev[:12]} skipped (`git bisect log` shows it)", EXIT_NO_SIGNAL)
+    progress(f"klbisect: the good endpoint printed {fmt_value(run.value)}: the environment works, "
+             f"{sha[:12]} is untestable")
 
 
 def _reuse_unchecked(ws: Workspace, sid: int, probe_key: str, sha: str, model) -> bool:

@@ -41,6 +41,9 @@ C = 1 when they never overlap). It equals the information at P(bad) = 1/2
 on every model whose sides share one shape; on the spike model it is 4.6%
 above it.
 
+Progress goes to stderr, a line per finished row (model, N, strategy) and a
+count every 10 s between rows; stdout and --write-docs hold only the table.
+
 Usage::
 
     python scripts/bench_bisect.py                 # the table in docs/benchmarks.rst
@@ -74,6 +77,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -281,21 +285,42 @@ VARIANTS = {
 SETS = {"main": SCENARIOS, "heldout": HELDOUT, "variants": VARIANTS}
 
 
+# What each --model key does, as parse_model and Scenario.draw read it (--help prints these).
 MODEL_KEYS = {
-    "name": "the row's name",
-    "kind": "uniform or lognormal",
-    "good": "uniform: lo,hi of a good run's moving label; lognormal: median,sigma (of log)",
-    "bad": "uniform: lo,hi of a bad run's moving label; lognormal: lo,hi of the median's factor",
-    "labels": "labels per run (the run's value is their max; one label moves)",
-    "outliers": "share of runs multiplied by outlier-mult",
-    "outlier-mult": "lo,hi of the outlier factor",
-    "crashes": "share of runs with no value",
-    "spikes": "share of BAD runs multiplied by spike-mult (a regression seen as spikes)",
-    "spike-mult": "lo,hi of the spike factor",
-    "threshold": "CI threshold for plain, maj5 and git-bayesect (default: where a good run "
-                 "fails 6% of the time, for lognormal; between the sides' maxima, for uniform)",
-    "untestable": "lo,hi length of the build-broken stretch before the culprit",
+    "name": "NAME: the row's name (default custom); each --model needs its own",
+    "kind": "uniform (default) or lognormal: how good= and bad= are read",
+    "good": "uniform: LO,HI, each label of a run is U(LO,HI) (default 0.003,0.006); "
+            "lognormal: MEDIAN,SIGMA, each label is MEDIAN*exp(SIGMA*Z), Z standard normal "
+            "(default 0.002,0.261)",
+    "bad": "uniform: LO,HI, at a bad commit ONE label is U(LO,HI) instead, the others stay good "
+           "(default 0.007,0.013); lognormal: a FACTOR range LO,HI on the median, one factor drawn "
+           "per trial, and EVERY label moves by it (default 1.2,1.3), so 'one label of N moves' "
+           "needs kind=uniform. Bad must be above good (uniform: bad HI > good HI; lognormal: "
+           "1 <= LO, HI > 1), or equal to it with spikes=",
+    "labels": "N: labels per run; a run's value is their max (default 3 uniform, 1 lognormal)",
+    "outliers": "RATE in [0,1): share of runs, at any commit, multiplied by U(outlier-mult) (default 0)",
+    "outlier-mult": "LO,HI: the outlier factor (default 3,10)",
+    "crashes": "RATE in [0,1): share of runs, at any commit, that give no value (default 0)",
+    "spikes": "RATE in [0,1): share of BAD commits' runs multiplied by U(spike-mult), a regression "
+              "seen as spikes (default 0)",
+    "spike-mult": "LO,HI, 1 <= LO, HI > 1: the spike factor (default 4,8)",
+    "threshold": "KL: a run at or above it fails, for plain, maj5 and bayesect (default: uniform "
+                 "sqrt(good HI * bad HI); lognormal MEDIAN*exp(1.555*SIGMA), which 6% of one-label "
+                 "good runs reach)",
+    "untestable": "LO,HI whole numbers: each trial puts LO..HI build-broken commits right before "
+                  "the culprit (default 0,0)",
 }
+
+
+def model_keys_help() -> str:
+    """--help's list of --model keys, one wrapped entry per key, as wide as argparse's."""
+    width = max(60, min(100, shutil.get_terminal_size().columns - 2))
+    lines = ["--model keys (SPEC is space-separated key=value words):"]
+    for key, what in MODEL_KEYS.items():
+        lines += textwrap.wrap(what, width, initial_indent=f"  {key + '=':<14}", subsequent_indent=" " * 16,
+                               break_on_hyphens=False)
+    return "\n".join(lines)
+
 
 NUMBER_KEYS = ("labels", "outliers", "crashes", "threshold", "spikes")     # the rest but name and kind are lo,hi
 
@@ -335,17 +360,24 @@ def parse_model(spec: str) -> Scenario:
         key, eq, val = word.partition("=")
         if not eq or key not in MODEL_KEYS:
             raise ValueError(f"--model: {word!r} is not key=value with a key among {', '.join(MODEL_KEYS)}")
+        if key in fields:
+            raise ValueError(f"--model: {key}= is given twice; give it once")
+        if key in ("name", "kind"):
+            fields[key] = val
+            continue
         try:
-            if key in ("name", "kind"):
-                fields[key] = val
-            elif key in NUMBER_KEYS:
-                fields[key] = int(val) if key == "labels" else float(val)
-            else:
-                lo, hi = (float(x) for x in val.split(","))
-                fields[key] = (int(lo), int(hi)) if key == "untestable" else (lo, hi)
+            nums = [float(x) for x in val.split(",")]
+            if len(nums) != (1 if key in NUMBER_KEYS else 2) or (key == "labels" and not nums[0].is_integer()):
+                raise ValueError
         except ValueError:
-            takes = "a number" if key in NUMBER_KEYS else "two numbers: lo,hi"
+            takes = ("a whole number" if key == "labels" else "a number" if key in NUMBER_KEYS
+                     else "two numbers: lo,hi")
             raise ValueError(f"--model: {word!r}: {key} takes {takes}") from None
+        if not all(map(math.isfinite, nums)):
+            raise ValueError(f"--model: {word!r}: give finite numbers")
+        fields[key] = int(nums[0]) if key == "labels" else nums[0] if key in NUMBER_KEYS else tuple(nums)
+    if fields.get("name") == "":
+        raise ValueError("--model: name= is empty; give the row a name")
     kind = fields.get("kind", "uniform")
     if kind not in ("uniform", "lognormal"):
         raise ValueError(f"--model: kind={kind} is not uniform or lognormal")
@@ -358,13 +390,30 @@ def parse_model(spec: str) -> Scenario:
     for key in ("outliers", "crashes", "spikes"):
         if not 0 <= fields.get(key, 0.0) < 1:
             raise ValueError(f"--model: {key}={fields[key]:g} is a share of runs: give 0 <= {key} < 1")
+    spikes = fields.get("spikes", 0.0) > 0
+    # Bad runs that never read higher are no regression to find: every strategy scores
+    # about 0% after thousands of runs. With spikes= the spikes alone may carry it.
+    said = {k: f"{k}={v[0]:g},{v[1]:g}" + ("" if k in fields else " (the default)")
+            for k, v in (("good", good), ("bad", bad))}
+    if kind == "uniform" and not (bad[1] > good[1] or (spikes and bad[1] == good[1])):
+        raise ValueError(f"--model: {said['bad']} is not above {said['good']}: a regression raises KL, "
+                         "so give bad hi > good hi (bad hi = good hi only with spikes=)")
+    if kind == "lognormal" and not (bad[0] >= 1 and (bad[1] > 1 or spikes)):
+        raise ValueError(f"--model: {said['bad']} is a factor on the good median and a regression raises "
+                         "it: give 1 <= lo <= hi with hi > 1 (hi = 1 only with spikes=)")
     if fields.get("labels", 1) < 1:
         raise ValueError(f"--model: labels={fields['labels']}: a run has at least 1 label")
-    for key in ("outlier-mult", "spike-mult"):
-        if key in fields and not 0 < fields[key][0] <= fields[key][1]:
-            raise ValueError(f"--model: {key} takes a factor lo,hi with 0 < lo <= hi")
-    if "untestable" in fields and not 0 <= fields["untestable"][0] <= fields["untestable"][1]:
-        raise ValueError("--model: untestable takes a length lo,hi with 0 <= lo <= hi")
+    if "outlier-mult" in fields and not 0 < fields["outlier-mult"][0] <= fields["outlier-mult"][1]:
+        raise ValueError("--model: outlier-mult takes a factor lo,hi with 0 < lo <= hi")
+    lo, hi = fields.get("spike-mult", (4.0, 8.0))
+    if not (1 <= lo <= hi and hi > 1):
+        raise ValueError("--model: spike-mult takes a factor lo,hi with 1 <= lo <= hi and hi > 1: "
+                         "a spike raises a bad run")
+    if "untestable" in fields:
+        lo, hi = fields["untestable"]
+        if not (lo.is_integer() and hi.is_integer() and 0 <= lo <= hi):
+            raise ValueError("--model: untestable takes a length lo,hi of whole numbers with 0 <= lo <= hi")
+        fields["untestable"] = (int(lo), int(hi))
     if fields.get("threshold", 1.0) <= 0:
         raise ValueError("--model: threshold takes a KL value > 0")
     threshold = fields.get("threshold")
@@ -659,14 +708,92 @@ def register_custom(specs: list[str]) -> None:
     SETS["custom"] = {sc.key: sc for sc in custom}
 
 
+PROGRESS_EVERY = 10.0   # seconds between "trials done" lines while no row finishes
+
+
+class Progress:
+    """Sparse progress on stderr, so minutes of trials are not silence: a line
+    per finished row (model, N, strategy) and, between rows, at most one
+    every PROGRESS_EVERY seconds. Stdout keeps only the table."""
+
+    def __init__(self, jobs: list, workers: int):
+        self.t0 = self.last = time.time()
+        self.total, self.done = len(jobs), 0
+        self.size = collections.Counter(self.row(j) for j in jobs)
+        self.left = collections.Counter(self.size)
+        self.rows, self.rows_done = len(self.size), 0
+        self.right: collections.Counter = collections.Counter()
+        self.runs: collections.Counter = collections.Counter()
+        # target_floor mixes sets and confidence marks: name them then
+        self.sets = len({key[0] for key in self.size}) > 1
+        self.marks = len({key[4] for key in self.size}) > 1
+        self.say(f"{self.total:,} trials in {self.rows} rows on {workers} worker(s); "
+                 "a line per finished row")
+
+    @staticmethod
+    def row(j: tuple) -> tuple:
+        _, mi, si, n, strat, _, _, opts = j
+        return si, mi, n, strat, opts.get("bayesect_confidence" if strat == "bayesect" else "confidence")
+
+    def say(self, what: str) -> None:
+        self.last = time.time()
+        print(f"[{self.last - self.t0:5.0f} s] {what}", file=sys.stderr, flush=True)
+
+    def add(self, j: tuple, r: "TrialResult") -> None:
+        key = self.row(j)
+        self.done += 1
+        self.left[key] -= 1
+        self.right[key] += r.ok
+        self.runs[key] += r.runs
+        if self.left[key] == 0:
+            self.rows_done += 1
+            k = self.size[key]
+            where = f"{list(SETS)[key[0]]} " if self.sets else ""
+            mark = f" at {key[4]:g}" if self.marks else ""
+            self.say(f"{self.counts()}  {where}{j[0].key} N={j[3]:,} {j[4]}{mark}: {k} trial{'s' * (k != 1)}, "
+                     f"{100 * self.right[key] / k:.1f}% right, {self.runs[key] / k:.1f} runs each")
+        else:
+            self.tick()
+
+    def counts(self) -> str:
+        return f"{self.rows_done}/{self.rows} rows, {self.done:,}/{self.total:,} trials"
+
+    def tick(self) -> None:
+        if time.time() - self.last >= PROGRESS_EVERY:
+            self.say(self.counts())
+
+
+def _job_chunk(chunk: list) -> list:
+    return [(i, _job(j)) for i, j in chunk]
+
+
 def run_jobs(jobs: list, workers: int, tmp: str) -> list:
-    """Every job's result, in the jobs' order; ``tmp`` (git-bayesect's
-    generated repositories) is removed afterwards."""
+    """Every job's result, in the jobs' order, with progress on stderr;
+    ``tmp`` (git-bayesect's generated repositories) is removed afterwards."""
+    progress = Progress(jobs, workers)
+    out: list = [None] * len(jobs)
     try:
         if workers > 1:
             with mp.Pool(workers) as pool:
-                return pool.map(_job, jobs, chunksize=4)
-        return [_job(j) for j in jobs]
+                # chunks of 4 made here: with chunksize > 1 imap has no next(timeout)
+                items = list(enumerate(jobs))
+                it = pool.imap_unordered(_job_chunk, [items[k:k + 4] for k in range(0, len(items), 4)])
+                while True:
+                    try:
+                        done = it.next(timeout=PROGRESS_EVERY)
+                    except mp.TimeoutError:       # a long trial: say the count anyway
+                        progress.tick()
+                        continue
+                    except StopIteration:
+                        break
+                    for i, r in done:
+                        out[i] = r
+                        progress.add(jobs[i], r)
+        else:
+            for i, j in enumerate(jobs):
+                out[i] = _job(j)
+                progress.add(j, out[i])
+        return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -707,7 +834,8 @@ def trials_for(strat: str, n: int, base: int, opts, model: str = "") -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=model_keys_help(),
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=150, help="trials per row for N <= 1000 "
                     "(N = 10,000 rows use a quarter, klbisect on the overlap model an eighth)")
     ap.add_argument("--bayesect-trials", type=int, default=20,
@@ -723,7 +851,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", dest="custom", action="append", default=[], metavar="SPEC",
                     help="your own noise model instead of a set, as key=value words, e.g. "
                          "\"name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 outliers=0.05 "
-                         "crashes=0.02\"; repeatable; keys: " + ", ".join(MODEL_KEYS))
+                         "crashes=0.02\"; repeatable; the keys are listed at the end")
     ap.add_argument("--random-models", type=int, default=0, metavar="K",
                     help="K random --model specs drawn with --seed (printed with the table)")
     ap.add_argument("--confidence", type=float, default=CONFIDENCE,

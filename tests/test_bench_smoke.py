@@ -26,6 +26,9 @@ def test_bench_smoke(tmp_path):
     assert klb[4] == "100.0%"                 # three easy trials: all right
     assert "C = 1.000" in text                # non-overlapping values carry one bit per run
     assert out_rst.read_text().startswith("command: python scripts/bench_bisect.py")
+    # progress is on stderr, one line per row; the table alone on stdout
+    assert "seed N=100 klbisect: 3 trials, 100.0% right" in r.stderr and "trials in 2 rows" in r.stderr
+    assert "right," not in text and "right," not in out_rst.read_text()
 
 
 def test_bench_variants_and_unknown_model():
@@ -76,6 +79,57 @@ def test_bench_own_model_as_a_new_user_would():
         bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--model", spec],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bench_help_says_what_each_model_key_does():
+    """--help gives every --model key a phrase, and says how lognormal's bad= differs."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bisect as bb
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--help"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    keys = r.stdout.split("--model keys")[1]
+    said = {ln.split()[0] for ln in keys.splitlines()[1:] if ln[:2] == "  " and ln[2:3].strip()}
+    assert said == {k + "=" for k in bb.MODEL_KEYS}
+    flat = " ".join(keys.split())
+    for phrase in ("ONE label is U(LO,HI) instead", "a FACTOR range LO,HI on the median",
+                   "EVERY label moves", "needs kind=uniform", "MEDIAN,SIGMA", "a run's value is their max",
+                   "share of BAD commits' runs", "at any commit", "build-broken commits right before the culprit"):
+        assert phrase in flat, phrase
+
+
+def test_bench_model_whose_bad_is_not_above_good_is_one_line():
+    """Bad values at or below good ones, and other nonsense, stop before any trial
+    (they used to run 2,000 runs a trial for 0%); variance-only and spike-only models pass."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import bench_bisect as bb
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    for spec, says in (("bad=0.001,0.002", "bad=0.001,0.002 is not above good=0.003,0.006 (the default)"),
+                       ("good=0.003,0.01 bad=0.004,0.008", "give bad hi > good hi"),
+                       ("kind=lognormal bad=0.8,0.9", "give 1 <= lo <= hi with hi > 1"),
+                       ("kind=lognormal bad=0.9,1.5", "give 1 <= lo"),
+                       ("kind=lognormal good=0.004,0.2 bad=1,1", "hi = 1 only with spikes="),
+                       ("bad=-0.02,0.01", "0 < lo < hi"), ("bad=0.02,0.01", "0 < lo < hi"),
+                       ("crashes=-0.1", "0 <= crashes < 1"), ("spikes=1", "0 <= spikes < 1"),
+                       ("outliers=nan", "give finite numbers"), ("good=0.003,inf", "give finite numbers"),
+                       ("threshold=-1", "threshold takes a KL value > 0"), ("labels=2.5", "a whole number"),
+                       ("untestable=0.5,2", "whole numbers"), ("spikes=0.2 spike-mult=0.5,2", "1 <= lo <= hi"),
+                       ("name=a name=b", "given twice"), ("name=", "name= is empty")):
+        r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--commits", "100",
+                            "--trials", "1", "--jobs", "1", "--model", spec],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and says in r.stderr.splitlines()[-1], (spec, r.stderr[-500:])
+        assert "Traceback" not in r.stderr and "trials in" not in r.stderr and not r.stdout
+    for spec in ("name=varonly good=0.003,0.006 bad=0.0015,0.0075 labels=1",
+                 "name=spk30u good=0.003,0.006 bad=0.003,0.006 spikes=0.3",
+                 "name=spikes kind=lognormal good=0.004,0.2 bad=1,1 spikes=0.3 threshold=0.01",
+                 "name=ln kind=lognormal good=0.004,0.3 bad=1,1.5 untestable=1,3"):
+        bb.parse_model(spec)
 
 
 def test_bench_random_models_are_valid_and_repeatable():

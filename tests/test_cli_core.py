@@ -167,7 +167,7 @@ def test_run_end_to_end(history, tmp_path):
     assert Path(cwds.pop()).parent == state_dir(repo) / "worktrees"
     # a crash is only ever a commit that really crashes (a stale build would be one too)
     for r in runs:
-        if r["status"] != "ok":
+        if r["status"] not in ("ok", "failed"):   # failed: its own assertion, a measurement
             assert r["sha"] in h.crashing, (r["sha"], r["status"], log_file(repo, r).read_text()[-500:])
         else:
             assert set(json.loads(r["vals"])) == set(LABELS)
@@ -337,6 +337,56 @@ def test_a_run_cut_off_before_a_label_is_a_crash_not_a_low_value(history, tmp_pa
     assert all(v > 0.01 for v in bad_end["values"])
 
 
+def bisect_through(h, tmp_path, wrapper_source: str):
+    """`klbisect run` over ``h`` with a probe that wraps the generated one; it names the culprit."""
+    wrapper = tmp_path / "wrapper_probe.py"
+    wrapper.write_text(wrapper_source)
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}", "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert json_tail(p.stdout)["culprit"] == h.culprit
+    return h, p
+
+
+PER_LABEL_ASSERT_PROBE = r"""import json, subprocess, sys
+spec = json.load(open(".probe_noise.json"))
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+# a test that asserts inside its loop over labels, the label that moves first:
+# a bad run stops on its first label and never prints the others
+blocks, block = [], []
+for line in out.splitlines():
+    if line.startswith("[") and "samples" in line and block:
+        blocks.append(block)
+        block = []
+    block.append(line)
+blocks.append(block)
+blocks.sort(key=lambda b: b[0].find("[" + spec["moving_label"] + "]") != 0)
+for b in blocks:
+    if "samples" not in b[0]:
+        continue
+    print("\n".join(b), flush=True)
+    v = float(b[-1].split("=")[1])
+    if v >= spec["threshold"]:
+        print('Traceback (most recent call last):\n  File "test_kl.py", line 40, in test_kl\n'
+              '    assert avg_kl_div < kl_threshold\nAssertionError', file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def test_a_test_that_stops_at_its_first_failing_label_is_measured_not_crashed(history, tmp_path):
+    """An assertion inside the loop over labels stops a bad run after the
+    label that moved: what it printed is a measurement (the labels it never
+    reached could only raise its max), not a crash, so the bisect finds the
+    commit instead of calling the bad endpoint valueless."""
+    h, p = bisect_through(history(n_commits=40, seed=12, noise=SEPARATED), tmp_path, PER_LABEL_ASSERT_PROBE)
+    assert "counted as a crash" not in p.stderr
+    stopped = [r for r in db_query(h.path, "SELECT * FROM runs") if r["exit_code"] == 1]
+    assert stopped and all(r["status"] == "failed" and len(json.loads(r["vals"])) == 1 for r in stopped), \
+        [(r["status"], r["vals"]) for r in stopped]
+    st = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    bad_end = next(c for c in st["commits"] if c["sha"] == h.bad)
+    assert bad_end["crashes"] == 0 and all(v > 0.01 for v in bad_end["values"])
+
+
 NAN_PROBE = r"""import re, subprocess, sys
 out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
 # the regression breaks the numerics: its KL prints as nan, and the test's assertion fails
@@ -347,12 +397,7 @@ sys.exit(1 if "=nan" in out else 0)
 
 
 def test_a_regression_that_prints_nan_is_bisected_as_the_worst_value(history, tmp_path):
-    h = history(n_commits=40, seed=14, noise=SEPARATED)
-    wrapper = tmp_path / "nan_probe.py"
-    wrapper.write_text(NAN_PROBE)
-    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}", "--json", cwd=h.path)
-    assert p.returncode == 0, p.stderr
-    assert json_tail(p.stdout)["culprit"] == h.culprit
+    h, _ = bisect_through(history(n_commits=40, seed=14, noise=SEPARATED), tmp_path, NAN_PROBE)
     st = klb("status", cwd=h.path).stdout
     # shown as what the probe printed, not as the number that stands for it
     assert "bad around nan" in st and re.search(r"\[nan, nan", st) and not re.search(r"[\[ ]1e\+09", st), st
@@ -523,6 +568,10 @@ def test_probe_values_read_whatever_the_exit_code(tmp_path):
     r = CommandProbe("echo '[a]'; echo avg_kl_div=0.02; echo failing >&2; exit 3").run(slot.checkout, tmp_path / "l.log", slot)
     assert r.values == {"a": 0.02} and r.exit_code == 3 and r.status == "ok"
     assert "failing" in Path(r.log_path).read_text()          # stderr is logged too
+    # a run that ends on its own assertion is told apart: a measurement even short of its labels
+    r = CommandProbe("echo '[a]'; echo avg_kl_div=0.02; echo AssertionError: 0.02 not less than 0.01 >&2; exit 1"
+                     ).run(slot.checkout, tmp_path / "f.log", slot)
+    assert r.values == {"a": 0.02} and r.status == "failed"
 
 
 def test_probe_without_value_is_a_crash_even_on_success(tmp_path):
@@ -1325,3 +1374,18 @@ def test_a_probe_that_prints_then_hangs_is_named_for_what_it_did(small):
             "--timeout", "3", cwd=small.path, timeout=600)
     line = error_line(p, 154)
     assert "printed values but did not finish" in line and "stopped by --timeout" in line, line
+
+
+def test_endpoints_measured_round_after_round_rebuild_once_a_round(history, tmp_path):
+    """A range with no regression keeps measuring both endpoints: with a
+    build per switch of endpoint, they go a few runs a side at a time, the
+    one built last first, not one good, one bad, rebuilding before each."""
+    h = history(n_commits=40, seed=6, culprit_index=30)
+    marker = tmp_path / "builds"
+    p = klb("run", "--good", h.shas[0], "--bad", h.shas[25], "--probe-cmd", probe_cmd(),
+            "--build-cmd", build_cmd(marker), "--max-endpoint-runs", "18", cwd=h.path)
+    error_line(p, 154)     # do not separate, or barely differ the wrong way: the draws decide
+    runs = db_query(h.path, "SELECT sha FROM runs ORDER BY id")
+    switches = sum(a["sha"] != b["sha"] for a, b in zip(runs, runs[1:]))
+    builds = len(marker.read_text().splitlines())
+    assert len(runs) >= 20 and builds == switches + 1 and switches <= len(runs) // 4, (len(runs), builds, switches)

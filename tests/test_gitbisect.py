@@ -100,7 +100,7 @@ def test_start_then_git_bisect_run_names_the_culprit(history, tmp_path):
     builds = db_query(repo, "SELECT * FROM builds")
     assert len(marker.read_text().splitlines()) == len(builds) < len(runs)
     for r in runs:
-        if r["status"] != "ok":
+        if r["status"] not in ("ok", "failed"):
             assert r["sha"] in h.crashing, log_file(repo, r).read_text()[-400:]
 
     rs = klb("reset", cwd=repo)
@@ -160,15 +160,17 @@ def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     assert p.returncode == 125, p.stderr                      # crashes: skip, never bad
     assert time.monotonic() - t0 < 25
     assert "no value (timeout)" in p.stderr
-    # a run that printed its value and then hung: the value is shown with what became of it
+    assert "crashed or timed out without a usable value" in p.stderr
+    # a run that printed its value and then hung: the value is shown with what became of it;
+    # a second commit in a row skipped on crashes alone sends a run to the good endpoint,
+    # which hangs too: the environment, so git bisect is stopped
     slow.unlink()
     late.touch()
     git(h.path, "checkout", "-q", h.shas[11])
     p = klb("probe", cwd=h.path, timeout=120)
-    assert p.returncode == 125, p.stderr
+    assert "the environment broke mid-bisect" in error_line(p, 154)
     assert "then timed out: counted as a crash" in p.stderr
     assert "is not one of the session's commits" not in p.stderr
-    assert "crashed or timed out without a usable value" in p.stderr
     assert f"{h.shas[11][:12]} timed out" in klb("log", cwd=h.path).stdout
     late.unlink()
     # started again with a longer --timeout, the runs it cut short no longer
@@ -245,6 +247,59 @@ def test_start_errors_are_clean(history):
         klb("start", "--good", h.bad, "--bad", h.good, "--probe-cmd", probe_cmd(), cwd=repo), 151)
     assert "no probe given" in error_line(klb("start", "--good", h.good, "--bad", "main", cwd=repo), 150)
     assert not in_bisect(repo)
+
+
+def test_a_start_that_failed_gives_way_to_the_corrected_command(history):
+    """A typo in --probe-cmd stops `start` before git bisect begins; status
+    says why, and the corrected command starts over instead of refusing."""
+    h = history(n_commits=30, seed=3)
+    repo = h.path
+    typo = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", "nosuch_probe_cmd", cwd=repo)
+    assert "not found" in error_line(typo, 155)
+    assert not in_bisect(repo)
+    status = klb("status", cwd=repo).stdout
+    assert "stopped: the probe command was not found" in status and "rerun the same command" not in status, status
+    fixed = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=repo)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "stopped before git bisect began; starting over" in fixed.stderr
+    assert in_bisect(repo)
+    klb("reset", cwd=repo)
+
+
+GPU_LOST_PROBE = r"""import os, subprocess, sys
+if os.path.exists(sys.argv[1]):
+    sys.exit("RuntimeError: CUDA error: no CUDA-capable device is detected")
+p = subprocess.run([sys.executable, "probe.py"])
+sys.exit(p.returncode)
+"""
+
+
+def test_git_bisect_stops_when_the_environment_breaks_instead_of_skipping_every_commit(history, tmp_path):
+    """The GPU is lost after `start`: every commit crashes. Two commits
+    skipped in a row send one run to the good endpoint; it crashes too, so
+    git bisect aborts (154) instead of skipping the whole range, and once
+    the GPU is back the same command finishes the bisect."""
+    h = history(n_commits=60, seed=5, noise=SEPARATED)
+    repo = h.path
+    wrapper, lost = tmp_path / "gpu_probe.py", tmp_path / "GPU_LOST"
+    wrapper.write_text(GPU_LOST_PROBE)
+    st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper} {lost}", cwd=repo)
+    assert st.returncode == 0, st.stderr
+    lost.touch()
+    out = bisect_run(repo)
+    text = out.stdout + out.stderr
+    assert "the environment broke mid-bisect" in text and "so did the good endpoint" in text, text
+    assert "is the first bad commit" not in text and "could be any of" not in text
+    skipped = re.findall(r"^# skip: \[([0-9a-f]{40})\]", git(repo, "bisect", "log"), re.M)
+    assert len(skipped) == 1, git(repo, "bisect", "log")
+    crashed = db_query(repo, "SELECT COUNT(*) AS n FROM runs WHERE value IS NULL")[0]["n"]
+    assert crashed <= 12
+    lost.unlink()
+    again = bisect_run(repo)
+    text = again.stdout + again.stderr
+    check_verdicts(h, text)
+    assert h.culprit in text and ("is the first bad commit" in text or "could be any of" in text), text
+    klb("reset", cwd=repo)
 
 
 def test_git_bisect_reports_the_pair_next_to_an_always_crashing_commit(history):

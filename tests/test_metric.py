@@ -214,3 +214,22 @@ def test_brackets_mid_line_are_not_labels():
            "avg_kl_div=0.0031\n")
     # none of the later lines switched the label: the second value is still decode_cache_hit's
     assert parse_values(out) == {"decode_cache_hit": 0.0031}
+
+
+def test_a_run_that_failed_its_own_assertion_is_told_from_a_crash():
+    from klbisect.metric import failed_its_check
+    traceback = 'Traceback (most recent call last):\n  File "t.py", line 3, in <module>\n    assert v < 0.01\n'
+    assert failed_its_check("avg_kl_div=0.02\n" + traceback + "AssertionError\n")
+    assert failed_its_check(traceback + "AssertionError: 0.0123 not less than 0.01 : prefill_cache_hit\n")
+    assert not failed_its_check(traceback + "RuntimeError: CUDA error: an illegal memory access\n")
+    # the server's own assert crashed it, then the client failed on the lost connection
+    assert not failed_its_check(traceback + "AssertionError\n" + traceback
+                                + "requests.exceptions.ConnectionError: refused\n")
+    # unittest's summary decides: failures only is the test's check, any error a crash
+    assert failed_its_check("FAIL: test_kl (t.T.test_kl)\nAssertionError: 0.02 not less than 0.01\n"
+                            "Ran 1 test in 3.1s\n\nFAILED (failures=1)\n")
+    assert not failed_its_check("AssertionError: x\nFAILED (failures=1, errors=1)\n")
+    assert failed_its_check("E       assert 0.0123 < 0.01\n")
+    assert failed_its_check("E       AssertionError: kl too high\n")
+    assert not failed_its_check("E       RuntimeError: CUDA error\n")
+    assert not failed_its_check("avg_kl_div=0.004\n")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import klb
 from klbisect.cli_report import history, nightly, report
 from klbisect.decide import Model
 from klbisect.errors import KlbisectError
@@ -284,3 +285,28 @@ def test_a_side_unlike_its_endpoint_gets_a_note():
     [note] = _step_notes([], shas, drift, True)
     assert note.startswith("the commits before the answer look unlike --good") and "drift" in note
     assert "max over labels" in note
+
+
+def test_status_says_why_its_masses_and_the_answers_confidence_differ(bisected):
+    """The masses are recomputed from every run stored now (later sessions'
+    too); the Confidence is the answer's when it stopped. Two numbers that
+    differ for the same commit come with why."""
+    from klbisect.report import format_status
+    from klbisect.session import status
+    h, _ = bisected
+    st = status(h.path)
+    assert "recomputed now" not in format_status(st)
+    st["result"]["confidence"] = st["top"][0]["mass"] - 0.01
+    assert "recomputed now from every run stored" in format_status(st)
+    for t in st["top"][:3]:      # status lists three
+        line = next(ln for ln in format_status(st).splitlines() if ln.startswith(f"  {t['mass']:.4f}"))
+        assert not re.search(r"\(#\d*$", line), line        # never half a PR number
+
+
+def test_a_report_path_that_cannot_be_written_is_one_line(bisected, tmp_path):
+    h, _ = bisected
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    p = klb("report", "--offline", "-o", blocker / "sub" / "r.md", cwd=h.path)
+    assert p.returncode == 150 and "cannot write" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
