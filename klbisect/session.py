@@ -402,12 +402,15 @@ def _question_of(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in RERUN_KEYS}
 
 
+MEASURED = (STATUS_OK, STATUS_FAILED)   # the statuses of runs whose values count in full
+
+
 def _usual_labels(runs, counts: dict[frozenset, int] | None = None) -> frozenset:
     """The label set most runs print (ties: the larger). ``counts`` carries
     the tally from one call to the next, for runs that come one at a time."""
     counts = {} if counts is None else counts
     for r in runs:
-        if r.values and r.status in (STATUS_OK, STATUS_FAILED):
+        if r.values and r.status in MEASURED:
             key = frozenset(r.values)
             counts[key] = counts.get(key, 0) + 1
     return max(counts, key=lambda k: (counts[k], len(k)), default=frozenset())
@@ -439,7 +442,8 @@ def run_shown(run, usual: frozenset, metric: str | None) -> tuple[str, bool]:
     crash (as commit_runs judges it): a value the run printed before it
     timed out or failed short of its labels is named with what became of it."""
     if run.value is None:
-        return (f"no value for --metric {metric}" if run.status in (STATUS_OK, STATUS_FAILED) and metric else f"no value ({run.status})"), True
+        return (f"no value for --metric {metric}" if run.status in MEASURED and metric
+                else f"no value ({run.status})"), True
     if run.status == STATUS_TIMEOUT:
         return f"{fmt_value(run.value)}, then timed out: counted as a crash", True
     if metric is None and _cut_off(run, usual):
