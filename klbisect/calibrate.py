@@ -20,11 +20,9 @@ from . import repo as gitrepo
 from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_upper_bound, exceedances,
                      info_per_run, recommend_threshold, runs_lower_bound, sample_bits, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
-from .executors import make_slots
-from .measure import Measurer
 from .metric import broke, fmt_value
-from .session import (BisectConfig, Workspace, _endpoint_problem, close_builder, commit_runs, make_builder,
-                      make_probe, record, say_building, since, valued_runs)
+from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, close_builder, commit_runs,
+                      make_builder, make_probe, since, valued_runs)
 from .simulate import simulate_bisect
 
 
@@ -290,17 +288,14 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
 
 def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, build_key, thresholds,
                        false_fail_rate, confidence, commits, progress) -> Calibration:
-    measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
-                        on_build=say_building(progress))
-    slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+    meter = WorktreeMeter(ws, sid, probe, builder, progress)
     try:
         for which, target in (("", sha), ("bad ", bad_sha)):
             if target is None:
                 continue
 
             def measure(values: int) -> None:
-                out = measurer.measure(target, slot)
-                r = record(ws, sid, probe.key, build_key, out, slot.checkout)
+                r = meter.measure(target)[1]
                 got = r is not None and r.value is not None
                 progress(f"{which}{target[:12]} run: "
                          + ("build failed" if r is None else "no value" if r.value is None else fmt_value(r.value))
@@ -319,8 +314,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                     break
                 measure(len(cr.values))
     finally:
-        if slot.checkout.exists():
-            gitrepo.worktree_remove(ws.repo, slot.checkout)
+        meter.close()
         close_builder(builder, progress)
     def shown(r) -> dict:
         # with --metric, that label is the one a bisect judges: the others would only distract

@@ -71,6 +71,7 @@ from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE
                      NoDifference)
 from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .probe import STATUS_TIMEOUT
+from .session import WorktreeMeter, close_builder
 
 Progress = Callable[[str], None]
 
@@ -367,32 +368,12 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     return rec
 
 
-class _Meter:
-    """Measures commits one at a time for a nightly session, in a worktree
-    made on first use; ``close`` removes it and lets a builder that changed
+class _Meter(WorktreeMeter):
+    """A nightly session's meter: ``close`` also lets a builder that changed
     the user's environment (--build sglang) put it back."""
 
-    def __init__(self, ws, probe, builder, sid: int, probe_key: str, build_key: str | None, progress: Progress):
-        self.ws, self.probe, self.builder, self.sid = ws, probe, builder, sid
-        self.probe_key, self.build_key, self.progress = probe_key, build_key, progress
-        self.slot = self.measurer = None
-
-    def measure(self, sha: str):
-        from .executors import make_slots  # noqa: PLC0415
-        from .measure import Measurer  # noqa: PLC0415
-        from .session import record, say_building  # noqa: PLC0415
-        ws = self.ws
-        if self.slot is None:
-            self.slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
-            self.measurer = Measurer(ws.repo, self.probe, self.builder, ws.logs / f"s{self.sid}", use_worktree=True,
-                                     on_build=say_building(self.progress))
-        out = self.measurer.measure(sha, self.slot)
-        return out, record(ws, self.sid, self.probe_key, self.build_key, out, self.slot.checkout)
-
     def close(self) -> None:
-        from .session import close_builder  # noqa: PLC0415
-        if self.slot is not None and self.slot.checkout.exists():
-            gitrepo.worktree_remove(self.ws.repo, self.slot.checkout)
+        super().close()
         close_builder(self.builder, self.progress)
 
 
@@ -459,7 +440,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         return judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
                            opts.min_effect, opts.min_baseline, open_head=mine or None)
 
-    meter = _Meter(ws, probe, builder, sid, probe_key, build_key, progress)
+    meter = _Meter(ws, sid, probe, builder, progress)
     measure = meter.measure
     target = opts.runs
     cap_values = max(cfg.max_runs or DEFAULT_MAX_RUNS, opts.runs)
@@ -557,7 +538,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     env = None
     if j.verdict in ("good", "suspect") and openr is None and baseline_shas:
         env = _seen_environment(ws, cfg, opts, sid, probe_key, head, baseline_shas,
-                                lambda: _Meter(ws, probe, make_builder(cfg), sid, probe_key, build_key, progress),
+                                lambda: _Meter(ws, sid, probe, make_builder(cfg), progress),
                                 progress)
     if j.verdict == "good" and openr is None and cr.values and env is None:
         # The baseline slides: a regression whose first nights drew low joined it, and
@@ -742,7 +723,7 @@ def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder,
     progress(f"nightly {rec['night']}: measuring the good endpoint {good[:12]} again, in tonight's environment")
     v, fresh = _measure_environment(ws, cfg, opts, sid, probe_key, [good], earlier, head, label,
                                     max(opts.runs, ENV_CHECK_RUNS),
-                                    lambda: _Meter(ws, probe, builder, sid, probe_key, build_key, progress), progress)
+                                    lambda: _Meter(ws, sid, probe, builder, progress), progress)
     seen = _seen_text(f"the good endpoint {good[:12]}", fresh, earlier, head)
     if v.decision == BAD:
         _as_environment(rec, seen, v, progress)

@@ -271,6 +271,42 @@ def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None
                r.values, value, r.log_path, outcome.slot)
 
 
+class WorktreeMeter:
+    """Measures commits one at a time in a worktree under the git dir, made
+    on first use, so the user's checkout (and git bisect's) stays put; each
+    run is recorded as it ends. ``close`` removes the worktree; the builder
+    stays open for its owner to close (``close_builder``), since `probe`
+    keeps its environment between git bisect's steps."""
+
+    def __init__(self, ws: Workspace, sid: int, probe, builder, progress: Progress):
+        self.ws, self.sid, self.probe, self.builder, self.progress = ws, sid, probe, builder, progress
+        self.build_key = builder.key if builder else None
+        self.slot = self.measurer = None
+
+    @property
+    def checkout(self) -> Path | None:
+        return self.slot.checkout if self.slot is not None else None
+
+    def measure(self, sha: str) -> tuple[Outcome, Run | None]:
+        ws = self.ws
+        if self.slot is None:
+            self.slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+            self.measurer = Measurer(ws.repo, self.probe, self.builder, ws.logs / f"s{self.sid}",
+                                     use_worktree=True, on_build=say_building(self.progress))
+        out = self.measurer.measure(sha, self.slot)
+        return out, record(ws, self.sid, self.probe.key, self.build_key, out, self.slot.checkout)
+
+    def close(self) -> None:
+        if self.slot is not None and self.slot.checkout.exists():
+            gitrepo.worktree_remove(self.ws.repo, self.slot.checkout)
+
+    def __enter__(self) -> "WorktreeMeter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
                 timeout: float | None = None, failed_since: float | None = None,
                 after_session: int = 0) -> dict[str, CommitRuns]:
@@ -1148,15 +1184,12 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
                 ws.use_session(ws.store.session(sid))
                 say_reused(ws, probe.key, [c[0] for c in cands], cfg.timeout, progress)
-            measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sid}", use_worktree=True,
-                                on_build=say_building(progress))
-            slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
-            build_key = builder.key if builder else None
+            meter = WorktreeMeter(ws, sid, probe, builder, progress)
+            build_key = meter.build_key
 
             def execute(batch, stop=None):
                 for sha in batch:
-                    out = measurer.measure(sha, slot)
-                    run = record(ws, sid, probe.key, build_key, out, slot.checkout)
+                    out, run = meter.measure(sha)
                     if run is not None:
                         progress(f"  {sha[:12]}: {run.value if run.value is not None else 'no value'}")
                     elif out.build_failed:
@@ -1170,8 +1203,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 _note_stop(ws.store, sid, e.message)
                 raise
             finally:
-                if slot.checkout.exists():
-                    gitrepo.worktree_remove(ws.repo, slot.checkout)
+                meter.close()
                 close_builder(builder, progress)
             ws.store.update_session(sid, model=model.to_dict(), state="bisecting")
             if isinstance(model, Model) and not model.decisive:
@@ -1291,17 +1323,13 @@ def _check_environment(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe
         return
     progress(f"klbisect: {prev[:12]} and {sha[:12]} both crashed on every run: running the good endpoint "
              f"{sess.good[:12]} once to check the environment")
-    build_key = builder.key if builder else None
-    measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=True,
-                        on_build=say_building(progress))
-    slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
+    meter = WorktreeMeter(ws, sess.id, probe, builder, progress)
     try:
-        run = record(ws, sess.id, probe.key, build_key, measurer.measure(sess.good, slot), slot.checkout)
+        run = meter.measure(sess.good)[1]
     finally:
-        if slot.checkout.exists():
-            gitrepo.worktree_remove(ws.repo, slot.checkout)
-        if build_key:
-            ws.store.put(f"last_build:{build_key}:{ws.top}", "")   # the install is the good endpoint's now
+        meter.close()
+        if meter.build_key:
+            ws.store.put(f"last_build:{meter.build_key}:{ws.top}", "")   # the install is the good endpoint's now
     if run is None or run.value is None or run.status == STATUS_TIMEOUT:
         raise KlbisectError(
             f"the environment broke mid-bisect: {prev[:12]} and {sha[:12]} crashed on every run, and so did the "
