@@ -117,7 +117,7 @@ class Comparison:
 
 
 def compare(head: list[float], baseline: list[float], alpha: float = 0.001, min_effect: float = 0.1,
-            min_baseline: int = 3) -> Comparison:
+            min_baseline: int = 3, against: str = "baseline") -> Comparison:
     """Is the head worse (higher KL) than the baseline? One-sided
     Mann-Whitney U on the values, and the medians at least ``min_effect``
     apart (so a tiny drift that many runs make significant is not flagged)."""
@@ -142,7 +142,7 @@ def compare(head: list[float], baseline: list[float], alpha: float = 0.001, min_
     mb, mh = float(np.median(b)), float(np.median(h))
     ratio = mh / mb if mb > 0 else (math.inf if mh > mb else 1.0)
     big = ratio >= 1.0 + min_effect if mb > 0 else mh > mb
-    why = (f"head median {fmt_value(mh)} vs baseline {fmt_value(mb)} ({fmt_ratio(mh, mb) or 'x n/a'}), "
+    why = (f"head median {fmt_value(mh)} vs {against} {fmt_value(mb)} ({fmt_ratio(mh, mb) or 'x n/a'}), "
            f"Mann-Whitney p={p:.2g}")
     if p <= alpha and big:
         return Comparison("regressed", p, ratio, False, sh, sb, f"{why} <= {alpha:g}")
@@ -187,18 +187,24 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
         return Judgement(c.verdict, c, False, c.reason)
     if open_bad:
         if c.verdict == "regressed":
-            again = compare(mine, open_bad, alpha, min_effect, min_baseline)
+            again = compare(mine, open_bad, alpha, min_effect, min_baseline,
+                            against=f"the open regression's {len(open_bad)} runs")
             if again.verdict == "regressed" and len(open_bad) < len(mine):
                 # Tonight's runs are the ones that came out high, and a reference
                 # thinner than them passes that luck on: "worse again" means a bisect
                 # and a report (docs/statistics.rst, "Nightly: the open regression's
                 # own runs": seen in a scratch simulation, not measured by a script).
-                return Judgement("known", c, True, f"{c.reason}; worse than the open regression's "
-                                 f"{len(open_bad)} runs too, to be confirmed on as many as tonight's "
-                                 f"{len(mine)}", other_side="open")
+                return Judgement("known", c, True, f"worse again? {again.reason}, to be confirmed on as "
+                                 f"many of its runs as tonight's {len(mine)}", other_side="open")
             if again.verdict == "regressed":
-                return Judgement("regressed", c, False, c.reason, worse_again=True)
-            return Judgement("known", c, again.suspicious, c.reason)
+                return Judgement("regressed", c, False, f"worse again: {again.reason}", worse_again=True)
+            # A second regression on top of the open one reads borderline against it at
+            # first: more runs of both, not "known" (its nights would then hide it, and
+            # their heads, which hold it, would become a later bisect's good end)
+            return Judgement("known", c, again.suspicious,
+                             f"{c.reason}; " + (f"worse again? {again.reason}" if again.suspicious
+                                                else f"as the open regression: {again.reason}"),
+                             other_side="open" if again.suspicious else "")
         fixed = compare(open_bad, mine, alpha, min_effect, min_baseline)
         mo, mt = float(np.median(open_bad)), float(np.median(mine))
         why = (f"tonight's median {fmt_value(mt)} vs the open regression's {fmt_value(mo)} over "
@@ -583,14 +589,20 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                  "bisect_session": openr.get("bisect_session"),
                  "known_since": openr.get("known_since") or openr["night"]}
     if j.worse_again:
+        # from the head the comparison was made against (the night that found the open
+        # regression): a later "known" night's head may already hold the new one, having
+        # read borderline against it
         rec["notes"].append(f"worse again than the open regression of {openr['night']} "
-                            f"(against its {len(open_bad)} runs): bisecting from its head {open_shas[0][:12]}")
-        rec["bisect_good"] = open_shas[0]
+                            f"(against {len(open_bad)} runs of its head): bisecting from {found_heads[-1][:12]}")
+        rec["bisect_good"] = found_heads[-1]
         rec["open"] = known     # what this night is, should its bisect not confirm it
     elif j.verdict == "known":
         rec.update(known)
         rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
                             "(not bisected or posted again)")
+        if j.more:
+            rec["notes"].append(f"tonight may be worse than it, short of p <= {opts.alpha:g} after "
+                                f"{len(cr.values)} runs: the next nights' runs will tell")
     elif openr is not None and j.verdict == "good":
         rec["notes"].append(f"the regression found on {known['known_since']} is fixed")
     if j.verdict == "regressed" and not rec.get("bisect_good"):

@@ -12,9 +12,14 @@ from .plots import write_out
 from .session import Result
 
 
+def _no_values(s: dict) -> str:
+    return (f"never printed ({fmt_count(s['unprinted'], 'run')})" if s and s.get("unprinted")
+            else "no runs")
+
+
 def _range(s: dict) -> str:
     if not s or not s.get("n"):
-        return "no runs"
+        return _no_values(s)
     return f"{fmt_span(s)} n={s['n']}"
 
 
@@ -428,7 +433,7 @@ def _labels_md(r: dict) -> list[str]:
 
 def _range_md(s: dict) -> str:
     if not s or not s.get("n"):
-        return "no runs"
+        return _no_values(s)
     return f"{fmt_span(s)} ({s['n']})"
 
 

@@ -751,8 +751,13 @@ def _label_summaries(values_before: list[dict], values_after: list[dict]) -> dic
     labels = sorted({k for d in values_before + values_after for k in d})
     out = {}
     for lab in labels:
-        out[lab] = {"before": summarize([d[lab] for d in values_before if lab in d]),
-                    "after": summarize([d[lab] for d in values_after if lab in d])}
+        out[lab] = {}
+        for side, values in (("before", values_before), ("after", values_after)):
+            s = summarize([d[lab] for d in values if lab in d])
+            if not s["n"] and values:
+                # a test that asserts inside its loop over labels stops before the later ones
+                s["unprinted"] = len(values)
+            out[lab][side] = s
     return out
 
 

@@ -385,6 +385,9 @@ def test_a_test_that_stops_at_its_first_failing_label_is_measured_not_crashed(hi
     st = json.loads(klb("status", "--json", cwd=h.path).stdout)
     bad_end = next(c for c in st["commits"] if c["sha"] == h.bad)
     assert bad_end["crashes"] == 0 and all(v > 0.01 for v in bad_end["values"])
+    # the labels a bad run never reached read so, not as if no bad commit had run
+    text = klb("status", cwd=h.path).stdout
+    assert re.search(r"->  never printed \(\d+ runs\)", text) and "no runs" not in text, text
 
 
 NAN_PROBE = r"""import re, subprocess, sys

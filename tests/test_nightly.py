@@ -352,6 +352,14 @@ def test_judge_night_on_plain_numbers():
     assert (j.verdict, j.more, j.other_side) == ("known", True, "open") and "confirmed" in j.reason
     j = judge_night(worse10, base15, open_bad=open_bad[:10])
     assert j.verdict == "regressed" and j.worse_again
+    # a second regression that reads only borderline against the open one (a tester's x2.2 on
+    # top of x2.0, p = 0.0015 on 10 runs against 8) asks for more runs of the open regression's
+    # head, and says which comparison is undecided; it was "known" with nothing more measured
+    opened = [0.0099, 0.009, 0.009, 0.0131, 0.0085, 0.0108, 0.011, 0.0159]
+    second = [0.0205, 0.0202, 0.0163, 0.0131, 0.0173, 0.0294, 0.0144, 0.0109, 0.0136, 0.0153]
+    j = judge_night(second, [0.0044 + 1e-4 * i for i in range(10)], open_bad=opened)
+    assert (j.verdict, j.more, j.other_side) == ("known", True, "open"), j
+    assert "worse again? head median 0.0158 vs the open regression's 8 runs" in j.reason
 
 
 def test_an_open_regression_closes_only_when_a_night_is_shown_better():
@@ -440,7 +448,7 @@ def test_a_young_baseline_is_measured_again_and_a_second_regression_is_bisected(
     # d4: the same regression: known, not bisected again. Later nights are judged against
     # runs of d3's head measured since d3 (those that found it came out high, if anything)
     two = ("--baseline-nights", "2")
-    d4_head = lv.commit("Docs (#106)")
+    lv.commit("Docs (#106)")
     [(d3_night,)] = db(repo, "SELECT id FROM sessions WHERE kind='nightly' AND bad=?", (d3_head,))
 
     def fresh() -> int:
@@ -450,7 +458,8 @@ def test_a_young_baseline_is_measured_again_and_a_second_regression_is_bisected(
     assert r4["regressed"] is True and r4["culprit"] == first
     assert fresh() >= 6, p4.stderr
 
-    # d5: a second regression on top of the open one: bisected from d4's head. Tonight's
+    # d5: a second regression on top of the open one: bisected from d3's head, whose runs it
+    # was judged against (d4's could hold it, had d4 read borderline against them). Tonight's
     # runs (more than the open regression's head has) are checked against as many of its runs
     second = lv.commit("Fuse the rope kernel (#107)", 0.02)
     n_open = fresh()
@@ -461,7 +470,7 @@ def test_a_young_baseline_is_measured_again_and_a_second_regression_is_bisected(
     assert f"runs of the open regression: one more run of {d3_head[:12]}" in p5.stderr
     d5_runs = db(repo, "SELECT COUNT(*) FROM runs WHERE sha=?", (second,))[0][0]
     assert fresh() == d5_runs >= n_open + 2
-    assert db(repo, "SELECT good FROM sessions WHERE kind='run' ORDER BY id")[-1] == (d4_head,)
+    assert db(repo, "SELECT good FROM sessions WHERE kind='run' ORDER BY id")[-1] == (d3_head,)
     assert verdicts(repo) == ["baseline", "good", "regressed", "known", "regressed"]
 
     # a night's name is one head: reusing it for a moved branch is refused before any run
