@@ -71,6 +71,7 @@ from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE
                      NoDifference)
 from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .probe import STATUS_TIMEOUT
+from .plots import check_writable
 from .session import WorktreeMeter, close_builder
 
 Progress = Callable[[str], None]
@@ -345,6 +346,11 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
                             "0 or more (0.1 = 10%)", EXIT_USAGE)
     if opts.report_format not in ("md", "html", "json"):
         raise KlbisectError("--format must be md, html or json", EXIT_USAGE)
+    if opts.report_path:
+        # written only on the night a regression is found, hours in: checked now
+        check_writable(os.path.abspath(opts.report_path))
+        if opts.report_format != "html":
+            check_writable(os.path.splitext(os.path.abspath(opts.report_path))[0] + ".png")
     target = _post_target(path, opts) if (opts.post_to or opts.post_issue) else None
     cfg = dataclasses.replace(cfg, good="", bad="")
     if cfg.probe == "cmd" and not cfg.probe_cmd:
@@ -918,9 +924,17 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
             out = _report_path(ws, opts, rec["night"], rec["head"])
         finally:
             ws.close()
-        rep = write_report(path, fmt=opts.report_format, out=out, session_id=res.session,
-                           offline=opts.offline)
-        rec.update(report=rep["path"], plot=rep["plot"])
+        try:
+            rep = write_report(path, fmt=opts.report_format, out=out, session_id=res.session,
+                               offline=opts.offline)
+        except KlbisectError as e:
+            # the bisect stands (its answer is in the record and the post); the missing
+            # file is the error, so that a cron job sees it
+            rec.update(report=None, report_error=f"{e.message}; `klbisect report --session {res.session} -o PATH` "
+                                                 "writes it")
+            rep = {"path": f"none ({e.message})"}
+        else:
+            rec.update(report=rep["path"], plot=rep["plot"], report_error=None)
         if res.culprit:
             progress(f"nightly {rec['night']}: culprit {res.culprit[:12]} {fmt_subject(res.subject)}; report {rep['path']}")
         else:
@@ -975,7 +989,8 @@ def _write_failed_report(path, opts: NightlyOptions, rec: dict) -> str | None:
         with open(out, "w", encoding="utf-8") as f:
             f.write(body)
     except OSError as e:
-        rec["notes"].append(f"could not write the report {out}: {e.strerror}")
+        rec["report_error"] = f"could not write the report {out}: {e.strerror}"
+        rec["notes"].append(rec["report_error"])
         return None
     return out
 
@@ -1101,6 +1116,8 @@ def summary(rec: dict) -> dict:
         out.update(complete=False, exit_code=exit_code(rec),
                    error=f"the bisect stopped before --confidence (at {rec.get('confidence') or 0:.2g}): "
                          "the culprit is the most likely, NOT sure; run the night again to resume it")
+    elif rec.get("report_error"):
+        out.update(error=rec["report_error"], exit_code=exit_code(rec))
     return out
 
 
@@ -1113,7 +1130,9 @@ def exit_code(rec: dict) -> int:
         return EXIT_POST_FAILED
     if rec.get("verdict") == "regressed" and rec.get("complete") is False:
         return EXIT_NOT_SURE
-    return EXIT_NO_SIGNAL if rec.get("verdict") == "crashed" else 0
+    if rec.get("verdict") == "crashed":
+        return EXIT_NO_SIGNAL
+    return EXIT_USAGE if rec.get("report_error") else 0
 
 
 def format_night(rec: dict) -> str:

@@ -30,15 +30,39 @@ def _save(fig, out: str | Path | None) -> bytes:
     return data
 
 
-def write_out(out: str | Path, data: bytes) -> Path:
+def check_writable(out: str | Path, option: str = "-o") -> None:
+    """Fail before the work, not after it: a nightly job's -o is written
+    only on the night a regression is found, hours into its runs."""
+    p = Path(out)
+    why = None
+    if p.is_dir():
+        why = "it is a directory"
+    else:
+        existed = p.exists()
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            with open(p, "ab"):
+                pass
+        except OSError as e:
+            why = e.strerror or str(e)
+        else:
+            if not existed:
+                p.unlink()
+    if why:
+        raise KlbisectError(f"cannot write {out}: {why}; give {option} a path you can write", EXIT_USAGE)
+
+
+def write_out(out: str | Path, data: bytes, option: str = "-o") -> Path:
     """Write a file the user named with -o (its folders made): a path that
     cannot be written is the user's to change, said in one line."""
     p = Path(out)
     try:
+        if p.is_dir():
+            raise IsADirectoryError(21, "it is a directory")
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     except OSError as e:
-        raise KlbisectError(f"cannot write {out}: {e.strerror or e}; give -o a path you can write",
+        raise KlbisectError(f"cannot write {out}: {e.strerror or e}; give {option} a path you can write",
                             EXIT_USAGE) from None
     return p
 

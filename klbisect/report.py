@@ -662,7 +662,7 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
     data = data if data is not None else report_data(path, session_id, offline)
     # HTML carries its plot inside: a PNG file beside it only when asked for (--plot)
     plot_path = plot or (None if fmt == "html" else default_plot_path(data, out))
-    png = session_plot(data, plot_path)
+    png = session_plot(data)     # written after the report: a bad -o must leave no PNG behind
     data["plot"] = plot_path
     if fmt == "md":
         # a report file names its plot from where it lies, as a link in it would
@@ -676,4 +676,6 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
     written = None
     if out and out != "-":
         written = str(write_out(out, (text if text.endswith("\n") else text + "\n").encode("utf-8")))
+    if plot_path:
+        write_out(plot_path, png, "--plot" if plot else "-o")
     return {"text": text, "path": written, "plot": plot_path, "data": data}

@@ -726,6 +726,20 @@ def test_a_regression_the_bisect_does_not_confirm_is_suspect_and_not_posted(tmp_
     assert verdicts(lv.path)[-1] == "suspect"
 
 
+def test_a_report_path_that_cannot_be_written_fails_before_any_run(tmp_path):
+    """-o is written only on the night a regression is found: a cron job
+    with a typo in it must hear so on its first night, not exit 0 on the
+    night that mattered with no report."""
+    lv = Levels(tmp_path)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for out in (blocker / "r.md", tmp_path):
+        p = nightly(lv.path, "d1", "-o", str(out))
+        assert p.returncode == 150 and f"cannot write {out}" in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert json.loads(p.stdout.strip().splitlines()[-1])["exit_code"] == 150
+    assert not (lv.path / ".git" / "klbisect" / "state.db").exists()     # nothing measured, nothing judged
+
+
 def test_a_probe_that_is_not_found_or_a_label_never_printed_gets_no_verdict(tmp_path):
     lv = Levels(tmp_path)
     for night in ("d1", "d2"):

@@ -310,3 +310,8 @@ def test_a_report_path_that_cannot_be_written_is_one_line(bisected, tmp_path):
     p = klb("report", "--offline", "-o", blocker / "sub" / "r.md", cwd=h.path)
     assert p.returncode == 150 and "cannot write" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+    # a directory given as -o names it and leaves no plot beside it
+    (tmp_path / "reports").mkdir()
+    p = klb("report", "--offline", "-o", tmp_path / "reports", cwd=h.path)
+    assert p.returncode == 150 and f"cannot write {tmp_path / 'reports'}:" in p.stderr, p.stderr
+    assert not (tmp_path / "reports.png").exists() and not list((tmp_path / "reports").iterdir())
