@@ -113,6 +113,19 @@ def failed_its_check(text: str) -> bool:
     return last == "AssertionError"
 
 
+def last_exception(text: str) -> str | None:
+    """The last exception line a run printed ("RuntimeError: CUDA error:
+    ..."), cut to one short line: what a crash message names, so that a
+    probe that crashed is not taken for one whose values went unread."""
+    last = None
+    for line in _ANSI.sub("", text).splitlines():
+        if _EXC_LINE.match(line.strip()) and not line.startswith((" ", "\t")):
+            last = line.strip()
+    if last and len(last) > 160:
+        last = last[:157] + "..."
+    return last
+
+
 def check_regex(regex: str) -> None:
     """A --metric-regex that cannot work, refused before the first run."""
     try:

@@ -543,6 +543,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             raise why       # the command is wrong, not the branch: no verdict, rerun once fixed
         if why is not None:
             j = dataclasses.replace(j, reason=why.message)
+            if why.detail:
+                progress(f"  the log's last lines:\n{why.detail}")
     drift, tonight = False, cmp
     recent_shas: list[str] = []
     anchor_shas: list[str] = []

@@ -31,7 +31,7 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSIN
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
-from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, scalar
+from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception, scalar
 from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT, CommandProbe,
                     Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
@@ -566,11 +566,17 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                     "outside the repository and --probe-cmd pointed at the copy")
         else:
             hint = no_value_hint(probe_key, metric_regex)
+        exc = last_exception(tail)
         if any(r.values for r in runs):
             # values, then a crash short of the labels the other runs print: said as such
             return KlbisectError(f"{where} {sha[:12]} crashed part-way in {cr.crashes} runs: each printed some "
                                  "labels' values, then failed without an assertion before the rest (a run "
                                  "that fails its own assertion is measured); see why in the log: "
+                                 f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
+        if exc and not missing_module and "can't open file" not in tail:
+            # it crashed, and says why: a hint about unread values would mislead
+            return KlbisectError(f"{where} {sha[:12]} crashed before printing a metric value in {cr.crashes} "
+                                 f"runs{note}; the last ended on {exc}; log: "
                                  f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
         return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs"
                              f"{note} ({hint}); log: "

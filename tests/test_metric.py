@@ -233,3 +233,20 @@ def test_a_run_that_failed_its_own_assertion_is_told_from_a_crash():
     assert failed_its_check("E       AssertionError: kl too high\n")
     assert not failed_its_check("E       RuntimeError: CUDA error\n")
     assert not failed_its_check("avg_kl_div=0.004\n")
+
+
+def test_a_crash_is_named_by_its_last_exception():
+    from klbisect.metric import last_exception
+    traceback = 'Traceback (most recent call last):\n  File "t.py", line 28, in setUpClass\n    raise X\n'
+    log = ("setUpClass (__main__.TestKL) ... ERROR\n" + traceback
+           + "RuntimeError: CUDA error: no kernel image is available for execution on the device\n\n"
+           "Ran 0 tests in 0.000s\n\nFAILED (errors=1)\n")
+    assert last_exception(log) == "RuntimeError: CUDA error: no kernel image is available for execution on the device"
+    # the one that ended the run, not an earlier one it led to
+    assert last_exception(traceback + "AssertionError\n" + traceback
+                          + "requests.exceptions.ConnectionError: refused\n") == \
+        "requests.exceptions.ConnectionError: refused"
+    assert last_exception("\x1b[31mValueError: bad\x1b[0m\n") == "ValueError: bad"
+    assert len(last_exception("OSError: " + "x" * 500)) == 160
+    # a probe that printed nothing of the kind names no exception
+    assert last_exception("hello from the probe\nexit 3\n") is None

@@ -176,7 +176,9 @@ def test_day_by_day(tmp_path, loopback):
     assert p2.returncode == 154 and "CRASHED" in p2.stderr, p2.stderr
     o2 = json.loads(p2.stdout.strip().splitlines()[-1])
     assert o2["regressed"] is False and o2["verdict"] == "crashed" and o2["exit_code"] == 154
-    assert "printed no metric value" in o2["error"]
+    # it crashed, and says how: not "printed no metric value", which reads as a parsing problem
+    assert "crashed before printing a metric value" in o2["error"] and "RuntimeError: CUDA error" in o2["error"]
+    assert "the log's last lines:" in p2.stderr
 
     # day 3: the crash is fixed, nothing regresses
     crash_rule = d.spec["crash_when"]
