@@ -263,7 +263,8 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
             resumed = ws.store.interrupted_calibration(sha, bad_sha, probe.key) if cfg.fresh else None
             origin = ws.store.session(resumed.config.get("fresh_from", resumed.id)) if resumed else None
             sid = ws.store.create_session("calibrate", sha, bad_sha, probe.key,
-                                          {**cfg.stored(), "rev": rev, **({"fresh_from": origin.id} if origin else {})})
+                                          {**cfg.stored(), "rev": rev, "runs": runs,
+                                           **({"fresh_from": origin.id} if origin else {})})
             if cfg.fresh:
                 ws.store.view_from(origin or ws.store.session(sid))
                 at = [sha, bad_sha or sha]

@@ -65,7 +65,7 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, SKIP, UNDECIDED, UNDECIDED_SKIP, Verdict,
-                     summarize, verdict_model)
+                     is_undecided_skip, summarize, verdict_model)
 from .decide import judge as judge_commit
 from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError,
                      NoDifference)
@@ -680,7 +680,7 @@ def _as_environment(rec: dict, seen: str, v: Verdict, progress: Progress) -> Non
     why = v.reason if "Mann-Whitney" in v.reason else v.lr_text
     rec.update(verdict="environment", state="done", reason=f"the environment changed, not the code: {seen} ({why})",
                env_check={"decision": v.decision, "runs": v.n_values, "reason": v.reason})
-    rec["notes"] = [n.replace("part of this regression", "part of this change of environment") for n in rec["notes"]
+    rec["notes"] = [n.replace("were part of this regression", "were pooled with tonight's runs (they may predate the change)") for n in rec["notes"]
                     if "bisecting" not in n and "kept out of the baseline" not in n]
     rec["notes"].append("not bisected: the earlier nights' runs were measured in another environment (a "
                         "driver, a wheel, a machine); the next nights are judged against tonight's. If nothing "
@@ -750,8 +750,10 @@ def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder,
     else:
         rec["env_check"] = {"decision": v.decision, "runs": len(fresh), "reason": v.reason}
         rec["notes"].append(f"{seen}: as it was ({v.lr_text}), so the change is in the code" if v.decision == GOOD
-                            else f"{seen}: neither as it was nor like the head ({v.reason or v.decision}); "
-                                 "the bisect goes ahead")
+                            else f"{seen}: neither as it was nor like the head ("
+                                 + (f"undecided after {len(fresh)} runs, the most this check spends"
+                                    if is_undecided_skip(v.decision, v.reason) else v.reason or v.decision)
+                                 + "); the bisect goes ahead")
     rec["judged_notes"] = len(rec["notes"])
     st.update_session(sid, result=rec, state=rec["state"], ended=time.time() if rec["state"] == "done" else None)
     return rec
@@ -1193,7 +1195,9 @@ def history(path=None, label: str | None = None, plot: str | None = None,
             r = s.result or {}
             if not r.get("verdict"):
                 continue
-            runs = st.runs(probe_key, [s.bad])
+            # the runs the night was judged on: a later night's environment check measures
+            # old heads again, and after a new driver those would mix two environments
+            runs = [x for x in st.runs(probe_key, [s.bad]) if (x.session_id or 0) <= s.id]
             per: dict[str, list[float]] = {}
             for run in runs:
                 for k, v in run.values.items():

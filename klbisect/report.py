@@ -138,6 +138,12 @@ def format_status(st: dict) -> str:
     reused = f" (+{st['reused_runs']} reused from earlier sessions)" if st.get("reused_runs") else ""
     lines = [f"Session {st['session']} ({st['kind']}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
+    cut = st.get("interrupted_calibration")
+    if cut:
+        of = f" (--runs {cut['wanted']})" if cut.get("wanted") else ""
+        lines.insert(0, f"(A later calibrate of {str(cut['rev'])[:12]}, session {cut['session']}, stopped after "
+                        f"{fmt_count(cut['runs'], 'run')} of its own{of}, before its report: the same command "
+                        f"resumes it. Shown below: session {st['session']}.)")
     m = st.get("model")
     metric = (st.get("config") or {}).get("metric")
     value = f"label {metric}" if metric else "a run's value is the max over its labels"
@@ -437,6 +443,22 @@ def _range_md(s: dict) -> str:
     return f"{fmt_span(s)} ({s['n']})"
 
 
+def judged_by(data: dict) -> str | None:
+    """How runs were judged good or bad, in one sentence for the report."""
+    m = data.get("model") or {}
+    if m.get("kind") == "threshold":
+        return f"threshold {m['threshold']:g}, majority of {m.get('votes', 1)} runs"
+    if data.get("boundary") is None:
+        return None
+    overlap = m.get("kind") == "learned" and not Model.from_dict(m).separates
+    per_commit = (data.get("session") or {}).get("kind") == "gitbisect"
+    return ("good and bad runs overlap, so each commit's verdict for git needed the fitted model and a "
+            "rank-based test against the sides' runs to agree; " if overlap and per_commit else
+            "good and bad runs overlap, so every run was weighed with both sides' distributions "
+            "integrated out (rank based), not plugged in; " if overlap else
+            "a model learned from the endpoints; ") + f"a run is as likely good as bad at {fmt_value(data['boundary'])}"
+
+
 def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: str | None = None) -> str:
     """GitHub-flavoured markdown that fits one comment (``limit`` chars):
     the probed-commit table is collapsed in <details> when long, and cut
@@ -474,19 +496,9 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     reused = sum(1 for x in data.get("runs", []) if x.get("session") != r.get("session"))
     spent += f"; {reused} runs reused from earlier sessions" if reused else ""
     head.append(f"**Cost:** {r['probe_runs']} probe runs ({spent})  ")
-    m = data.get("model") or {}
-    if m.get("kind") == "threshold":
-        head.append(f"**Judged by:** threshold {m['threshold']:g}, majority of {m.get('votes', 1)} runs")
-    elif data.get("boundary") is not None:
-        overlap = m.get("kind") == "learned" and not Model.from_dict(m).separates
-        per_commit = (data.get("session") or {}).get("kind") == "gitbisect"
-        head.append("**Judged by:** " + (
-            "good and bad runs overlap, so each commit's verdict for git needed the fitted model and a "
-            "rank-based test against the sides' runs to agree; " if overlap and per_commit else
-            "good and bad runs overlap, so every run was weighed with both sides' distributions "
-            "integrated out (rank based), not plugged in; " if overlap else
-            "a model learned from the endpoints; ")
-            + f"a run is as likely good as bad at {fmt_value(data['boundary'])}")
+    judged = judged_by(data)
+    if judged:
+        head.append(f"**Judged by:** {judged}")
     head.append("")
     labels = _labels_md(r)
     if labels:
@@ -591,7 +603,8 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  f"<b>Range:</b> good {sha_a(r['good'])} → bad {sha_a(r['bad'])}, "
                  f"{fmt_count(r['n_commits'], 'candidate commit')}<br>"
                  f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing"
-                 + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "") + "</p>")
+                 + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
+                 + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "") + "</p>")
     if r.get("labels"):
         parts.append("<h3>KL before → after, per label</h3><table><tr><th>label</th>"
                      "<th>before: median [min, max] (n)</th><th>after: median [min, max] (n)</th></tr>")

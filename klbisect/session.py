@@ -1621,6 +1621,13 @@ def status(path: str | Path | None) -> dict:
                      "bad": sess.bad, "config": sess.config,
                      "stopped": None if sess.state == "done" else stop_reason(st, sess.id)}
         out["running"] = ws.busy()
+        later = st.latest_session(("calibrate",))
+        if later is not None and later.id > sess.id and later.result is None:
+            # hidden from status (nothing to show yet), but the user who just pressed
+            # Ctrl-C must not read an older calibration as this one
+            out["interrupted_calibration"] = {
+                "session": later.id, "rev": later.good, "runs": len(st.session_runs(later.id)),
+                "wanted": later.config.get("runs")}
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
             # a resumed calibration counts the runs its commits already had
@@ -1671,6 +1678,12 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
         shas = [s for s in {*subjects, sess.good, sess.bad} if s]
         runs = {r.id: r for r in ws.store.runs(sess.probe_key, shas)}
         runs.update((r.id, r) for r in ws.store.session_runs(sess.id))
+        for sha in {r.sha for r in runs.values()} - subjects.keys():
+            # a calibration has no candidate list: its commits' subjects come from git
+            try:
+                subjects[sha] = gitrepo.subject(ws.repo, sha)
+            except KlbisectError:       # a commit gone from the repository since
+                subjects[sha] = ""
         return [{"id": r.id, "started": r.started, "sha": r.sha, "subject": subjects.get(r.sha, ""),
                  "status": r.status, "values": r.values, "value": r.value, "exit_code": r.exit_code,
                  "duration": r.duration, "log_path": r.log_path,

@@ -3,6 +3,7 @@ the run store; what a maintainer reads before choosing a threshold."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import numpy as np
 
@@ -82,6 +83,11 @@ def test_calibrate_resumes_from_the_run_store(history):
     assert st.returncode == 0, st.stderr
     assert "(calibrate, done)" in st.stdout and "2 probe runs (+4 reused" in st.stdout and "candidate" not in st.stdout
     assert "6 runs with values" in st.stdout and "runs at or above" in st.stdout
+    # its runs name their commit's subject, as a bisect's do
+    subject = subprocess.run(["git", "log", "-1", "--format=%s", h.good], cwd=h.path, capture_output=True,
+                             text=True).stdout.strip()
+    logged = json.loads(klb("log", "--json", cwd=h.path).stdout)
+    assert subject and {r["subject"] for r in logged} == {subject}, logged
 
 
 def test_calibrate_unknown_revision_is_one_clear_line(history):
@@ -195,6 +201,10 @@ def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interr
         _, err = first.communicate(timeout=60)
     assert first.returncode == 130 and "Traceback" not in err, err
     done_before = len(db_query(h.path, "SELECT id FROM runs")) - 5
+    # status still shows the finished calibration, saying first that this one was cut short
+    st = klb("status", cwd=h.path).stdout
+    assert st.startswith(f"(A later calibrate of {h.good[:12]}, session 2, stopped after {done_before} runs of its "
+                         "own (--runs 6), before its report: the same command resumes it. Shown below: session 1.)"), st
     again = klb(*args, cwd=h.path, env=new_driver)
     assert again.returncode == 0, again.stderr
     assert "--fresh: leaving out the 5 runs" in again.stderr and "resuming the interrupted --fresh" in again.stderr

@@ -565,6 +565,12 @@ def test_an_environment_change_is_not_bisected_and_the_baseline_starts_again(tmp
     h = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(repo), "-o", str(tmp_path / "h.png")],
                        cwd=repo, env=_env(), capture_output=True, text=True, timeout=120)
     assert h.returncode == 0 and "environment" in h.stdout, h.stderr
+    # d2's head as d2 measured it: d4's environment check ran it again under the new
+    # driver, and those runs belong to d4's environment, not to d2's night
+    hj = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(repo), "--json", "-o",
+                         str(tmp_path / "h2.png")], cwd=repo, env=_env(), capture_output=True, text=True, timeout=120)
+    d2 = next(n for n in json.loads(hj.stdout.strip().splitlines()[-1])["nights"] if n["night"] == "d2")
+    assert d2["value"]["max"] < 0.0045 and d2["n"] == 3, d2
 
 
 def test_good_commits_measured_again_say_whether_the_environment_changed():

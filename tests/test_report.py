@@ -110,6 +110,7 @@ def test_html_is_self_contained_with_the_plot(bisected, tmp_path):
     assert not re.search(r'<(script|link)\b', page)
     assert not re.search(r'src="(?!data:)', page)
     assert h.culprit[:12] in page and f"#{h.prs[h.culprit]}" in page
+    assert "<b>Judged by:</b> a model learned from the endpoints" in page    # as the Markdown says
     assert not out.with_suffix(".png").exists()           # the plot is inside: no file beside it
 
 
