@@ -534,6 +534,10 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                              f"{build_fix_hint(build_key)} or pick another {which} commit; "
                              f"log: {b.get('log_path')}",
                              EXIT_NO_SIGNAL, detail=log_tail(b.get("log_path", "")))
+    if not cr.values and cr.crashes and cr.crashes < crash_limit:
+        runs = ws.store.runs(probe_key, [sha])
+        if runs and runs[-1].status == STATUS_NOTFOUND:
+            crash_limit = cr.crashes    # the shell's "command not found": no second run will differ
     if not cr.values and cr.crashes >= crash_limit:
         runs = ws.store.runs(probe_key, [sha])
         last = runs[-1] if runs else None
@@ -567,7 +571,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
         else:
             hint = no_value_hint(probe_key, metric_regex)
         exc = last_exception(tail)
-        if any(r.values for r in runs):
+        if any(r.values for r in runs[-cr.crashes:]):
             # values, then a crash short of the labels the other runs print: said as such
             return KlbisectError(f"{where} {sha[:12]} crashed part-way in {cr.crashes} runs: each printed some "
                                  "labels' values, then failed without an assertion before the rest (a run "
@@ -632,16 +636,30 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
     before = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
     limit = endpoint_crash_limit(cfg.crash_limit)
 
+    def this_command(sha: str, now: CommitRuns) -> tuple[CommitRuns, str]:
+        """An endpoint's runs as the crash checks read them. One with values from
+        earlier commands but none from this one is judged on this command's runs
+        alone: the environment broke, or --timeout was cut, since those values,
+        and their count never grows, so the rounds would ask for more runs forever."""
+        old = before[sha]
+        if old.values and len(now.values) == len(old.values) and now.crashes > old.crashes:
+            return (CommitRuns([], now.crashes - old.crashes, now.build_failed),
+                    f" in this command (it printed {fmt_count(len(old.values), 'value')} in earlier ones: did "
+                    "the environment or --timeout change?)")
+        return since(now, old), ""
+
     def problem() -> KlbisectError | None:
         now = commit_runs(ws, probe_key, build_key, [good, bad], cfg.timeout)
-        g, b = since(now[good], before[good]), since(now[bad], before[bad])
+        (g, g_note), (b, b_note) = this_command(good, now[good]), this_command(bad, now[bad])
         if not g.values and not b.values and min(g.crashes, b.crashes) >= (limit + 1) // 2:
             # neither endpoint has printed a value in half the limit each: the probe is
             # broken, not flaky (at a 15% crash rate this happens once in 100,000 starts)
             return _endpoint_problem(ws, "good", good, probe_key, build_key, g, 1,
-                                     note=f", nor the bad endpoint in {b.crashes}", metric_regex=cfg.metric_regex)
-        for which, sha, cr in (("good", good, g), ("bad", bad, b)):
-            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, limit, metric_regex=cfg.metric_regex)
+                                     note=f"{g_note}, nor the bad endpoint in {b.crashes}",
+                                     metric_regex=cfg.metric_regex)
+        for which, sha, cr, note in (("good", good, g, g_note), ("bad", bad, b, b_note)):
+            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, limit, note=note,
+                                    metric_regex=cfg.metric_regex)
             if err:
                 return err
         return None

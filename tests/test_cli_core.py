@@ -930,6 +930,32 @@ def test_a_probe_fixed_after_it_failed_at_the_endpoints_measures_again(small, tm
     assert cal.returncode == 0 and "3 runs with values" in cal.stdout, cal.stderr
 
 
+def test_endpoints_measured_before_that_crash_now_stop_the_command(small, tmp_path):
+    """Endpoints with values from an earlier command, then a broken environment
+    (a lost GPU, a --timeout cut too short): the rounds asked for more values
+    and got crashes, run after run, for as long as the user let them (3,125
+    runs in ten minutes, a tester's). Both paths stop within a round."""
+    broken = tmp_path / "gpu-lost"
+    cmd = (f"if [ -e {broken} ]; then echo 'RuntimeError: CUDA error: no CUDA-capable device is detected' >&2; "
+           f"exit 1; fi; {probe_cmd()}")
+    first = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, "--endpoint-runs", "2",
+                "--max-endpoint-runs", "2", "--max-total-runs", "3", cwd=small.path)
+    assert first.returncode in (154, 157), first.stderr
+    broken.touch()
+    for args in (("run",), ("start",)):
+        before = len(db_query(small.path, "SELECT id FROM runs"))
+        p = klb(*args, "--good", small.good, "--bad", "main", "--probe-cmd", cmd, cwd=small.path, timeout=300)
+        line = error_line(p, 154)
+        assert "in this command (it printed 2 values in earlier ones" in line, line
+        assert "RuntimeError: CUDA error" in line
+        assert len(db_query(small.path, "SELECT id FROM runs")) - before <= 8
+    # a probe command that the shell cannot find stops on its first run, not six
+    before = len(db_query(small.path, "SELECT id FROM runs"))
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "pyhton3 probe.py", cwd=small.path)
+    assert "was not found" in error_line(p, 155)
+    assert len(db_query(small.path, "SELECT id FROM runs")) - before == 1
+
+
 def test_an_endpoint_build_fixed_outside_klbisect_is_built_again(small, tmp_path):
     """A build that failed for the environment (a compiler missing) is retried
     by the next command, once, instead of stopping on the stored failure."""
