@@ -11,6 +11,7 @@ import errno
 import json
 import math
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -90,6 +91,33 @@ class BisectConfig:
         """What a session keeps: the question, and the settings a rerun may
         change (RERUN_KEYS) but that `klbisect probe` and `status` read back."""
         return {**self.question(), "timeout": self.timeout, **({"fresh": True} if self.fresh else {})}
+
+    def run_command(self, good: str, bad: str) -> str:
+        """The `klbisect run` that asks this question, its options spelled out:
+        advice a user can paste (a `run` needs the probe options again)."""
+        d = BisectConfig()
+        argv = ["klbisect", "run", "--good", good, "--bad", bad]
+
+        def opt(flag: str, value, default) -> None:
+            if value != default and value is not None:
+                argv.extend([flag, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)])
+
+        opt("--probe", self.probe, d.probe)
+        opt("--probe-cmd", self.probe_cmd, None)
+        for key, value in self.sglang.items():
+            opt("--" + ("sglang-python" if key == "python" else key.replace("_", "-")), value, None)
+        opt("--build-cmd", self.build_cmd, None)
+        opt("--build", self.build, None)
+        opt("--build-paths", tuple(self.build_paths), tuple(d.build_paths))
+        opt("--timeout", f"{self.timeout:g}", f"{d.timeout:g}")
+        for key in ("metric", "metric_regex", "threshold", "votes", "max_runs", "endpoint_runs",
+                    "max_endpoint_runs", "confidence", "worse"):
+            opt("--" + key.replace("_", "-"), getattr(self, key), getattr(d, key))
+        if not self.first_parent:
+            argv.append("--all-commits")
+        if self.fresh:
+            argv.append("--fresh")
+        return shlex.join(argv)
 
     @classmethod
     def from_dict(cls, d: dict) -> "BisectConfig":
@@ -192,7 +220,8 @@ class Workspace:
         """See the runs as this session does: its --metric, and for a --fresh
         session only the runs recorded since it began."""
         self.use_metric(sess.config.get("metric"), sess.config.get("worse") or "higher")
-        self.store.view_from(sess if sess.config.get("fresh") else None)
+        origin = self.store.session(sess.config["fresh_from"]) if sess.config.get("fresh_from") else None
+        self.store.view_from((origin or sess) if sess.config.get("fresh") else None)
 
     @contextmanager
     def locked(self) -> Iterator["Workspace"]:
@@ -348,7 +377,7 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
 # Stored with a session but not part of its question: a rerun with another
 # --timeout (after every run timed out) resumes the same session, and a
 # rerun without --fresh resumes a --fresh one (which stays fresh).
-RERUN_KEYS = ("timeout", "fresh")
+RERUN_KEYS = ("timeout", "fresh", "fresh_from")
 
 
 def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | None, progress: Progress) -> None:
@@ -949,6 +978,19 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
         ws.close()
 
 
+def _fresh_origin(st: Store, good: str, bad: str, probe_key: str, cfg: BisectConfig) -> SessionRow | None:
+    """The --fresh git bisect of this range and question that is the latest
+    session here (active, or just reset), whose runs a `run --fresh` counts:
+    status and probe send the user of a doubted or stalled answer to that
+    command, and its runs are of the new environment too."""
+    last = st.latest_session(("run", "gitbisect", "calibrate", "nightly"))
+    if (last is not None and last.kind == "gitbisect" and last.config.get("fresh")
+            and (last.good, last.bad, last.probe_key) == (good, bad, probe_key)
+            and _question_of(last.config) == cfg.question()):
+        return st.session(last.config["fresh_from"]) if last.config.get("fresh_from") else last
+    return None
+
+
 def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_factory,
                 check_reused: bool = True) -> Result:
     started = time.time()
@@ -965,24 +1007,35 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         # an answer left as a block by failed builds is worth one more build each:
         # the user who reruns it may have fixed what broke them
         unbuilt = [i["sha"] for i in done.candidate_info if i["why"] == "untestable: build failed"]
-        if not (build_key and len(done.candidates) > 1 and unbuilt):
+        # runs recorded since it finished (a git bisect of the same range, whose answer
+        # status doubted and sent the user here) are weighed with its own
+        newer = sum(1 for r in st.runs(probe_key, shas) if r.started > (prev.ended or 0.0))
+        if not (build_key and len(done.candidates) > 1 and unbuilt) and not newer:
             progress(f"this bisect already finished (session {prev.id}); showing its result")
             return done
         progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
-                 f"building the {len(unbuilt)} whose build failed once more")
+                 f"building the {len(unbuilt)} whose build failed once more" if not newer else
+                 f"session {prev.id} finished before {fmt_count(newer, 'run')} since recorded in this range: "
+                 "weighing them with its own")
         st.update_session(prev.id, state="bisecting")
         prev = st.session(prev.id)
+    fresh_from = _fresh_origin(st, good, bad, probe_key, cfg) if cfg.fresh else None
     if prev:
         sid = prev.id
         progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
         cfg.fresh = bool(prev.config.get("fresh"))
-        st.update_session(sid, config=cfg.stored())
+        fresh_from = prev.config.get("fresh_from")
+        st.update_session(sid, config={**cfg.stored(), **({"fresh_from": fresh_from} if fresh_from else {})})
         ws.use_session(st.session(sid))
         if st.get(_stop_key(sid)):
             st.put(_stop_key(sid), "")
     else:
-        sid = st.create_session("run", good, bad, probe_key, cfg.stored(), cands)
+        sid = st.create_session("run", good, bad, probe_key,
+                                {**cfg.stored(), **({"fresh_from": fresh_from.id} if fresh_from else {})}, cands)
         ws.use_session(st.session(sid))
+        if fresh_from is not None:
+            progress(f"--fresh: counting the runs since session {fresh_from.id} (a --fresh git bisect of this "
+                     f"range) began: {fmt_count(len(st.session_runs(fresh_from.id)), 'run')} of its own")
         say_reused(ws, probe_key, shas, cfg.timeout, progress)
     progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
@@ -1391,8 +1444,8 @@ def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: s
     undecided = [s for s, v in ws.store.verdicts(sess.id).items()
                  if s != sha and is_undecided_skip(v["verdict"], str(v.get("reason", "")))]
     total = len(ws.store.session_runs(sess.id))
-    advice = (f"`klbisect reset`, then `klbisect run --good {sess.good[:12]} --bad {sess.bad[:12]}` with the same "
-              f"probe options reuses these {total} runs and weighs them all together")
+    advice = (f"`klbisect reset`, then `{cfg.run_command(sess.good[:12], sess.bad[:12])}` reuses these {total} "
+              "runs and weighs them all together")
     if len(undecided) >= UNDECIDED_LIMIT:
         return KlbisectError(f"{len(undecided)} commits stayed undecided after their --max-runs runs: a verdict per "
                              "commit is out of reach here (good and bad runs overlap, or --max-runs is too low), "
@@ -1514,9 +1567,9 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     # wrong verdict moves git's answer. All the runs together say how sure it is.
     return build_result(ws, sess.id, cands, pl, False,
                         f"git bisect finished, but all the runs put only {mass:.1%} on its answer (below "
-                        f"--confidence {cfg.confidence:g}): a verdict may be wrong; `klbisect run --good "
-                        f"{sess.good[:12]} --bad {sess.bad[:12]}` with the same probe reuses these runs and "
-                        "measures until sure" + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model),
+                        f"--confidence {cfg.confidence:g}): a verdict may be wrong; `"
+                        f"{cfg.run_command(sess.good[:12], sess.bad[:12])}` reuses these runs and measures "
+                        "until sure" + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model),
                         probe_key, build_key)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -497,6 +498,39 @@ def test_a_git_answer_the_runs_do_not_back_is_not_reported_as_sure(history):
     klb("reset", cwd=repo)
 
 
+def advice(text: str) -> list[str]:
+    """The `klbisect run ...` a message advises, as argv for this interpreter."""
+    m = re.search(r"`(klbisect run [^`]+)`", text)
+    assert m, text
+    return shlex.split(m.group(1))[1:]
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_the_run_a_doubted_git_answer_advises_weighs_that_sessions_runs(history, fresh):
+    """status sends the user of a doubted git answer to a `klbisect run`. A
+    tester pasted it: it lacked --probe-cmd, and with an earlier `run` of
+    the range finished it showed that old answer, weighing none of git
+    bisect's runs (with --fresh, none of them either)."""
+    h = history(n_commits=12, seed=5, merges=0, noise=SEPARATED)
+    repo = h.path
+    assert klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=repo).returncode == 0
+    st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), *(["--fresh"] if fresh else []),
+             cwd=repo)
+    assert st.returncode == 0, st.stderr
+    [(sid,)] = db_query(repo, "SELECT id FROM sessions WHERE kind='gitbisect'")
+    subprocess.run(["git", "bisect", "bad", h.shas[1]], cwd=repo, env=child_env(), capture_output=True, check=True)
+    argv = advice(json_tail(klb("status", "--json", cwd=repo).stdout)["result"]["reason"])
+    assert argv[argv.index("--probe-cmd") + 1] == probe_cmd() and ("--fresh" in argv) == fresh, argv
+    p = klb(*argv, "--json", cwd=repo)
+    assert json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
+    assert "already finished" not in p.stderr
+    if fresh:
+        assert f"--fresh: counting the runs since session {sid} (a --fresh git bisect of this range) began" in p.stderr
+    else:
+        assert "session 1 finished before" in p.stderr and "weighing them with its own" in p.stderr
+    klb("reset", cwd=repo)
+
+
 def test_probe_after_git_bisect_was_reset_by_hand_says_so(history):
     h = history(n_commits=6, seed=2, merges=0, noise=SEPARATED)
     assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
@@ -540,7 +574,7 @@ def test_probe_stops_git_bisect_once_commits_stay_undecided(history):
     out = bisect_run(h.path)
     assert "157" in out.stdout + out.stderr, out.stdout + out.stderr
     assert "2 commits stayed undecided after their --max-runs runs" in out.stderr
-    assert f"`klbisect run --good {h.good[:12]} --bad {h.bad[:12]}`" in out.stderr
+    assert f"`klbisect run --good {h.good[:12]} --bad {h.bad[:12]} --probe-cmd " in out.stderr
     skips = db_query(h.path, "SELECT sha FROM verdicts WHERE verdict='skip'")
     assert len(skips) == 2
     assert db_query(h.path, "SELECT COUNT(*) FROM runs")[0][0] == 12 + 2
