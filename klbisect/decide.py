@@ -10,6 +10,7 @@ mean one wild value can never decide, or flip, a verdict alone.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -435,33 +436,74 @@ def _pair_spread(*sides: np.ndarray) -> float:
     return float(np.median(d)) / (math.sqrt(2) * 0.6744897501960817) if d.size else 0.0
 
 
+RATE_QUANTILE = 0.9   # classic mode: how cautiously the endpoints' fail rates are read (ThresholdModel)
+
+
 @dataclass
 class ThresholdModel:
     """Classic mode: a run fails when its value reaches the CI threshold;
-    a commit's verdict is the majority of ``votes`` runs."""
+    a commit's verdict is the majority of ``votes`` runs.
+
+    ``git bisect`` trusts each verdict without limit (``cap``). With the
+    endpoints' fail rates (``fail_good``, ``fail_bad``, from ``with_rates``),
+    a verdict weighs what they say a majority is worth: where a bad commit
+    passes half its runs, a majority of three reads bad at about 2:1, and
+    the answer's confidence says so instead of 0.99999 (a tester's classic
+    runs named wrong commits at that)."""
 
     threshold: float
     votes: int = 1
     kind: str = "threshold"
     cap: float = 1e6
+    fail_good: float | None = None
+    fail_bad: float | None = None
+
+    def with_rates(self, good: Sequence[float], bad: Sequence[float], q: float = RATE_QUANTILE) -> "ThresholdModel":
+        """The fail rates of the endpoints' runs, each taken at the cautious
+        end of its Jeffreys interval (the good side's high, the bad side's
+        low, at ``q``): six runs a side say little, and plug-in rates let a
+        few verdicts pass for sure and named wrong commits."""
+        beta = _stats().beta
+
+        def rate(values: Sequence[float], upper: bool) -> float:
+            k, n = float(np.sum(self.fails(values))), len(values)
+            return float(beta.ppf(q if upper else 1 - q, k + 0.5, n - k + 0.5))
+        return dataclasses.replace(self, fail_good=rate(good, True), fail_bad=rate(bad, False))
 
     def fails(self, values: Iterable[float]) -> np.ndarray:
         return _arr(values) >= self.threshold
 
+    def _majority(self, p: float) -> float:
+        need = self.votes // 2 + 1
+        return sum(math.comb(self.votes, k) * p ** k * (1 - p) ** (self.votes - k) for k in range(need, self.votes + 1))
+
+    def verdict_log_lrs(self, votes: int | None = None) -> tuple[float, float]:
+        """Evidence, bad over good, of a failing and of a passing verdict (a
+        majority of ``votes`` runs): without rates, +-log(cap)."""
+        cap = math.log(self.cap)
+        if self.fail_good is None or self.fail_bad is None:
+            return cap, -cap
+        m = self if votes is None else dataclasses.replace(self, votes=votes)
+        a, b = m._majority(self.fail_bad), m._majority(self.fail_good)
+        return (float(np.clip(math.log(a / b), -cap, cap)),
+                float(np.clip(math.log((1 - a) / (1 - b)), -cap, cap)))
+
     def log_lr(self, values: Iterable[float]) -> np.ndarray:
-        f = self.fails(values)
-        return np.where(f, 1.0, -1.0) * math.log(self.cap)
+        up, down = self.verdict_log_lrs(votes=1)
+        return np.where(self.fails(values), up, down)
 
     def commit_log_lr(self, values: Sequence[float]) -> float:
         """A commit's evidence as classic mode has it: with ``votes`` > 1,
-        none until it has that many runs, then the majority of the first
-        ``votes`` (summing single runs would let the first one decide)."""
+        none until it has that many runs, then one majority verdict per
+        ``votes`` runs (summing single runs would let the first one decide)."""
         if self.votes <= 1:
             return float(np.sum(self.log_lr(values)))
-        if len(values) < self.votes:
-            return 0.0
-        failed = int(np.sum(self.fails(list(values)[:self.votes])))
-        return (1.0 if 2 * failed > self.votes else -1.0) * math.log(self.cap)
+        up, down = self.verdict_log_lrs()
+        total = 0.0
+        for start in range(0, len(values) - self.votes + 1, self.votes):
+            failed = int(np.sum(self.fails(list(values)[start:start + self.votes])))
+            total += up if 2 * failed > self.votes else down
+        return total
 
     def boundary(self) -> float:
         return self.threshold
@@ -475,7 +517,8 @@ class ThresholdModel:
 
     @classmethod
     def from_dict(cls, d: dict) -> "ThresholdModel":
-        return cls(threshold=d["threshold"], votes=d.get("votes", 1))
+        return cls(threshold=d["threshold"], votes=d.get("votes", 1), fail_good=d.get("fail_good"),
+                   fail_bad=d.get("fail_bad"))
 
 
 @dataclass

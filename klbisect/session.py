@@ -25,7 +25,7 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, CommandBuilder
 from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP,
-                     STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, Model,
+                     STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, Model,
                      ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
                      is_undecided_skip, judge, separation, summarize, verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
@@ -710,17 +710,30 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             raise err
         need = []
         if cfg.threshold is not None:
+            # the first --votes runs a side check the failure reproduces, as classic mode judges
+            # a commit; at least MIN_ENDPOINT_RUNS a side then say how far a verdict can be trusted
+            enough = max(cfg.votes, min(cfg.endpoint_runs, MIN_ENDPOINT_RUNS))
             if len(g.values) >= cfg.votes and len(b.values) >= cfg.votes:
                 model = ThresholdModel(cfg.threshold, cfg.votes)
-                vg = judge(g.values, 0, model, cfg.votes)
-                vb = judge(b.values, 0, model, cfg.votes)
-                if vg.decision == GOOD and vb.decision == BAD:
+                vg = judge(g.values[:cfg.votes], 0, model, cfg.votes)
+                vb = judge(b.values[:cfg.votes], 0, model, cfg.votes)
+                if vg.decision == GOOD and vb.decision == BAD and min(len(g.values), len(b.values)) < enough:
+                    need = [s for s, cr in ((good, g), (bad, b)) for _ in range(enough - len(cr.values))]
+                elif vg.decision == GOOD and vb.decision == BAD:
+                    model = model.with_rates(g.values, b.values)
+                    up, down = model.verdict_log_lrs()
+                    progress(f"endpoints at threshold {cfg.threshold:g}: good failed {int(sum(model.fails(g.values)))}"
+                             f"/{len(g.values)} runs, bad {int(sum(model.fails(b.values)))}/{len(b.values)}: a "
+                             f"majority of {cfg.votes} that fails counts {math.exp(up):.3g}:1 for bad, one that "
+                             f"passes {math.exp(-down):.3g}:1 for good")
                     return model
-                raise KlbisectError(
-                    f"the endpoints do not reproduce the failure at threshold {cfg.threshold:g}: "
-                    f"good {_fmt_vals(g.values)} ({vg.decision}), bad {_fmt_vals(b.values)} ({vb.decision})",
-                    EXIT_NO_SIGNAL)
-            need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
+                else:
+                    raise KlbisectError(
+                        f"the endpoints do not reproduce the failure at threshold {cfg.threshold:g}: "
+                        f"good {_fmt_vals(g.values[:cfg.votes])} ({vg.decision}), bad "
+                        f"{_fmt_vals(b.values[:cfg.votes])} ({vb.decision})", EXIT_NO_SIGNAL)
+            else:
+                need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
         else:
             step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
             sep = step.separation
@@ -1009,14 +1022,17 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         unbuilt = [i["sha"] for i in done.candidate_info if i["why"] == "untestable: build failed"]
         # runs recorded since it finished (a git bisect of the same range, whose answer
         # status doubted and sent the user here) are weighed with its own
-        newer = sum(1 for r in st.runs(probe_key, shas) if r.started > (prev.ended or 0.0))
+        newer = sum(1 for r in st.runs(probe_key, shas)
+                    if r.session_id != prev.id and r.started > (prev.ended or 0.0))
         if not (build_key and len(done.candidates) > 1 and unbuilt) and not newer:
             progress(f"this bisect already finished (session {prev.id}); showing its result")
             return done
-        progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
-                 f"building the {len(unbuilt)} whose build failed once more" if not newer else
-                 f"session {prev.id} finished before {fmt_count(newer, 'run')} since recorded in this range: "
-                 "weighing them with its own")
+        if newer:
+            progress(f"session {prev.id} finished before {fmt_count(newer, 'run')} since recorded in this range: "
+                     "weighing them with its own")
+        else:
+            progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
+                     f"building the {len(unbuilt)} whose build failed once more")
         st.update_session(prev.id, state="bisecting")
         prev = st.session(prev.id)
     fresh_from = _fresh_origin(st, good, bad, probe_key, cfg) if cfg.fresh else None
@@ -1155,6 +1171,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
             if not pl.done and not pl.next and not ex.in_flight():
                 why = ("no commit left whose runs could raise the confidence (all exhausted or untestable)"
+                       + ("; at this threshold a majority verdict carries little evidence (the bad endpoint passes "
+                          "often): leave --threshold and --votes out to judge runs by their values"
+                          if isinstance(pl.model, ThresholdModel) and pl.model.fail_bad is not None
+                          and pl.model.verdict_log_lrs()[0] < math.log(VERDICT_LR) else "")
                        if pl.unproven is None else
                        f"the answer is every commit in the range, and the endpoints still do not differ at "
                        f"p <= {1 - cfg.confidence:.2g} after {pl.unproven.good['n']}+{pl.unproven.bad['n']} runs "

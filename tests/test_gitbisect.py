@@ -518,6 +518,7 @@ def test_the_run_a_doubted_git_answer_advises_weighs_that_sessions_runs(history,
              cwd=repo)
     assert st.returncode == 0, st.stderr
     [(sid,)] = db_query(repo, "SELECT id FROM sessions WHERE kind='gitbisect'")
+    assert klb("probe", cwd=repo).returncode in (0, 1)         # git's first commit, measured
     subprocess.run(["git", "bisect", "bad", h.shas[1]], cwd=repo, env=child_env(), capture_output=True, check=True)
     argv = advice(json_tail(klb("status", "--json", cwd=repo).stdout)["result"]["reason"])
     assert argv[argv.index("--probe-cmd") + 1] == probe_cmd() and ("--fresh" in argv) == fresh, argv

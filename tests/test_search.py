@@ -353,6 +353,49 @@ def test_plan_classic_threshold():
     assert all(i < 20 for i in pl.next)
 
 
+def classic_bisect(seed: int, threshold: float, votes: int, n: int = 120):
+    """A classic-mode bisect of the issue's noise, as `run` drives it: the
+    first --votes endpoint runs must reproduce the failure, six a side give
+    the fail rates. (right?, probe runs), or (None, runs) when the endpoints
+    do not reproduce it and ("not sure", runs) when the search gives up."""
+    rng = np.random.default_rng(seed)
+    culprit = int(rng.integers(1, n + 1))
+    cs = [CommitRuns([]) for _ in range(n + 1)]
+    for _ in range(6):
+        cs[0].values.append(issue_value(rng, False))
+        cs[n].values.append(issue_value(rng, True))
+    t = ThresholdModel(threshold, votes)
+    if sum(t.fails(cs[0].values[:votes])) * 2 > votes or sum(t.fails(cs[n].values[:votes])) * 2 < votes:
+        return None, 12
+    t, runs = t.with_rates(cs[0].values, cs[n].values), 12
+    while True:
+        pl = plan(cs, t, 0.99)
+        if pl.done:
+            return pl.done.indices == [culprit], runs
+        if not pl.next:
+            return "not sure", runs
+        for i in pl.next:
+            cs[i].values.append(issue_value(rng, i >= culprit))
+            runs += 1
+
+
+def test_classic_verdicts_count_what_the_endpoints_say_they_are_worth():
+    """At the CI threshold a bad commit passes about half its runs, and a
+    majority of three is wrong about it often. Trusted without limit, such
+    verdicts named wrong commits at 0.99999 (a tester's); weighed by the
+    endpoints' fail rates, the search ends NOT sure instead. At a threshold
+    that splits the sides, classic mode still names the culprit."""
+    t = ThresholdModel(0.01, 3).with_rates([0.004] * 6, [0.02, 0.005, 0.02, 0.005, 0.02, 0.005])
+    up, down = t.verdict_log_lrs()
+    assert 0 < up < math.log(10) and -math.log(3) < down < 0
+    assert ThresholdModel(0.01, 3).verdict_log_lrs() == (math.log(1e6), -math.log(1e6))    # git bisect's trust
+    assert ThresholdModel.from_dict(t.to_dict()) == t
+    at_ci = [classic_bisect(seed, 0.01, 3) for seed in range(12)]
+    assert {r for r, _ in at_ci} <= {None, "not sure"} and "not sure" in {r for r, _ in at_ci}, at_ci
+    split = [classic_bisect(seed, 0.0065, 3) for seed in range(12)]
+    assert all(r is True for r, _ in split), split
+
+
 # ---- whole bisects, simulated with the issue's noise ---------------------------------
 
 def issue_value(rng, bad: bool) -> float:
