@@ -352,9 +352,16 @@ def random_model(k: int, seed: int) -> str:
     return spec
 
 
+MAX_LABELS = 64       # a KL test prints a handful of labels; a run draws this many values at most
+MAX_SIGMA = 3.0       # a log-normal spread of e^3 (x20) per run: past it no model is a KL test's
+
+
 def parse_model(spec: str) -> Scenario:
     """A noise model from ``key=value`` words (``--model``), so a new user can try
     parameters nobody tuned for. Raises ValueError naming the bad word."""
+    if not spec.split():
+        raise ValueError("--model: the spec is empty; give key=value words, e.g. 'name=m good=0.003,0.006 "
+                         "bad=0.007,0.013'")
     fields: dict = {}
     for word in spec.split():
         key, eq, val = word.partition("=")
@@ -401,8 +408,11 @@ def parse_model(spec: str) -> Scenario:
     if kind == "lognormal" and not (bad[0] >= 1 and (bad[1] > 1 or spikes)):
         raise ValueError(f"--model: {said['bad']} is a factor on the good median and a regression raises "
                          "it: give 1 <= lo <= hi with hi > 1 (hi = 1 only with spikes=)")
-    if fields.get("labels", 1) < 1:
-        raise ValueError(f"--model: labels={fields['labels']}: a run has at least 1 label")
+    if not 1 <= fields.get("labels", 1) <= MAX_LABELS:
+        raise ValueError(f"--model: labels={fields['labels']}: give 1 to {MAX_LABELS} labels a run")
+    if kind == "lognormal" and good[1] > MAX_SIGMA:
+        raise ValueError(f"--model: good={good[0]:g},{good[1]:g}: a sigma of {good[1]:g} spreads one commit's "
+                         f"runs over x{math.exp(good[1]):.3g}; give sigma <= {MAX_SIGMA:g}")
     if "outlier-mult" in fields and not 0 < fields["outlier-mult"][0] <= fields["outlier-mult"][1]:
         raise ValueError("--model: outlier-mult takes a factor lo,hi with 0 < lo <= hi")
     lo, hi = fields.get("spike-mult", (4.0, 8.0))
@@ -626,6 +636,11 @@ def parse_constant(spec: str) -> tuple[str, str, int | float]:
         if not number.is_integer():
             raise ValueError(f"--constant {spec!r}: {mod}.{attr} counts something; give a whole number")
         number = int(number)
+    if not (math.isfinite(number) and number >= 0):
+        # every tunable constant is a count, a ratio or a share: none is negative
+        raise ValueError(f"--constant {spec!r}: give a finite value of 0 or more")
+    if attr.endswith("_RUNS") and number < 1:
+        raise ValueError(f"--constant {spec!r}: {mod}.{attr} counts runs; give at least 1")
     return mod, attr, number
 
 
@@ -906,6 +921,7 @@ def main(argv=None) -> int:
     check_options(ap, [
         ("--commits", bool(commits) and min(commits) >= MIN_COMMITS, f"give sizes of at least {MIN_COMMITS}"),
         ("--trials", a.trials >= 1, "give at least 1 trial per row"),
+        ("--seed", a.seed >= 0, "give a seed of 0 or more"),
         ("--bayesect-trials", a.bayesect_trials >= 1, "give at least 1 trial per row"),
         ("--jobs", a.jobs >= 1, "give at least 1 worker"),
         ("--confidence", 0.5 < a.confidence < 1, "give a posterior mass between 0.5 and 1, e.g. 0.99"),

@@ -119,7 +119,9 @@ def test_bench_model_whose_bad_is_not_above_good_is_one_line():
                        ("outliers=nan", "give finite numbers"), ("good=0.003,inf", "give finite numbers"),
                        ("threshold=-1", "threshold takes a KL value > 0"), ("labels=2.5", "a whole number"),
                        ("untestable=0.5,2", "whole numbers"), ("spikes=0.2 spike-mult=0.5,2", "1 <= lo <= hi"),
-                       ("name=a name=b", "given twice"), ("name=", "name= is empty")):
+                       ("name=a name=b", "given twice"), ("name=", "name= is empty"),
+                       ("", "the spec is empty"), ("labels=100000000000", "give 1 to 64 labels"),
+                       ("kind=lognormal good=0.004,60", "give sigma <= 3")):
         r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--commits", "100",
                             "--trials", "1", "--jobs", "1", "--model", spec],
                            capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -334,6 +336,9 @@ def test_out_of_range_options_are_one_line_before_any_trial():
              ("bench_bisect.py", ["--commits", "x"], "--commits 'x'"),
              ("bench_bisect.py", ["--commits", "5"], "at least 10"),
              ("bench_bisect.py", ["--confidence", "1.2"], "--confidence"),
+             ("bench_bisect.py", ["--seed", "-1"], "--seed: give a seed of 0 or more"),
+             ("bench_bisect.py", ["--constant", "decide.MIN_ENDPOINT_RUNS=-1"], "a finite value of 0 or more"),
+             ("bench_bisect.py", ["--constant", "decide.MIN_ENDPOINT_RUNS=0"], "counts runs; give at least 1"),
              ("bench_bisect.py", ["--commits", "12", "--model", "name=x untestable=0,20"], "at least 22 commits"),
              ("target_floor.py", ["--known-trials", "0"], "--known-trials"),
              ("target_floor.py", ["--commits", "12", "--model", "name=x untestable=0,20"], "at least 22 commits")]
