@@ -114,14 +114,17 @@ def main(argv: list[str] | None = None) -> int:
         done = list(pool.map(one, work, chunksize=max(1, len(work) // (8 * a.jobs))))
     print(f"command: python scripts/heldout_shapes.py --shapes {','.join(shapes)} --commits {a.commits} "
           f"--culprit {a.culprit} --trials {a.trials} --seed {a.seed}  ({a.jobs} jobs, {time.time() - t0:.0f} s)")
-    print(f"{'shape':<14} {'right':>9} {'accuracy':>9} {'mean runs':>10} {'p95 runs':>9}  not right (trial: culprit -> named)")
+    print(f"{'shape':<14} {'right':>9} {'accuracy':>9} {'wrong':>6} {'gave up':>8} {'mean runs':>10} {'p95 runs':>9}  "
+          "not right (trial: culprit -> named)")
     for s in shapes:
         rows = [(t, d) for t, d in enumerate(done) if d[0] == s]
         right = sum(1 for _, d in rows if d[3] == [d[1]])
         runs = np.array([d[2] for _, d in rows])
         misses = [f"{t % a.trials}: {d[1]} -> {'gave up' if d[3] is None else d[3]}"
                   for t, d in rows if d[3] != [d[1]]]
-        print(f"{s:<14} {right:>5}/{len(rows):<3} {100 * right / len(rows):>8.1f}% {runs.mean():>10.1f} "
+        gave_up = sum(1 for _, d in rows if d[3] is None)
+        print(f"{s:<14} {right:>5}/{len(rows):<3} {100 * right / len(rows):>8.1f}% "
+              f"{len(rows) - right - gave_up:>6} {gave_up:>8} {runs.mean():>10.1f} "
               f"{np.percentile(runs, 95):>9.0f}  {'; '.join(misses[:4])}{' ...' if len(misses) > 4 else ''}")
     return 0
 
