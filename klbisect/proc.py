@@ -299,8 +299,10 @@ def _start_ticks(pid: int) -> int | None:
     process for good."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat.rsplit(b")", 1)[1].split()[19])
+            fields = f.read().rsplit(b")", 1)[1].split()
+        # a zombie no longer runs: a klbisect killed with SIGKILL whose parent has not
+        # waited for it yet (or a container's init that never does) must read as gone
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 

@@ -272,9 +272,13 @@ time.sleep(300)
 """
 
 
-def _killed_owner(script: str, cmd: str, tags: list[str], work: Path, pids: Path) -> int:
+def _killed_owner(script: str, cmd: str, tags: list[str], work: Path, pids: Path,
+                  zombie: list | None = None) -> int:
     """Run ``cmd`` under a klbisect-like owner, SIGKILL the owner once every
-    tagged process runs, and return the group id it recorded."""
+    tagged process runs, and return the group id it recorded. With
+    ``zombie`` (a list), the owner is not waited for: it stays a zombie,
+    as under a parent (git bisect run's shell, a container's init) that has
+    not reaped it; the Popen goes into the list for the caller to wait."""
     owner = subprocess.Popen([sys.executable, "-c", script, str(work), str(pids)],
                              env=dict(os.environ, KLB_TEST_CMD=cmd))
     try:
@@ -282,7 +286,11 @@ def _killed_owner(script: str, cmd: str, tags: list[str], work: Path, pids: Path
         assert owner.poll() is None
     finally:
         owner.kill()
-        owner.wait()
+        if zombie is None:
+            owner.wait()
+        else:
+            zombie.append(owner)
+            _until(lambda: psutil.Process(owner.pid).status() == psutil.STATUS_ZOMBIE, "no zombie")
     files = list(pids.glob("*.pid"))
     assert len(files) == 1
     return int(files[0].stem)
@@ -303,6 +311,22 @@ def test_what_a_killed_klbisect_left_is_reaped_wherever_it_went(tmp_path, owner)
     finally:
         for p in _alive(in_group) + _alive(detached):
             p.kill()
+
+
+def test_an_owner_killed_but_not_yet_waited_for_is_gone(tmp_path):
+    """A klbisect probe SIGKILLed under git bisect run stays a zombie until
+    its parent waits: its /proc entry, start time and all, is still there.
+    `status` right after it left the probe running (a tester's)."""
+    tag, zombie = uuid.uuid4().hex, []
+    pids = tmp_path / "pids"
+    try:
+        pgid = _killed_owner(_OWNER_RUN_LOGGED, f"{_sleeper(tag)} & wait", [tag], tmp_path, pids, zombie)
+        assert reap_stale(pids) == [pgid] and _gone(tag)
+    finally:
+        for p in _alive(tag):
+            p.kill()
+        for z in zombie:
+            z.wait()
 
 
 def test_a_group_id_that_went_to_an_unrelated_process_is_not_reaped(tmp_path):
