@@ -543,7 +543,8 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
 
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
                       cr: CommitRuns, crash_limit: int, note: str = "",
-                      where: str | None = None, metric_regex: str | None = None) -> KlbisectError | None:
+                      where: str | None = None, metric_regex: str | None = None,
+                      at_both: bool = False) -> KlbisectError | None:
     """Why this endpoint cannot be measured, once that is clear: its build
     failed, it printed no value in ``crash_limit`` runs, or it printed
     labels but never the --metric asked for. ``where`` names the commit
@@ -595,7 +596,10 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
         elif probe_key.startswith("cmd:") and re.search(
                 r"can't open file|No such file or directory|ERROR: file or directory not found", tail):
             # the usual cause: a KL test added after --good is not in that commit's checkout
-            hint = ("the probe's own file is missing there: a test newer than the good commit must be copied "
+            hint = ("the probe's own file is missing at both endpoints: check its path in --probe-cmd (it runs "
+                    "from the checkout's root); a test newer than the good commit must be copied outside the "
+                    "repository" if at_both else
+                    "the probe's own file is missing there: a test newer than the good commit must be copied "
                     "outside the repository and --probe-cmd pointed at the copy")
         else:
             hint = no_value_hint(probe_key, metric_regex)
@@ -685,7 +689,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             # broken, not flaky (at a 15% crash rate this happens once in 100,000 starts)
             return _endpoint_problem(ws, "good", good, probe_key, build_key, g, 1,
                                      note=f"{g_note}, nor the bad endpoint in {b.crashes}",
-                                     metric_regex=cfg.metric_regex)
+                                     metric_regex=cfg.metric_regex, at_both=True)
         for which, sha, cr, note in (("good", good, g, g_note), ("bad", bad, b, b_note)):
             err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, limit, note=note,
                                     metric_regex=cfg.metric_regex)

@@ -1288,9 +1288,10 @@ def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):
     # three each, and a run that was already in flight on the other slot
     assert re.search(r"printed no metric value in [34] runs, nor the bad endpoint in [34]", line), line
     assert len(db_query(h.path, "SELECT id FROM runs")) - before <= 7
-    # a KL test newer than the good commit: the hint says what to do with it
+    # a test file at neither endpoint (a typo, or a KL test newer than both): the hint says both
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} test/test_kl_new.py", cwd=h.path)
-    assert "copied outside the repository" in error_line(p, 154)
+    line = error_line(p, 154)
+    assert "missing at both endpoints: check its path" in line and "copied outside the repository" in line
 
 
 def test_a_metric_regex_that_cannot_work_is_refused_before_any_run(history):
