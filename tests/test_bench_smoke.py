@@ -74,7 +74,7 @@ def test_bench_own_model_as_a_new_user_would():
     assert klb[3] == "2" and klb[4] == "100.0%"
     for spec, says in (("good=1", "good takes two numbers"), ("kind=gamma", "kind=gamma is not"),
                        ("colour=red", "not key=value"), ("good=0.006,0.003", "0 < lo < hi"),
-                       ("crashes=1.5", "0 <= crashes < 1"), ("labels=0", "at least 1 label"),
+                       ("crashes=1.5", "0 <= crashes < 1"), ("labels=0", "give 1 to 64 labels"),
                        ("untestable=5,2", "0 <= lo <= hi"), ("outliers=0.1 outlier-mult=3,2", "0 < lo <= hi")):
         bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--model", spec],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
