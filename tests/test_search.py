@@ -4,6 +4,8 @@ seeded simulation of whole bisects through ``plan`` on the issue's noise."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,11 @@ from klbisect.search import (INTEGRATED_STRICTNESS, Block, CommitRuns, Posterior
                              _rate_parts, crashes_to_give_up, decided, information_gain, integrated_parts,
                              plan, tempered)
 from klbisect.simulate import simulate_bisect
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import classic_mode  # noqa: E402  (scripts/ is no package)
+
+sys.path.pop(0)
 
 CAP = math.log(40)
 BIG = math.log(1e6)
@@ -353,32 +360,6 @@ def test_plan_classic_threshold():
     assert all(i < 20 for i in pl.next)
 
 
-def classic_bisect(seed: int, threshold: float, votes: int, n: int = 120):
-    """A classic-mode bisect of the issue's noise, as `run` drives it: the
-    first --votes endpoint runs must reproduce the failure, six a side give
-    the fail rates. (right?, probe runs), or (None, runs) when the endpoints
-    do not reproduce it and ("not sure", runs) when the search gives up."""
-    rng = np.random.default_rng(seed)
-    culprit = int(rng.integers(1, n + 1))
-    cs = [CommitRuns([]) for _ in range(n + 1)]
-    for _ in range(6):
-        cs[0].values.append(issue_value(rng, False))
-        cs[n].values.append(issue_value(rng, True))
-    t = ThresholdModel(threshold, votes)
-    if sum(t.fails(cs[0].values[:votes])) * 2 > votes or sum(t.fails(cs[n].values[:votes])) * 2 < votes:
-        return None, 12
-    t, runs = t.with_rates(cs[0].values, cs[n].values), 12
-    while True:
-        pl = plan(cs, t, 0.99)
-        if pl.done:
-            return pl.done.indices == [culprit], runs
-        if not pl.next:
-            return "not sure", runs
-        for i in pl.next:
-            cs[i].values.append(issue_value(rng, i >= culprit))
-            runs += 1
-
-
 def test_classic_verdicts_count_what_the_endpoints_say_they_are_worth():
     """At the CI threshold a bad commit passes about half its runs, and a
     majority of three is wrong about it often. Trusted without limit, such
@@ -390,18 +371,16 @@ def test_classic_verdicts_count_what_the_endpoints_say_they_are_worth():
     assert 0 < up < math.log(10) and -math.log(3) < down < 0
     assert ThresholdModel(0.01, 3).verdict_log_lrs() == (math.log(1e6), -math.log(1e6))    # git bisect's trust
     assert ThresholdModel.from_dict(t.to_dict()) == t
-    at_ci = [classic_bisect(seed, 0.01, 3) for seed in range(12)]
-    assert {r for r, _ in at_ci} <= {None, "not sure"} and "not sure" in {r for r, _ in at_ci}, at_ci
-    split = [classic_bisect(seed, 0.0065, 3) for seed in range(12)]
-    assert all(r is True for r, _ in split), split
+    # scripts/classic_mode.py drives plan() as `run` does, 120 commits a trial
+    at_ci = [classic_mode.trial(seed, 120, 0.01, 3, plug_in=False)[0] for seed in range(12)]
+    assert set(at_ci) <= {"endpoints do not reproduce", "NOT sure"} and "NOT sure" in at_ci, at_ci
+    split = [classic_mode.trial(seed, 120, 0.0065, 3, plug_in=False)[0] for seed in range(12)]
+    assert split == ["right"] * 12, split
 
 
 # ---- whole bisects, simulated with the issue's noise ---------------------------------
 
-def issue_value(rng, bad: bool) -> float:
-    labels = list(rng.uniform(0.003, 0.006, 2))
-    labels.append(rng.uniform(0.007, 0.013) if bad else rng.uniform(0.003, 0.006))
-    return float(max(labels))
+issue_value = classic_mode.seed_value     # the max over three labels, one of which moves
 
 
 def simulate(n, culprit, seed, crash=(), broken=(), confidence=0.99, k=1):
