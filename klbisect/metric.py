@@ -201,6 +201,10 @@ def fmt_subject(subject: str, limit: int = 60) -> str:
     s = (subject or "").replace("\n", " ")
     if len(s) <= limit:
         return s
+    pr = re.search(r"\s*\(#\d+\)$", s)
+    if pr and len(pr.group()) < limit // 2:
+        # the PR number is what a reader looks up: cut the words before it instead
+        return fmt_subject(s[:pr.start()], limit - len(pr.group())) + pr.group()
     cut = s[:limit - 1]
     open_at = cut.rfind("(")
     if open_at > limit // 2 and ")" not in cut[open_at:]:

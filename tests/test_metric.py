@@ -250,3 +250,13 @@ def test_a_crash_is_named_by_its_last_exception():
     assert len(last_exception("OSError: " + "x" * 500)) == 160
     # a probe that printed nothing of the kind names no exception
     assert last_exception("hello from the probe\nexit 3\n") is None
+
+
+def test_a_long_subject_is_cut_before_its_pr_number():
+    from klbisect.metric import fmt_subject
+    cut = fmt_subject("[Perf] Route prefill Q/K/V through fp8 quant hook for DCP (#9844)", 60)
+    assert cut == "[Perf] Route prefill Q/K/V through fp8 quant hook f… (#9844)" and len(cut) <= 60
+    assert fmt_subject("short (#1)", 60) == "short (#1)"
+    # a subject whose PR is cut off where it was typed still never shows half of one
+    assert fmt_subject("Route prefill through the FP8 hook and more words here (#1", 40) == \
+        "Route prefill through the FP8 hook and…"
