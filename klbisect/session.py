@@ -1661,8 +1661,11 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
             entry["log_lr"] = pl.model.commit_log_lr(cr.values)
         if sha in verdicts:
             entry["verdict"], entry["reason"] = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
-        elif i in (0, n):
+        elif i in (0, n) and (cr.values or pl is not None):
             entry["verdict"], entry["reason"] = (GOOD, "good endpoint") if i == 0 else (BAD, "bad endpoint")
+        elif i in (0, n):
+            # a start that stopped on endpoints that printed nothing: given, not shown so
+            entry["verdict"], entry["reason"] = "", "endpoint: no value yet"
         elif cr.build_failed:
             entry["verdict"], entry["reason"] = SKIP, "build failed"
         elif pl is not None:
