@@ -1026,8 +1026,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         unbuilt = [i["sha"] for i in done.candidate_info if i["why"] == "untestable: build failed"]
         # runs recorded since it finished (a git bisect of the same range, whose answer
         # status doubted and sent the user here) are weighed with its own
-        newer = sum(1 for r in st.runs(probe_key, shas)
-                    if r.session_id != prev.id and r.started > (prev.ended or 0.0))
+        # (a finished run keeps no end time: its last run's start stands for it)
+        finished_at = max([prev.ended or 0.0] + [r.started for r in st.session_runs(prev.id)])
+        newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id != prev.id and r.started > finished_at)
         if not (build_key and len(done.candidates) > 1 and unbuilt) and not newer:
             progress(f"this bisect already finished (session {prev.id}); showing its result")
             return done
