@@ -449,8 +449,16 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
 
     def judge(values: list[float]) -> Judgement:
         mine = label_values([head]) if open_bad_label else []
-        return judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
-                           opts.min_effect, opts.min_baseline, open_head=mine or None)
+        j = judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
+                        opts.min_effect, opts.min_baseline, open_head=mine or None)
+        if mine and j.verdict == "known" and not j.more:
+            # the open regression's label is as it was, but another label may have moved on
+            # top of it: the max over labels against the open regression's says so
+            whole = judge_night(values, baseline, borderline, open_bad, opts.alpha, opts.min_effect,
+                                opts.min_baseline)
+            if whole.worse_again or (whole.verdict == "known" and whole.more):
+                return whole
+        return j
 
     meter = _Meter(ws, sid, probe, builder, progress)
     measure = meter.measure
@@ -600,7 +608,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         # from the head the comparison was made against (the night that found the open
         # regression): a later "known" night's head may already hold the new one, having
         # read borderline against it
-        rec["notes"].append(f"worse again than the open regression of {openr['night']} "
+        rec["notes"].append(f"worse again than the open regression of {known['known_since']} "
                             f"(against {len(open_bad)} runs of its head): bisecting from {found_heads[-1][:12]}")
         rec["bisect_good"] = found_heads[-1]
         rec["open"] = known     # what this night is, should its bisect not confirm it

@@ -389,10 +389,12 @@ def test_an_open_regression_closes_only_when_a_night_is_shown_better():
 
 LEVEL_PROBE = '''import json, os, random
 # KL_DRIVER_SCALE stands for the machine: a new driver or wheel that moves every commit
-level = json.load(open("kl.json"))["level"] * float(os.environ.get("KL_DRIVER_SCALE", "1"))
+spec = json.load(open("kl.json"))
+scale = float(os.environ.get("KL_DRIVER_SCALE", "1"))
 rng = random.Random(os.urandom(16))
 print("probe sees GITHUB_TOKEN =", os.environ.get("GITHUB_TOKEN", "(unset)"))
 for label in ("logprobs_match", "prefill_cache_hit"):
+    level = spec.get("labels", {}).get(label, spec["level"]) * scale
     print(f"[{label}]")
     print(f"avg_kl_div={level * rng.uniform(0.97, 1.03):.6g}")
 '''
@@ -413,10 +415,11 @@ class Levels:
         self.n = 0
         self.commit("Add the KL probe (#100)", 0.004)
 
-    def commit(self, subject: str, level: float | None = None) -> str:
+    def commit(self, subject: str, level: float | None = None, labels: dict | None = None) -> str:
+        """``labels``: levels of single labels, the others at ``level``."""
         self.n += 1
         if level is not None:
-            (self.path / "kl.json").write_text(json.dumps({"level": level}) + "\n")
+            (self.path / "kl.json").write_text(json.dumps({"level": level, "labels": labels or {}}) + "\n")
         (self.path / "notes.md").write_text(f"change {self.n}\n")
         git(self.path, "add", "-A")
         git(self.path, "-c", "user.name=N", "-c", "user.email=n@example.com", "commit", "-q", "-m", subject)
@@ -481,6 +484,30 @@ def test_a_young_baseline_is_measured_again_and_a_second_regression_is_bisected(
     p = nightly(repo, "d5", *two)
     assert p.returncode == 150 and "--night d5.2" in p.stderr and "Traceback" not in p.stderr
     assert db(repo, "SELECT COUNT(*) FROM runs")[0][0] == n_runs
+
+
+def test_a_second_regression_on_another_label_than_the_open_ones_is_bisected(tmp_path):
+    """The open regression was bisected on the one label that moved; a later
+    regression of another label leaves that label as it was, and was "known"
+    night after night (a tester's). The max over labels says it is worse."""
+    lv = Levels(tmp_path)
+    repo = lv.path
+    one = ("--baseline-nights", "1")
+    low = {"logprobs_match": 0.002}
+    lv.commit("Docs (#101)", 0.004, low)
+    assert tail_json(nightly(repo, "d1", *one, "--runs", "6"))["regressed"] is False
+    lv.commit("Docs (#102)")
+    assert tail_json(nightly(repo, "d2", *one, "--runs", "6"))["regressed"] is False
+    two = ("--baseline-nights", "2", "--runs", "6")
+    first = lv.commit("Quantize the logprobs path (#103)", 0.004, {"logprobs_match": 0.006})
+    p3 = nightly(repo, "d3", *two)
+    assert tail_json(p3)["culprit"] == first and "bisecting on the label logprobs_match" in p3.stderr, p3.stderr
+    second = lv.commit("Fuse the prefill kernel (#104)", 0.012, {"logprobs_match": 0.006})
+    lv.commit("Docs (#105)")
+    p4 = nightly(repo, "d4", *two)
+    r4 = tail_json(p4)
+    assert r4["regressed"] is True and r4["culprit"] == second, p4.stderr
+    assert "worse again than the open regression of d3" in p4.stderr
 
 
 def test_a_regression_the_baseline_absorbed_is_found_against_the_nights_before_it(tmp_path):
