@@ -6,6 +6,8 @@ only ``report``, ``nightly`` and ``history`` need it.
 from __future__ import annotations
 
 import io
+import os
+import tempfile
 from pathlib import Path
 
 from .errors import EXIT_USAGE, KlbisectError
@@ -33,21 +35,25 @@ def _save(fig, out: str | Path | None) -> bytes:
 def check_writable(out: str | Path, option: str = "-o") -> None:
     """Fail before the work, not after it: a nightly job's -o is written
     only on the night a regression is found, hours into its runs."""
-    p = Path(out)
+    p = Path(out).absolute()
     why = None
     if p.is_dir():
         why = "it is a directory"
+    elif p.exists():
+        why = None if os.access(p, os.W_OK) else "permission denied"
     else:
-        existed = p.exists()
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            with open(p, "ab"):
-                pass
-        except OSError as e:
-            why = e.strerror or str(e)
+        # the nearest folder that exists must be one, and writable: the rest is made when
+        # the report is written (nothing is created now, for a night that may write none)
+        up = p.parent
+        while not up.exists() and up != up.parent:
+            up = up.parent
+        if not up.is_dir():
+            why = f"{up} is not a directory"
         else:
-            if not existed:
-                p.unlink()
+            try:
+                tempfile.TemporaryFile(dir=up).close()    # root passes os.access even in /proc
+            except OSError as e:
+                why = f"{up}: {e.strerror or e}"
     if why:
         raise KlbisectError(f"cannot write {out}: {why}; give {option} a path you can write", EXIT_USAGE)
 

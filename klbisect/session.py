@@ -578,7 +578,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
         if last and last.status == STATUS_TIMEOUT:
             # a run that printed values and then hung is still cut short: its labels may be incomplete
             what = "printed values but did not finish" if last.values else "printed no metric value"
-            return KlbisectError(f"{where} {sha[:12]} {what} in {cr.crashes} runs, "
+            return KlbisectError(f"{where} {sha[:12]} {what} in {cr.crashes} runs{note}, "
                                  f"the last stopped by --timeout after {_seconds(last.duration)} (a probe "
                              f"that ignores SIGTERM is killed 5 s later); raise "
                                  f"--timeout (the runs it cut short are then run again); log: {last.log_path}",
@@ -726,6 +726,13 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                 elif vg.decision == GOOD and vb.decision == BAD:
                     model = model.with_rates(g.values, b.values)
                     up, down = model.verdict_log_lrs()
+                    if up <= 0 or down >= 0:
+                        raise KlbisectError(
+                            f"at threshold {cfg.threshold:g} the endpoints fail alike (good "
+                            f"{int(sum(model.fails(g.values)))}/{len(g.values)} runs, bad "
+                            f"{int(sum(model.fails(b.values)))}/{len(b.values)}): a majority verdict would say "
+                            "nothing; leave --threshold and --votes out to judge runs by their values",
+                            EXIT_NO_SIGNAL)
                     progress(f"endpoints at threshold {cfg.threshold:g}: good failed {int(sum(model.fails(g.values)))}"
                              f"/{len(g.values)} runs, bad {int(sum(model.fails(b.values)))}/{len(b.values)}: a "
                              f"majority of {cfg.votes} that fails counts {math.exp(up):.3g}:1 for bad, one that "
@@ -735,7 +742,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     raise KlbisectError(
                         f"the endpoints do not reproduce the failure at threshold {cfg.threshold:g}: "
                         f"good {_fmt_vals(g.values[:cfg.votes])} ({vg.decision}), bad "
-                        f"{_fmt_vals(b.values[:cfg.votes])} ({vb.decision})", EXIT_NO_SIGNAL)
+                        f"{_fmt_vals(b.values[:cfg.votes])} ({vb.decision}); a flaky test's bad commit passes "
+                        "some runs: leave --threshold and --votes out to judge runs by their values",
+                        EXIT_NO_SIGNAL)
             else:
                 need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
         else:
@@ -1263,7 +1272,8 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             active = ws.store.active_session("gitbisect")
             if (active and active.state == "calibrating" and active.model is None
                     and not gitrepo.bisect_in_progress(ws.repo)
-                    and (active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question())):
+                    and ((active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question())
+                         or cfg.fresh and not active.config.get("fresh"))):
                 # a start that failed (a probe-cmd typo, endpoints that did not separate) before
                 # git bisect began: the corrected command replaces it; its runs stay in the store
                 ws.store.update_session(active.id, state="ended", ended=time.time())

@@ -784,7 +784,7 @@ def test_classic_threshold_that_does_not_reproduce(history):
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--threshold", "0.5",
             cwd=h.path)
     line = error_line(p, 154)
-    assert "do not reproduce" in line and "0.5" in line
+    assert "do not reproduce" in line and "0.5" in line and "leave --threshold and --votes out" in line
 
 
 def test_run_that_stops_short_of_confidence_exits_157_with_json(history):

@@ -267,6 +267,15 @@ def test_a_start_that_failed_gives_way_to_the_corrected_command(history):
     assert "stopped before git bisect began; starting over" in fixed.stderr
     assert in_bisect(repo)
     klb("reset", cwd=repo)
+    # the same command in a broken environment, then with --fresh once it is fixed: it gives way too
+    broken = repo.parent / "no-gpu"
+    broken.touch()
+    cmd = f"test ! -e {broken} && {probe_cmd()}"
+    assert klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", cmd, cwd=repo).returncode == 154
+    broken.unlink()
+    fresh = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", cmd, "--fresh", cwd=repo)
+    assert fresh.returncode == 0 and "starting over" in fresh.stderr, fresh.stderr
+    klb("reset", cwd=repo)
 
 
 GPU_LOST_PROBE = r"""import os, subprocess, sys
