@@ -1600,11 +1600,18 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     # git trusts each verdict; when good and bad overlap, a verdict at 500:1 from a
     # model fitted to the endpoints' runs is wrong more often than that, and one
     # wrong verdict moves git's answer. All the runs together say how sure it is.
+    best = pl.posterior.top()
+    if best.mass >= cfg.confidence and best.indices != between:
+        # a `klbisect run` (the one advised below, perhaps) has settled it since
+        instead = (f"; all the runs put {best.mass:.1%} on {shas[best.last][:12]} "
+                   f"({fmt_subject(cands[best.last][1], 50)}) instead: `klbisect report` shows that answer, "
+                   "`klbisect reset` ends git bisect")
+    else:
+        instead = (f"; `{cfg.run_command(sess.good[:12], sess.bad[:12])}` reuses these runs and measures until "
+                   "sure" + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model))
     return build_result(ws, sess.id, cands, pl, False,
                         f"git bisect finished, but all the runs put only {mass:.1%} on its answer (below "
-                        f"--confidence {cfg.confidence:g}): a verdict may be wrong; `"
-                        f"{cfg.run_command(sess.good[:12], sess.bad[:12])}` reuses these runs and measures "
-                        "until sure" + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model),
+                        f"--confidence {cfg.confidence:g}): a verdict may be wrong" + instead,
                         probe_key, build_key)
 
 
