@@ -135,7 +135,8 @@ def format_status(st: dict) -> str:
         where = f"rev {str(st['good'])[:12]}" + (f", bad rev {str(st['bad'])[:12]}" if st.get("bad") else "")
     else:
         where = f"good {str(st['good'])[:12]} bad {str(st['bad'])[:12]}"
-    reused = f" (+{st['reused_runs']} reused from earlier sessions)" if st.get("reused_runs") else ""
+    # recounted now: other sessions' runs at these commits, later ones' too (all are weighed)
+    reused = f" (+{st['reused_runs']} reused from other sessions)" if st.get("reused_runs") else ""
     lines = [f"Session {st['session']} ({st['kind']}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
     cut = st.get("interrupted_calibration")
@@ -281,7 +282,7 @@ def _find_session(ws, session_id: int | None):
             raise KlbisectError(f"session {session_id} is not a bisect session", EXIT_USAGE)
         return sess
     # the newest bisect: an interrupted session of an older question must not hide it
-    sess = st.latest_session(("run", "gitbisect"))
+    sess = st.latest_session(("run", "gitbisect"), touched=True)
     if sess is None:
         raise KlbisectError(f"no bisect session in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
     return sess

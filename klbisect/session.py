@@ -1698,6 +1698,10 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     return out
 
 
+def _last_touched(st: Store, sess: SessionRow) -> float:
+    return max([sess.created] + [r.started for r in st.session_runs(sess.id)[-1:]])
+
+
 def _shown_session(ws: Workspace, session_id: int | None = None):
     """The session ``status`` and ``log`` show: the one asked for, else the
     one in progress, else the latest; a usage error when there is none."""
@@ -1711,11 +1715,12 @@ def _shown_session(ws: Workspace, session_id: int | None = None):
                 raise KlbisectError(f"no klbisect session {session_id} {where}: `klbisect status` names the "
                                     "latest", EXIT_USAGE)
         else:
-            # the newest of the two: an interrupted session of an older question
-            # must not hide the bisect that finished after it
-            found = [st.active_session(), st.latest_session(("run", "gitbisect", "calibrate", "nightly"),
-                                                            shown_only=True)]
-            sess = max((x for x in found if x), key=lambda x: x.id, default=None)
+            # the newer of the two by its last run: an interrupted session of an older question
+            # must not hide the bisect that finished after it, and a `run` that resumed an
+            # older session is the one just looked at, not a calibration begun before it
+            found = [x for x in (st.active_session(), st.latest_session(
+                ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True)) if x]
+            sess = max(found, key=lambda x: (_last_touched(st, x), x.id), default=None)
             live = st.active_session("gitbisect")
             if live is not None and sess is not None and sess.id != live.id and gitrepo.bisect_in_progress(ws.repo):
                 # the checkout is mid `git bisect run`: that session is the one being

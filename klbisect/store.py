@@ -246,14 +246,18 @@ class Store:
         return self._session(self.db.execute(q + " ORDER BY id DESC LIMIT 1", args).fetchone())
 
     def latest_session(self, kinds: tuple[str, ...] = ("run", "gitbisect"),
-                       shown_only: bool = False) -> SessionRow | None:
+                       shown_only: bool = False, touched: bool = False) -> SessionRow | None:
         """The latest session of ``kinds``; ``shown_only`` leaves out the
         calibrations that ended without a result (failed or interrupted:
-        nothing to show, and their runs stay in the store by commit)."""
+        nothing to show, and their runs stay in the store by commit).
+        ``touched``: latest by its last run, not by when it began, so that a
+        `run` that resumed an older session is the one shown after it."""
         marks = ",".join("?" * len(kinds))
         skip = " AND NOT (kind='calibrate' AND state='ended' AND result IS NULL)" if shown_only else ""
+        order = ("MAX(s.created, COALESCE((SELECT MAX(r.started) FROM runs r WHERE r.session_id = s.id), 0)) "
+                 "DESC, s.id DESC" if touched else "s.id DESC")
         return self._session(self.db.execute(
-            f"SELECT * FROM sessions WHERE kind IN ({marks}){skip} ORDER BY id DESC LIMIT 1", kinds).fetchone())
+            f"SELECT s.* FROM sessions s WHERE kind IN ({marks}){skip} ORDER BY {order} LIMIT 1", kinds).fetchone())
 
     def find_session(self, kind: str, good: str, bad: str, probe_key: str, config: dict,
                      ignore: tuple[str, ...] = ()) -> SessionRow | None:

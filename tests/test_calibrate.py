@@ -7,7 +7,7 @@ import subprocess
 
 import numpy as np
 
-from conftest import PY, db_query, error_line, klb, probe_cmd
+from conftest import PY, SEPARATED, db_query, error_line, klb, probe_cmd
 from klbisect.calibrate import (MAX_LABEL, Calibration, format_calibration, label_stats, raise_to_labels,
                                 runs_for_bound)
 from klbisect.decide import recommend_threshold
@@ -88,6 +88,21 @@ def test_calibrate_resumes_from_the_run_store(history):
                              text=True).stdout.strip()
     logged = json.loads(klb("log", "--json", cwd=h.path).stdout)
     assert subject and {r["subject"] for r in logged} == {subject}, logged
+
+
+def test_status_shows_the_run_that_resumed_an_older_session_not_a_calibration_before_it(history):
+    """status shows the session last worked on: a `run` that resumed its
+    session after a calibration began is the one a user just watched (it
+    showed the calibration, a tester's)."""
+    h = history(n_commits=30, seed=9, noise=SEPARATED)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd())
+    assert klb(*args, "--max-total-runs", "14", cwd=h.path).returncode == 157
+    assert klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    assert "(calibrate, done)" in klb("status", cwd=h.path).stdout
+    resumed = klb(*args, cwd=h.path)
+    assert resumed.returncode == 0 and "resuming session 1" in resumed.stderr, resumed.stderr
+    st = klb("status", cwd=h.path).stdout
+    assert st.startswith("Session 1 (run, done)") and h.culprit in st, st
 
 
 def test_calibrate_unknown_revision_is_one_clear_line(history):
