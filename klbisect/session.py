@@ -312,10 +312,6 @@ class WorktreeMeter:
         self.build_key = builder.key if builder else None
         self.slot = self.measurer = None
 
-    @property
-    def checkout(self) -> Path | None:
-        return self.slot.checkout if self.slot is not None else None
-
     def measure(self, sha: str) -> tuple[Outcome, Run | None]:
         ws = self.ws
         if self.slot is None:
@@ -328,12 +324,6 @@ class WorktreeMeter:
     def close(self) -> None:
         if self.slot is not None and self.slot.checkout.exists():
             gitrepo.worktree_remove(self.ws.repo, self.slot.checkout)
-
-    def __enter__(self) -> "WorktreeMeter":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
@@ -564,13 +554,11 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                              f"{build_fix_hint(build_key)} or pick another {which} commit; "
                              f"log: {b.get('log_path')}",
                              EXIT_NO_SIGNAL, detail=log_tail(b.get("log_path", "")))
-    if not cr.values and cr.crashes and cr.crashes < crash_limit:
-        runs = ws.store.runs(probe_key, [sha])
-        if runs and runs[-1].status == STATUS_NOTFOUND:
-            crash_limit = cr.crashes    # the shell's "command not found": no second run will differ
+    runs = ws.store.runs(probe_key, [sha]) if not cr.values and cr.crashes else []
+    last = runs[-1] if runs else None
+    if last and last.status == STATUS_NOTFOUND:
+        crash_limit = min(crash_limit, cr.crashes)    # the shell's "command not found": no run will differ
     if not cr.values and cr.crashes >= crash_limit:
-        runs = ws.store.runs(probe_key, [sha])
-        last = runs[-1] if runs else None
         if last and last.status == STATUS_NOTFOUND:
             return KlbisectError(f"the probe command was not found (exit 127) at {where} "
                                  f"{sha[:12]}; check --probe-cmd; log: {last.log_path}", EXIT_PROBE_MISSING,
@@ -726,17 +714,16 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                 elif vg.decision == GOOD and vb.decision == BAD:
                     model = model.with_rates(g.values, b.values)
                     up, down = model.verdict_log_lrs()
+                    failed = (f"good failed {int(sum(model.fails(g.values)))}/{len(g.values)} runs, bad "
+                              f"{int(sum(model.fails(b.values)))}/{len(b.values)}")
                     if up <= 0 or down >= 0:
                         raise KlbisectError(
-                            f"at threshold {cfg.threshold:g} the endpoints fail alike (good "
-                            f"{int(sum(model.fails(g.values)))}/{len(g.values)} runs, bad "
-                            f"{int(sum(model.fails(b.values)))}/{len(b.values)}): a majority verdict would say "
-                            "nothing; leave --threshold and --votes out to judge runs by their values",
-                            EXIT_NO_SIGNAL)
-                    progress(f"endpoints at threshold {cfg.threshold:g}: good failed {int(sum(model.fails(g.values)))}"
-                             f"/{len(g.values)} runs, bad {int(sum(model.fails(b.values)))}/{len(b.values)}: a "
-                             f"majority of {cfg.votes} that fails counts {math.exp(up):.3g}:1 for bad, one that "
-                             f"passes {math.exp(-down):.3g}:1 for good")
+                            f"at threshold {cfg.threshold:g} the endpoints fail alike ({failed}): a majority "
+                            "verdict would say nothing; leave --threshold and --votes out to judge runs by their "
+                            "values", EXIT_NO_SIGNAL)
+                    progress(f"endpoints at threshold {cfg.threshold:g}: {failed}: a majority of {cfg.votes} that "
+                             f"fails counts {math.exp(up):.3g}:1 for bad, one that passes {math.exp(-down):.3g}:1 "
+                             "for good")
                     return model
                 else:
                     raise KlbisectError(
@@ -1036,7 +1023,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         # runs recorded since it finished (a git bisect of the same range, whose answer
         # status doubted and sent the user here) are weighed with its own
         # (a finished run keeps no end time: its last run's start stands for it)
-        finished_at = max([prev.ended or 0.0] + [r.started for r in st.session_runs(prev.id)])
+        finished_at = max(prev.ended or 0.0, st.last_touched(prev))
         newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id != prev.id and r.started > finished_at)
         if not (build_key and len(done.candidates) > 1 and unbuilt) and not newer:
             progress(f"this bisect already finished (session {prev.id}); showing its result")
@@ -1698,10 +1685,6 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     return out
 
 
-def _last_touched(st: Store, sess: SessionRow) -> float:
-    return max([sess.created] + [r.started for r in st.session_runs(sess.id)[-1:]])
-
-
 def _shown_session(ws: Workspace, session_id: int | None = None):
     """The session ``status`` and ``log`` show: the one asked for, else the
     one in progress, else the latest; a usage error when there is none."""
@@ -1720,7 +1703,7 @@ def _shown_session(ws: Workspace, session_id: int | None = None):
             # older session is the one just looked at, not a calibration begun before it
             found = [x for x in (st.active_session(), st.latest_session(
                 ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True)) if x]
-            sess = max(found, key=lambda x: (_last_touched(st, x), x.id), default=None)
+            sess = max(found, key=lambda x: (st.last_touched(x), x.id), default=None)
             live = st.active_session("gitbisect")
             if live is not None and sess is not None and sess.id != live.id and gitrepo.bisect_in_progress(ws.repo):
                 # the checkout is mid `git bisect run`: that session is the one being

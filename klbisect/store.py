@@ -119,6 +119,10 @@ class SessionRow:
     ended: float | None
 
 
+# a session's last activity: its newest run's start, or its creation
+_TOUCHED = "MAX(s.created, COALESCE((SELECT MAX(r.started) FROM runs r WHERE r.session_id = s.id), 0))"
+
+
 def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
     """What went wrong with the state, and the advice that fits it: a full
     disk, a read-only or foreign directory, or a damaged database."""
@@ -254,10 +258,13 @@ class Store:
         `run` that resumed an older session is the one shown after it."""
         marks = ",".join("?" * len(kinds))
         skip = " AND NOT (kind='calibrate' AND state='ended' AND result IS NULL)" if shown_only else ""
-        order = ("MAX(s.created, COALESCE((SELECT MAX(r.started) FROM runs r WHERE r.session_id = s.id), 0)) "
-                 "DESC, s.id DESC" if touched else "s.id DESC")
+        order = f"{_TOUCHED} DESC, s.id DESC" if touched else "s.id DESC"
         return self._session(self.db.execute(
             f"SELECT s.* FROM sessions s WHERE kind IN ({marks}){skip} ORDER BY {order} LIMIT 1", kinds).fetchone())
+
+    def last_touched(self, sess: SessionRow) -> float:
+        """When a session last recorded a run (its creation, before any)."""
+        return float(self.db.execute(f"SELECT {_TOUCHED} FROM sessions s WHERE s.id=?", (sess.id,)).fetchone()[0])
 
     def find_session(self, kind: str, good: str, bad: str, probe_key: str, config: dict,
                      ignore: tuple[str, ...] = ()) -> SessionRow | None:
