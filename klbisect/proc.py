@@ -15,6 +15,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -120,20 +121,45 @@ def interrupt_on_stop_signals() -> Iterator[None]:
     ttys = [fd for fd in (1, 2) if os.isatty(fd)]   # a hung-up terminal no longer says it is one
 
     def handler(signum, frame):
+        _signalled.set()
         if signum == signal.SIGHUP:
             _leave_terminal(ttys)
         raise KeyboardInterrupt
 
+    ours = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        ours.append(signal.SIGINT)
     try:
-        old = {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+        old = {s: signal.signal(s, handler) for s in ours}
     except ValueError:  # not the main thread
         yield
         return
+    old_hook = sys.unraisablehook
+
+    def unraisable(info):
+        if not isinstance(info.exc_value, KeyboardInterrupt):
+            old_hook(info)   # a lost Ctrl-C is no traceback: the next process start raises it again
+
+    sys.unraisablehook = unraisable
     try:
         yield
     finally:
+        sys.unraisablehook = old_hook
         for s, h in old.items():
             signal.signal(s, signal.SIG_DFL if h is None else h)
+        _signalled.clear()
+
+
+# A stop signal whose KeyboardInterrupt Python swallowed: one that lands in
+# an at-fork hook while Popen forks (logging's lock release) or in a
+# finalizer is printed as "Exception ignored" and lost, and the command ran
+# on to its end and exit 0 after a Ctrl-C. Every new process checks this.
+_signalled = threading.Event()
+
+
+def raise_if_signalled() -> None:
+    if _signalled.is_set():
+        raise KeyboardInterrupt
 
 
 def _leave_terminal(fds: Sequence[int]) -> None:
@@ -480,6 +506,7 @@ def run_logged(
     """
     if _halted():
         raise KeyboardInterrupt("klbisect is stopping: no new process")
+    raise_if_signalled()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = child_environ()
     if env:
@@ -506,6 +533,8 @@ def run_logged(
         timed_out = False
         code: int | None = None
         try:
+            if threading.current_thread() is threading.main_thread():
+                raise_if_signalled()   # a Ctrl-C lost in the fork
             if _halted():   # kill_all_active ran while we forked
                 _STOPPED.add(proc.pid)
             else:

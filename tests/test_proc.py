@@ -249,6 +249,35 @@ def test_an_ignored_sighup_stays_ignored():
     assert out.returncode == 0 and out.stdout == "still running\n", out.stderr
 
 
+
+def test_a_ctrl_c_lost_in_the_fork_still_stops_the_probe(tmp_path):
+    """A Ctrl-C that lands while Popen forks is raised in an at-fork hook,
+    where Python prints "Exception ignored" and drops it: the probe it
+    started must still be killed, the command still stop, and no traceback
+    be printed."""
+    marker = tmp_path / "finished"
+    script = ("import os, signal, sys, time\n"
+              "from pathlib import Path\n"
+              "from klbisect.proc import interrupt_on_stop_signals, run_logged\n"
+              "def lose_it():\n"
+              "    os.kill(os.getpid(), signal.SIGINT)\n"
+              "    time.sleep(0.2)   # the handler runs here, inside the hook\n"
+              "    print('the hook ran on', flush=True)\n"
+              "os.register_at_fork(after_in_parent=lose_it)\n"
+              "with interrupt_on_stop_signals():\n"
+              "    try:\n"
+              "        run_logged([sys.executable, 'probe.py'], Path.cwd(), Path('run.log'))\n"
+              "    except KeyboardInterrupt:\n"
+              "        print('stopped', flush=True)\n"
+              "        sys.exit(130)\n"
+              "print('ran on', flush=True)\n")
+    (tmp_path / "probe.py").write_text(f"import time, pathlib; time.sleep(2); pathlib.Path({str(marker)!r}).touch()")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130 and out.stdout == "stopped\n", out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+    time.sleep(2.5)
+    assert not marker.exists(), "the probe started in the lost Ctrl-C's fork ran on"
+
 # ---- what a klbisect killed with SIGKILL left ---------------------------------------------------
 
 # A klbisect at work: a probe through run_logged, as a build or probe runs ...
