@@ -1,13 +1,23 @@
 """``python -m klbisect`` and the ``klbisect`` console script. A Ctrl-C,
-SIGTERM or SIGHUP while the modules load (numpy, click: about half a
-second) is one line and exit 130, like one later on, not a Python
-traceback or a silent death."""
+SIGTERM or SIGHUP at any moment is one line and exit 130 (and, with
+``--json``, the failure object), not a Python traceback or a silent death:
+while the modules load (numpy, click: about half a second) and from then
+on, not only once a command opens its session."""
+import json
 import signal
 import sys
 
 
 def _stop(signum, frame):
     raise KeyboardInterrupt
+
+
+def _interrupted(said: str) -> None:
+    print(f"klbisect: {said}", file=sys.stderr)
+    if "--json" in sys.argv[1:]:
+        from .errors import EXIT_INTERRUPTED, json_failure
+        print(json.dumps(json_failure(sys.argv[1:2] == ["nightly"], said, EXIT_INTERRUPTED)), flush=True)
+    sys.exit(130)
 
 
 def run() -> None:
@@ -18,14 +28,18 @@ def run() -> None:
             if old[s] is not signal.SIG_IGN:   # nohup's SIGHUP stays ignored
                 signal.signal(s, _stop)
         from .cli import main
+        from .proc import interrupt_on_stop_signals
     except KeyboardInterrupt:
-        print("klbisect: interrupted before it started; nothing was recorded", file=sys.stderr)
-        sys.exit(130)
+        _interrupted("interrupted before it started; nothing was recorded")
+    try:
+        # installed before the early handlers go: no moment is left with SIGTERM's default
+        with interrupt_on_stop_signals():
+            main()
+    except KeyboardInterrupt:   # in the instants main() does not cover (its own catch reports the rest)
+        _interrupted("interrupted; finished runs are saved, rerun to resume")
     finally:
         for s, h in old.items():
             signal.signal(s, signal.SIG_DFL if h is None else h)
-    main()
-
 
 if __name__ == "__main__":
     run()

@@ -14,10 +14,11 @@ from pathlib import Path
 import click
 
 from . import __version__
-from .build import DEFAULT_BUILD_PATHS
-from .decide import DECISIVE_RUNS, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS
-from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE,
-                     KlbisectError)
+from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT
+from .decide import (DECISIVE_RUNS, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS,
+                     OVERLAP_ENDPOINT_RUNS)
+from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE, KlbisectError,
+                     json_failure)
 from .metric import fmt_count, fmt_subject, fmt_value
 from .probe import DEFAULT_TIMEOUT
 
@@ -61,7 +62,9 @@ class Cli(click.Group):
                 click.echo(e.ctx.get_help())
                 sys.exit(0)
             name = e.ctx.command_path if e.ctx else "klbisect"
-            self._fail(EXIT_USAGE, f"klbisect: error: {e.format_message()} (see {name} --help)")
+            hint = _one_dash(e, argv)
+            said = e.format_message().rstrip(".") + hint if hint else e.format_message()
+            self._fail(EXIT_USAGE, f"klbisect: error: {said} (see {name} --help)")
         except click.ClickException as e:
             self._fail(EXIT_USAGE, f"klbisect: error: {e.format_message()}")
         except (sqlite3.DatabaseError, OSError) as e:
@@ -83,12 +86,9 @@ class Cli(click.Group):
         if detail:
             click.echo(detail, err=True)
         if getattr(self, "_json", False):
-            # the keys a success of the command would have, so a script reads one shape
-            keys = ({"regressed": None, "verdict": "error", "culprit": None, "pr": None, "report": None,
-                     "posted": False} if getattr(self, "_nightly", False) else {"culprit": None, "complete": False})
             try:
-                _emit_json({**keys, "error": line.removeprefix("klbisect: ").removeprefix("error: "),
-                            "exit_code": code})
+                _emit_json(json_failure(getattr(self, "_nightly", False),
+                                        line.removeprefix("klbisect: ").removeprefix("error: "), code))
             except OSError:
                 pass   # stdout gone (a closed pipe): the exit code still says it
         sys.exit(code)
@@ -153,7 +153,8 @@ SIDE_RUNS = _Number(int, lambda v: v >= 2, "a whole number, at least 2")   # one
 SECONDS = _Number(float, lambda v: v > 0, "seconds, above 0")
 VALUE = _Number(float, lambda v: True, "a finite number")
 KL_VALUE = _Number(float, lambda v: v > 0, "a KL value above 0")
-CONFIDENCE = _Number(float, lambda v: 0.5 < v < 1, "a level above 0.5 and below 1 (e.g. 0.99)")
+CONFIDENCE = _Number(float, lambda v: 0.5 < v <= MAX_CONFIDENCE,
+                     f"a level above 0.5 and at most {MAX_CONFIDENCE:g} (e.g. 0.99)")
 RUNS_PER_LAUNCH = _Number(int, lambda v: v >= 0, "a whole number, 0 or more (0: all runs of a commit)")
 
 
@@ -170,6 +171,8 @@ def probe_options(f):
                      help="Comma-separated globs: rebuild only when a matching file changed."),
         click.option("--timeout", type=SECONDS, default=DEFAULT_TIMEOUT, show_default=True,
                      help="Seconds before one probe run is killed."),
+        click.option("--build-timeout", type=SECONDS, default=DEFAULT_BUILD_TIMEOUT, show_default=True,
+                     help="Seconds before one build is killed (the commit is then untestable)."),
         click.option("--metric", default=None, help="Judge one label (default: max over labels)."),
         click.option("--metric-regex", default=None,
                      help="Regex with a group 'value' (and optionally 'label') for non-SGLang output."),
@@ -265,7 +268,7 @@ def make_config(kw: dict):
         good=kw.get("good") or "", bad=kw.get("bad") or "", probe_cmd=kw["probe_cmd"], probe=kw["probe_kind"],
         build_cmd=kw["build_cmd"], build=kw["build_kind"],
         build_paths=tuple(p.strip() for p in kw["build_paths"].split(",") if p.strip()),
-        timeout=kw["timeout"], metric=kw["metric"], metric_regex=kw["metric_regex"],
+        timeout=kw["timeout"], build_timeout=kw["build_timeout"], metric=kw["metric"], metric_regex=kw["metric_regex"],
         sglang=sglang, **{k: kw[k] for k in _SEARCH_KEYS if k in kw},
         **({"first_parent": not kw["all_commits"]} if "all_commits" in kw else {}),
         parallel=kw.get("parallel", 1), gpus_per_probe=kw.get("gpus_per_probe", 0),
@@ -290,6 +293,16 @@ _SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_
                 "kl_threshold", "pip_args")
 _SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
                 "max_total_runs", "worse")
+
+
+def _one_dash(e: click.UsageError, argv: list[str]) -> str:
+    """`-good` reads as -g -o -o -d to click ("No such option: -g"): name
+    the long option the user meant."""
+    short = getattr(e, "option_name", "") or ""
+    if not isinstance(e, click.NoSuchOption) or short.startswith("--"):
+        return ""
+    meant = next((t for t in argv if t.startswith(short) and not t.startswith("--") and len(t) > 2), None)
+    return f" (long options take two dashes: -{meant.split('=', 1)[0]})" if meant else ""
 
 
 def _emit_json(obj) -> None:

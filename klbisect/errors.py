@@ -66,3 +66,11 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, message: str):
         super().__init__(message)
         self.message = message
+
+
+def json_failure(nightly: bool, error: str, code: int) -> dict:
+    """The --json object of a command that failed: the keys its success
+    would have, so a script reads one shape whatever happened."""
+    keys = ({"regressed": None, "verdict": "error", "culprit": None, "pr": None, "report": None, "posted": False}
+            if nightly else {"culprit": None, "complete": False})
+    return {**keys, "error": error, "exit_code": code}

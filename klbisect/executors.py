@@ -41,6 +41,7 @@ class Failure:
     slot: int
     error: str
     outcome: Outcome | None = None   # a probe killed by a signal: its run, should the kills be its own
+    errno: int | None = None         # an OSError's: a full disk or an unwritable log folder is not the repo's
 
 
 class Executor(Protocol):
@@ -215,7 +216,7 @@ class LocalExecutor:
                 result = out
         except BaseException as e:  # noqa: BLE001 - infrastructure, reported, never a verdict
             self._forget_build(slot)
-            result = Failure(sha, slot.index, f"{type(e).__name__}: {e}")
+            result = Failure(sha, slot.index, f"{type(e).__name__}: {e}", errno=getattr(e, "errno", None))
         finally:
             self._done.put(result)   # exactly one result per job, whatever happened
 

@@ -165,6 +165,7 @@ class Judgement:
     reason: str
     worse_again: bool = False  # a regression on top of the open one
     other_side: str = ""       # "baseline" or "open": whose runs, not tonight's, could also settle it
+    label: str = ""            # the one label that decided it, when one did (and a bisect judges)
 
 
 def judge_night(head: list[float], baseline: list[float], borderline: list[float] | None = None,
@@ -230,6 +231,36 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
     if c.verdict == "good":
         return Judgement("suspect" if more else "good", c, more, reason, other_side="baseline" if more else "")
     return Judgement("regressed", c, False, reason)
+
+
+def judge_labels_again(head: dict[str, list[float]], open_bad: dict[str, list[float]], alpha: float = 0.001,
+                       min_effect: float = 0.1, min_baseline: int = 3) -> Judgement | None:
+    """A second regression on another label than the open one's: tested
+    label by label against the open regression's head. The max over labels
+    hides it (the open regression already holds the max up, so a label that
+    rose to the same height moves it little), and so does the open label's
+    own test. Each label is tested at ``alpha`` / labels, so looking at
+    several is paid for. None when no label looks worse."""
+    labels = sorted(k for k in head if open_bad.get(k))
+    if not labels:
+        return None
+    a = alpha / len(labels)
+    found: list[tuple[str, Comparison]] = []
+    for lab in labels:
+        c = compare(head[lab], open_bad[lab], a, min_effect, min_baseline,
+                    against=f"the open regression's {len(open_bad[lab])} runs")
+        if c.verdict == "regressed" or c.suspicious:
+            found.append((lab, c))
+    if not found:
+        return None
+    lab, c = min(found, key=lambda x: (x[1].verdict != "regressed", x[1].p_value))
+    n_head, n_open = len(head[lab]), len(open_bad[lab])
+    if c.verdict == "regressed" and n_open >= n_head:
+        return Judgement("regressed", c, False, f"worse again on {lab}: {c.reason} <= {a:.2g} "
+                         f"({alpha:g} over {len(labels)} labels)", worse_again=True, label=lab)
+    why = (f", to be confirmed on as many of its runs as tonight's {n_head}" if c.verdict == "regressed"
+           else "")
+    return Judgement("known", c, True, f"worse again on {lab}? {c.reason}{why}", other_side="open", label=lab)
 
 
 def judge_trend(head: list[float], nights: list[list[float]], alpha: float = 0.001, min_effect: float = 0.1,
@@ -431,9 +462,13 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     # again (0.20% of known nights; 0.11% against six fresh runs: scripts/nightly_false_calls.py).
     open_after = found["session"] if found else 0
 
-    def label_values(shas: list[str], after: int = 0) -> list[float]:
+    def label_values(shas: list[str], after: int = 0, label: str | None = None) -> list[float]:
         return label_runs([r for r in st.runs(probe_key, shas) if not after or (r.session_id or 0) > after],
-                          open_label)
+                          label or open_label)
+
+    def by_label(shas: list[str], after: int = 0) -> dict[str, list[float]]:
+        labels = {k for r in st.runs(probe_key, shas) if r.value is not None for k in (r.values or {})}
+        return {lab: label_values(shas, after, lab) for lab in labels - {open_label}}
 
     def open_values() -> tuple[list[float], list[float], int]:
         """The reference values (max, label) and how many runs are fresh."""
@@ -458,6 +493,14 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                                 opts.min_baseline)
             if whole.worse_again or (whole.verdict == "known" and whole.more):
                 return whole
+        if j.verdict == "known" and not j.more and not cfg.metric:
+            # the other labels, one by one, against the open regression's head
+            again = judge_labels_again(by_label([head]), by_label(found_heads, open_after if open_fresh else 0),
+                                       opts.alpha, opts.min_effect, opts.min_baseline)
+            if again is not None:
+                # the night's own comparison stays what `history` shows; the label's is in the reason
+                return dataclasses.replace(again, cmp=j.cmp, reason=f"{j.reason}; {again.reason}"
+                                           if again.verdict == "known" else again.reason)
         return j
 
     meter = _Meter(ws, sid, probe, builder, progress)
@@ -608,9 +651,12 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         # from the head the comparison was made against (the night that found the open
         # regression): a later "known" night's head may already hold the new one, having
         # read borderline against it
+        against = f"on {j.label}" if j.label else f"(against {len(open_bad)} runs of its head)"
         rec["notes"].append(f"worse again than the open regression of {known['known_since']} "
-                            f"(against {len(open_bad)} runs of its head): bisecting from {found_heads[-1][:12]}")
+                            f"{against}: bisecting from {found_heads[-1][:12]}")
         rec["bisect_good"] = found_heads[-1]
+        if j.label:
+            rec["bisect_metric"] = j.label
         rec["open"] = known     # what this night is, should its bisect not confirm it
     elif j.verdict == "known":
         rec.update(known)
@@ -635,7 +681,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         # the runs the verdict rests on: tonight's side, and the side it was judged against
         rec["against_heads"] = found_heads if j.worse_again else anchor_shas if drift else baseline_shas
         rec["pooled_heads"] = [head] + ([] if j.worse_again else recent_shas if drift else suspect_shas)
-    if j.verdict == "regressed" and not cfg.metric:
+    if j.verdict == "regressed" and not cfg.metric and not rec.get("bisect_metric"):
         against, pooled = rec["against_heads"], rec["pooled_heads"]
         moved = moved_label(st.runs(probe_key, pooled), st.runs(probe_key, against), cmp.ratio,
                             opts.alpha, opts.min_effect)

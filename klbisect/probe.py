@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -90,6 +91,7 @@ class CommandProbe:
     cmd: str
     timeout: float = DEFAULT_TIMEOUT
     metric_regex: str | None = None
+    pythonpath: tuple[str, ...] = ()   # checkout folders put first on PYTHONPATH
 
     @property
     def key(self) -> str:
@@ -102,6 +104,10 @@ class CommandProbe:
         env = dict(slot.env)
         if slot.port_base:
             env["KLBISECT_PORT_BASE"] = str(slot.port_base)
+        if self.pythonpath:
+            inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+            env["PYTHONPATH"] = os.pathsep.join([*(str(Path(checkout).resolve() / d) for d in self.pythonpath),
+                                                 *([inherited] if inherited else [])])
         res = run_logged(self.cmd, cwd=checkout, log_path=log_path, timeout=self.timeout,
                          env=env, pid_dir=slot.pid_dir)
         text = Path(log_path).read_text(errors="replace")

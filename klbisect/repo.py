@@ -155,7 +155,12 @@ def merged_by(repo: git.Repo, sha: str, head: str) -> str | None:
 
 
 def is_dirty(repo: git.Repo) -> bool:
-    return bool(_git(repo, "status", "--porcelain", "--untracked-files=no").strip())
+    return bool(dirty_files(repo))
+
+
+def dirty_files(repo: git.Repo) -> list[str]:
+    """Tracked files with uncommitted changes (staged or not)."""
+    return [ln[3:] for ln in _git(repo, "status", "--porcelain", "--untracked-files=no").splitlines() if ln.strip()]
 
 
 def bisect_in_progress(repo: git.Repo) -> bool:

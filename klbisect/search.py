@@ -417,8 +417,11 @@ def _flaky_crash_rate(commits: Sequence[CommitRuns]) -> float:
 
 
 def _crashes_for(rate: float, crash_limit: int, false_alarm: float) -> int:
+    # up to `klbisect probe`'s cap: at a 50% crash rate six crashes in a row (the
+    # old cap) wrote off a testable commit beside the culprit one time in 64
+    from .decide import MAX_CRASH_SKIP  # noqa: PLC0415 - decide imports this module
     k = crash_limit
-    while rate ** k > false_alarm and k < 6:
+    while rate ** k > false_alarm and k < MAX_CRASH_SKIP:
         k += 1
     return k
 

@@ -23,9 +23,9 @@ from typing import Callable, Iterator
 import filelock
 
 from . import repo as gitrepo
-from .build import DEFAULT_BUILD_PATHS, CommandBuilder
-from .decide import (BAD, GOOD, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P, SKIP,
-                     STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, Model,
+from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
+from .decide import (BAD, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P,
+                     SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, Model,
                      ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
                      is_undecided_skip, judge, separation, summarize, verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
@@ -60,6 +60,7 @@ class BisectConfig:
     build: str | None = None              # None | sglang
     build_paths: tuple[str, ...] = DEFAULT_BUILD_PATHS
     timeout: float = DEFAULT_TIMEOUT
+    build_timeout: float = DEFAULT_BUILD_TIMEOUT
     metric: str | None = None
     metric_regex: str | None = None
     threshold: float | None = None        # classic mode
@@ -82,7 +83,7 @@ class BisectConfig:
     def question(self) -> dict:
         d = asdict(self)
         for k in ("good", "bad", "parallel", "gpus_per_probe", "executor", "ray_address",
-                  "max_total_runs", "timeout", "fresh"):
+                  "max_total_runs", "timeout", "build_timeout", "fresh"):
             d.pop(k)
         d["build_paths"] = list(self.build_paths)
         return d
@@ -90,7 +91,8 @@ class BisectConfig:
     def stored(self) -> dict:
         """What a session keeps: the question, and the settings a rerun may
         change (RERUN_KEYS) but that `klbisect probe` and `status` read back."""
-        return {**self.question(), "timeout": self.timeout, **({"fresh": True} if self.fresh else {})}
+        return {**self.question(), "timeout": self.timeout, "build_timeout": self.build_timeout,
+                **({"fresh": True} if self.fresh else {})}
 
     def run_command(self, good: str, bad: str) -> str:
         """The `klbisect run` that asks this question, its options spelled out:
@@ -110,6 +112,7 @@ class BisectConfig:
         opt("--build", self.build, None)
         opt("--build-paths", tuple(self.build_paths), tuple(d.build_paths))
         opt("--timeout", f"{self.timeout:g}", f"{d.timeout:g}")
+        opt("--build-timeout", f"{self.build_timeout:g}", f"{d.build_timeout:g}")
         for key in ("metric", "metric_regex", "threshold", "votes", "max_runs", "endpoint_runs",
                     "max_endpoint_runs", "confidence", "worse"):
             opt("--" + key.replace("_", "-"), getattr(self, key), getattr(d, key))
@@ -136,9 +139,16 @@ class BisectConfig:
         if self.timeout is not None and not self.timeout > 0:
             raise KlbisectError(f"--timeout {self.timeout:g}: give the seconds one probe run may take "
                                 f"(default {DEFAULT_TIMEOUT:g})", EXIT_USAGE)
-        if not 0.5 < self.confidence < 1:
-            raise KlbisectError(f"--confidence {self.confidence:g}: give a level above 0.5 and below 1 "
-                                "(e.g. 0.99)", EXIT_USAGE)
+        if not 0.5 < self.confidence <= MAX_CONFIDENCE:
+            raise KlbisectError(f"--confidence {self.confidence:g}: give a level above 0.5 and at most "
+                                f"{MAX_CONFIDENCE:g} (e.g. 0.99)", EXIT_USAGE)
+        if self.parallel > 1 and self.build_cmd and shared_install(self.build_cmd):
+            raise KlbisectError(
+                f"--parallel {self.parallel} with --build-cmd {self.build_cmd!r}: every slot's build installs "
+                "into the one Python they share, so each probe would import whichever commit was installed "
+                "last; use --parallel 1, or a build into the checkout's own environment (e.g. --build-cmd "
+                "'python -m venv .venv && .venv/bin/pip install -e python' and the probe run by .venv/bin/python), "
+                "or, for SGLang, --build sglang (each probe imports its own checkout's python/)", EXIT_USAGE)
         if self.metric_regex is not None:
             check_regex(self.metric_regex)
         if (self.max_runs is not None and self.max_runs < 1) or self.parallel < 1 or self.votes < 1:
@@ -159,7 +169,10 @@ def make_probe(cfg: BisectConfig):
     if cfg.probe == "sglang":
         from .sglang import SGLangProbe  # noqa: PLC0415 - only for SGLang users
         return SGLangProbe.from_options(cfg.sglang, timeout=cfg.timeout)
-    return CommandProbe(cfg.probe_cmd or "", timeout=cfg.timeout, metric_regex=cfg.metric_regex)
+    # --build sglang installs one checkout into the Python every slot shares: each
+    # probe imports its own checkout's python/ first, as the SGLang probe's server does
+    return CommandProbe(cfg.probe_cmd or "", timeout=cfg.timeout, metric_regex=cfg.metric_regex,
+                        pythonpath=("python",) if cfg.build == "sglang" else ())
 
 
 def say_building(progress: Progress):
@@ -178,9 +191,9 @@ def close_builder(builder, progress: Progress) -> None:
 def make_builder(cfg: BisectConfig):
     if cfg.build == "sglang":
         from .sglang import SGLangBuilder  # noqa: PLC0415
-        return SGLangBuilder.from_options(cfg.sglang)
+        return SGLangBuilder.from_options({**cfg.sglang, "timeout": cfg.build_timeout})
     if cfg.build_cmd:
-        return CommandBuilder(cfg.build_cmd, tuple(cfg.build_paths))
+        return CommandBuilder(cfg.build_cmd, tuple(cfg.build_paths), cfg.build_timeout)
     return None
 
 
@@ -365,9 +378,9 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
 
 
 # Stored with a session but not part of its question: a rerun with another
-# --timeout (after every run timed out) resumes the same session, and a
+# --timeout or --build-timeout (after every run timed out) resumes the same session, and a
 # rerun without --fresh resumes a --fresh one (which stays fresh).
-RERUN_KEYS = ("timeout", "fresh", "fresh_from")
+RERUN_KEYS = ("timeout", "build_timeout", "fresh", "fresh_from")
 
 
 def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | None, progress: Progress) -> None:
@@ -550,8 +563,10 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  "them (or leave --metric out: the max over labels)", EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
+        hint = ("give it a longer --build-timeout" if b.get("note") == "build timed out"
+                else build_fix_hint(build_key))
         return KlbisectError(f"{where} {sha[:12]} does not build ({b.get('note', 'failed')}); "
-                             f"{build_fix_hint(build_key)} or pick another {which} commit; "
+                             f"{hint} or pick another {which} commit; "
                              f"log: {b.get('log_path')}",
                              EXIT_NO_SIGNAL, detail=log_tail(b.get("log_path", "")))
     runs = ws.store.runs(probe_key, [sha]) if not cr.values and cr.crashes else []
@@ -590,7 +605,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                     "the probe's own file is missing there: a test newer than the good commit must be copied "
                     "outside the repository and --probe-cmd pointed at the copy")
         else:
-            hint = no_value_hint(probe_key, metric_regex)
+            hint = no_value_hint(probe_key, metric_regex, tail)
         exc = last_exception(tail)
         if any(r.values for r in runs[-cr.crashes:]):
             # values, then a crash short of the labels the other runs print: said as such
@@ -614,15 +629,30 @@ def build_fix_hint(build_key: str | None) -> str:
     return hint(build_key)
 
 
-def no_value_hint(probe_key: str | None, metric_regex: str | None = None) -> str:
+def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: str = "") -> str:
     from .sglang import no_value_hint as hint  # noqa: PLC0415 - --metric-regex is for --probe-cmd only
-    return hint(probe_key, metric_regex)
+    return hint(probe_key, metric_regex, log)
 
 
 NEVER_BUILT_LIMIT = 3  # failed builds, none ever good under this --build-cmd: the command is wrong
 
 
-def _never_built(ws: Workspace, build_key: str | None, log_path: str | None) -> KlbisectError | None:
+def _infrastructure_error(f: Failure) -> KlbisectError:
+    """Three failures outside the probe at one commit: a full disk or a log
+    folder klbisect may not write is storage (156), with what to do about it."""
+    full = f.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in f.error
+    denied = f.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or any(
+        t in f.error for t in ("Permission denied", "Read-only file system", "Operation not permitted"))
+    fix = ("free disk space, then rerun to resume" if full else
+           "make the folder it names writable, then rerun to resume" if denied
+           else "finished runs are saved, rerun to resume")
+    return KlbisectError(f"probing {f.sha[:12]} failed 3 times for reasons outside the probe: {f.error}; {fix}"
+                         + ("; finished runs are saved" if full or denied else ""),
+                         EXIT_STORAGE if full or denied else EXIT_REPO_STATE)
+
+
+def _never_built(ws: Workspace, build_key: str | None, log_path: str | None,
+                 rerun: str = "rerun") -> KlbisectError | None:
     """A build command that has failed on every commit it was tried on.
     Endpoint runs reused from sessions with another --build-cmd skip the
     endpoint builds, so without this every interior commit would fail to
@@ -633,7 +663,7 @@ def _never_built(ws: Workspace, build_key: str | None, log_path: str | None) -> 
     if any(b["ok"] for b in builds) or len(builds) < NEVER_BUILT_LIMIT:
         return None
     return KlbisectError(f"the build failed on all {len(builds)} commits it was tried on and has never "
-                         f"succeeded here: {build_fix_hint(build_key)}, and rerun; log: {log_path}",
+                         f"succeeded here: {build_fix_hint(build_key)}, and {rerun}; log: {log_path}",
                          EXIT_NO_SIGNAL,
                          detail=log_tail(log_path or ""))
 
@@ -678,8 +708,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             return _endpoint_problem(ws, "good", good, probe_key, build_key, g, 1,
                                      note=f"{g_note}, nor the bad endpoint in {b.crashes}",
                                      metric_regex=cfg.metric_regex, at_both=True)
-        for which, sha, cr, note in (("good", good, g, g_note), ("bad", bad, b, b_note)):
-            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, limit, note=note,
+        for which, sha, cr, note, other in (("good", good, g, g_note, b), ("bad", bad, b, b_note, g)):
+            side_limit = endpoint_crash_limit(cfg.crash_limit, other.crashes, other.crashes + len(other.values))
+            err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, side_limit, note=note,
                                     metric_regex=cfg.metric_regex)
             if err:
                 return err
@@ -1013,8 +1044,22 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     probe, builder = make_probe(cfg), make_builder(cfg)
     probe_key, build_key = probe.key, (builder.key if builder else None)
     st = ws.store
-    # --fresh starts a session of its own; a later rerun without it resumes that one
-    prev = None if cfg.fresh else st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
+    dirty = gitrepo.dirty_files(ws.repo)
+    if dirty:
+        # a probe edited in place and never committed: its edit is in no worktree
+        progress(f"note: uncommitted changes to {', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''} are in "
+                 "no run: klbisect measures the commits themselves, in worktrees (commit them, or copy a probe "
+                 "you changed outside the repository)")
+    # --fresh starts a session of its own; a later rerun without it resumes that one, and so
+    # does the same command with it while that session is unfinished: "interrupted; rerun
+    # the same command" must not leave out the runs it just saved (as `calibrate --fresh`)
+    prev = st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
+    if cfg.fresh and prev is not None:
+        if prev.config.get("fresh") and prev.state != "done":
+            progress(f"--fresh: resuming the unfinished --fresh session {prev.id}, whose runs count "
+                     "(`klbisect reset` first to leave them out too)")
+        else:
+            prev = None
     if prev and prev.state == "done" and prev.result:
         done = Result(**prev.result)
         # an answer left as a block by failed builds is worth one more build each:
@@ -1081,10 +1126,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     r = r.outcome
                 else:
                     if failures[r.sha] >= 3:
-                        full = "No space left on device" in r.error
-                        raise KlbisectError(f"probing {r.sha[:12]} failed 3 times for reasons outside the "
-                                            f"probe: {r.error}; finished runs are saved, rerun to resume",
-                                            EXIT_STORAGE if full else EXIT_REPO_STATE)
+                        raise _infrastructure_error(r)
                     continue
             run = record(ws, sid, probe_key, build_key, r, slot_by_index[r.slot].checkout
                          if r.slot in slot_by_index else Path("?"))
@@ -1376,7 +1418,9 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                            before)
                 if cr.build_failed:
                     log = (ws.store.failed_build(build_key or "", sha) or {}).get("log_path")
-                    err = _never_built(ws, build_key, log)
+                    # a session's build options are fixed at `start`: a new one is how to change them
+                    err = _never_built(ws, build_key, log, rerun="start again (`klbisect reset` ends this "
+                                       "session and git's bisect; then `klbisect start` with the build fixed)")
                     if err:
                         raise err   # abort git bisect: skipping every commit would hide a broken command
                     v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {log or '?'}", [])

@@ -1009,15 +1009,21 @@ def build_fix_hint(build_key: str | None) -> str:
     return "fix --build-cmd"
 
 
-def no_value_hint(probe_key: str | None, metric_regex: str | None = None) -> str:
+def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: str = "") -> str:
     """What to check when a commit printed no value: --metric-regex applies to
-    --probe-cmd output only, the SGLang probe writes its own lines."""
+    --probe-cmd output only, the SGLang probe writes its own lines. ``log``:
+    the run's last lines, where a KL line in another form is quoted."""
     if probe_key and probe_key.startswith("sglang:"):
         return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "
                 "the server's own log lies beside it; check --model-path, --server-args and --sglang-python")
     if metric_regex:
         return (f"--metric-regex {metric_regex!r} matched no line of its output: compare it with the log, "
                 "and give the number a group named value")
+    near = next((ln.strip() for ln in log.splitlines() if "avg_kl_div" in ln), "")
+    if near:
+        return (f"its log has {near[:80]!r}, which is not read: a value line starts with avg_kl_div=, after an "
+                "optional [label] (print \"[label]\" on its own line or at the start of the value's), or set "
+                "--metric-regex with a group named value (and one named label)")
     return "expected avg_kl_div=... lines, or set --metric-regex"
 
 

@@ -36,7 +36,8 @@ def simulate_bisect(n: int, run: Callable[[int], float | None], untestable: Cont
 
     while True:                                        # session.calibrate_endpoints
         g, b = commits[0], commits[n]
-        if any(not c.values and c.crashes >= endpoint_crash_limit(crash_limit) for c in (g, b)):
+        if any(not c.values and c.crashes >= endpoint_crash_limit(crash_limit, o.crashes, o.crashes + len(o.values))
+               for c, o in ((g, b), (b, g))):
             return None, runs                          # "endpoint printed no metric value"
         step = endpoint_step(g.values, b.values, endpoint_runs, max_endpoint_runs)
         if step.action == "ready":

@@ -134,7 +134,8 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
         return KlbisectError(f"klbisect state {path} is a directory, not a database: move it away and rerun",
                              EXIT_STORAGE)
     if "not a database" in text or "malformed" in text:
-        where = path or "$(git rev-parse --git-common-dir)/klbisect/state.db"
+        # damage found by a query, not on opening: the store this command opened
+        where = path or _opened or "$(git rev-parse --git-common-dir)/klbisect/state.db"
         return KlbisectError(f"klbisect state {where} is damaged ({text}): move it away (e.g. to "
                              "state.db.bad) and rerun; the runs it held are lost, the repository "
                              "is untouched", EXIT_STORAGE)
@@ -150,6 +151,9 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
                              "are kept", EXIT_STORAGE)
     return KlbisectError(f"cannot write klbisect state ({text}); free disk space and rerun: "
                          "runs already recorded are kept", EXIT_STORAGE)
+
+
+_opened: Path | None = None   # the state database this process opened last
 
 
 class Store:
@@ -186,6 +190,8 @@ class Store:
                 self.db.execute("SELECT 1 FROM sessions LIMIT 1")
             except sqlite3.Error:
                 raise err from None
+        global _opened
+        _opened = self.path
         self._inode = self.path.stat().st_ino
         self._root = self.path.parent.resolve()   # where log paths are kept relative to
 

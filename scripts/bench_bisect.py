@@ -95,6 +95,7 @@ from klbisect.simulate import simulate_bisect  # noqa: E402
 
 DELTA = 0.01
 CONFIDENCE = 0.99
+MAX_JOBS = 512   # worker processes: more is a typo, and each one costs a fork and its memory
 LLR_CLIP = 30.0          # a value only one side can give: decisive, but finite
 
 
@@ -824,6 +825,11 @@ def machine_header(script: str, argv, workers: int, elapsed: float) -> str:
 def writable_docs(ap: argparse.ArgumentParser, path: str | None) -> None:
     """Before any trial: --write-docs replaces its file, so only a new file
     or a table one of these scripts wrote before may be named."""
+    if path and Path(path).is_dir():
+        ap.error(f"--write-docs {path}: that is a directory; name a file in it")
+    if path and not Path(path).parent.is_dir():
+        ap.error(f"--write-docs {path}: the folder {Path(path).parent} does not exist; create it or name "
+                 "a file in one that does")
     if path and Path(path).exists():
         with open(path, errors="replace") as f:
             first = f.readline()
@@ -924,11 +930,18 @@ def main(argv=None) -> int:
         ("--seed", a.seed >= 0, "give a seed of 0 or more"),
         ("--bayesect-trials", a.bayesect_trials >= 1, "give at least 1 trial per row"),
         ("--jobs", a.jobs >= 1, "give at least 1 worker"),
-        ("--confidence", 0.5 < a.confidence < 1, "give a posterior mass between 0.5 and 1, e.g. 0.99"),
+        ("--jobs", a.jobs <= MAX_JOBS, f"give at most {MAX_JOBS} workers"),
+        ("--confidence", 0.5 < a.confidence <= decide.MAX_CONFIDENCE,
+         f"give a posterior mass above 0.5 and at most {decide.MAX_CONFIDENCE:g} (klbisect's own limit), e.g. 0.99"),
         ("--bayesect-confidence", 0.5 < a.bayesect_confidence < 1, "give a mass between 0.5 and 1, e.g. 0.95"),
-        ("--endpoint-runs", a.endpoint_runs is None or a.endpoint_runs >= 2, "give at least 2 runs per endpoint"),
+        ("--bayesect-max-runs", a.bayesect_max_runs >= 1, "give at least 1 run"),
+        ("--random-models", a.random_models >= 0, "give 0 or more models"),
+        ("--endpoint-runs", a.endpoint_runs is None or 2 <= a.endpoint_runs <= decide.MAX_ENDPOINT_RUNS,
+         f"give 2 to {decide.MAX_ENDPOINT_RUNS} runs per endpoint (klbisect's --max-endpoint-runs caps it there)"),
     ])
     strats = [s for s in a.strategies.split(",") if s]
+    if not strats:
+        ap.error(f"--strategies {a.strategies!r}: name at least one of {','.join(STRATEGIES)}")
     for m in models:
         if m not in table:
             ap.error(f"unknown model {m!r}; choose from {','.join(table)}")
@@ -955,7 +968,7 @@ def main(argv=None) -> int:
     # long jobs first, so the two workers finish together
     jobs.sort(key=lambda j: -(j[3] * (50 if j[4] == "bayesect" else 1) * (5 if j[0].kind == "lognormal" else 1)))
     t0 = time.time()
-    out = run_jobs(jobs, a.jobs, tmp)
+    out = run_jobs(jobs, min(a.jobs, len(jobs)), tmp)
     results: dict = {}
     for o in out:
         results.setdefault((o.model, o.n, o.strat), []).append((o.ok, o.runs, o.seconds, o.roles))

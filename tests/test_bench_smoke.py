@@ -340,6 +340,15 @@ def test_out_of_range_options_are_one_line_before_any_trial():
              ("bench_bisect.py", ["--constant", "decide.MIN_ENDPOINT_RUNS=-1"], "a finite value of 0 or more"),
              ("bench_bisect.py", ["--constant", "decide.MIN_ENDPOINT_RUNS=0"], "counts runs; give at least 1"),
              ("bench_bisect.py", ["--commits", "12", "--model", "name=x untestable=0,20"], "at least 22 commits"),
+             # a tester's: each ran the whole benchmark first, or none of it, or for ever
+             ("bench_bisect.py", ["--write-docs", "/nonexistent/dir/x.txt"], "does not exist"),
+             ("bench_bisect.py", ["--write-docs", "/tmp"], "that is a directory"),
+             ("bench_bisect.py", ["--strategies", ","], "name at least one of"),
+             ("bench_bisect.py", ["--endpoint-runs", "100000"], "give 2 to 40 runs"),
+             ("bench_bisect.py", ["--bayesect-max-runs", "0"], "--bayesect-max-runs"),
+             ("bench_bisect.py", ["--random-models", "-1"], "--random-models"),
+             ("bench_bisect.py", ["--jobs", "100000"], "--jobs: give at most"),
+             ("bench_bisect.py", ["--confidence", "0.999999"], "at most 0.99999"),
              ("target_floor.py", ["--known-trials", "0"], "--known-trials"),
              ("target_floor.py", ["--commits", "12", "--model", "name=x untestable=0,20"], "at least 22 commits")]
     for script, args, says in cases:

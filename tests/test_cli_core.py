@@ -851,12 +851,47 @@ def test_a_shallow_clone_is_told_to_fetch_more_history(small, tmp_path):
     assert "git fetch" not in error_line(p, 151)
 
 
+def test_a_long_option_with_one_dash_is_named(small):
+    p = klb("run", "-good", small.good, "--bad", "main", "--probe-cmd", "true", cwd=small.path)
+    assert "long options take two dashes: --good" in error_line(p, 150)
+
 def test_no_probe_given(small):
     p = klb("run", "--good", small.good, "--bad", "main", cwd=small.path)
     assert "no probe given" in error_line(p, 150)
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "   ", cwd=small.path)
     assert "no probe given" in error_line(p, 150)
 
+
+def test_run_says_that_uncommitted_changes_are_in_no_run(small):
+    """A tester edited the probe in place and got 154 "no metric value":
+    the worktrees hold the commits, not the edit."""
+    probe = next(p for p in small.path.iterdir() if p.suffix == ".py")
+    probe.write_text(probe.read_text() + "\n# edited\n")
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=small.path)
+    assert p.returncode == 0, p.stderr
+    assert f"note: uncommitted changes to {probe.name} are in no run" in p.stderr
+
+def test_parallel_slots_sharing_one_installed_python_are_refused(small):
+    """A tester's: `--parallel 2` with the README's `pip install -e python`
+    build measured whichever slot installed last, for 1,300 runs."""
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--parallel", "2",
+            "--build-cmd", "pip install -q -e python --no-deps", cwd=small.path)
+    line = error_line(p, 150)
+    assert "installs into the one Python they share" in line and "--build sglang" in line, line
+
+
+def test_a_build_that_installed_into_the_users_python_says_how_to_put_it_back(small):
+    """An editable install from a worktree that the session removes points
+    nowhere afterwards: the end of the run says so, with the command."""
+    build = "echo pip install -e python --no-deps"   # the words of one, none of its effect
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--build-cmd", build,
+            cwd=small.path)
+    assert p.returncode == 0, p.stderr
+    assert "note: --build-cmd installed into your Python, which now has an editable install" in p.stderr
+    assert f"run `{build}` in your own checkout" in p.stderr
+    quiet = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--build-cmd", "true",
+                "--fresh", cwd=small.path)
+    assert quiet.returncode == 0 and "installed into your Python" not in quiet.stderr
 
 @pytest.mark.parametrize("args", [
     ["run", "--bad", "main", "--probe-cmd", "true"],                        # missing --good
@@ -870,6 +905,15 @@ def test_usage_errors_exit_150(small, args):
     p = klb(*args, cwd=small.path)
     error_line(p, 150)
 
+
+def test_kl_lines_in_a_form_klbisect_does_not_read_are_quoted_with_the_form_it_does(small):
+    """A tester printed `label=a avg_kl_div=...`: "expected avg_kl_div=...
+    lines" left them looking at lines that had avg_kl_div= in them."""
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "echo 'label=a avg_kl_div=0.0043'",
+            cwd=small.path)
+    line = error_line(p, 154)
+    assert "its log has 'label=a avg_kl_div=0.0043', which is not read" in line, line
+    assert "[label]" in line and "--metric-regex" in line
 
 def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
     p = klb("run", "--good", small.good, "--bad", "main",
@@ -1009,6 +1053,23 @@ def test_interior_commits_that_crashed_for_the_environment_are_measured_again(sm
     assert crashed & measured                                # asked again, not written off
 
 
+
+def test_a_log_folder_klbisect_may_not_write_is_a_storage_error(small):
+    """Not "repository state" (152, a dirty tree): one line that says what
+    to make writable, 156, and the same command resumes once it is."""
+    logs = state_dir(small.path) / "logs"
+    logs.mkdir(parents=True)
+    if subprocess.run(["chattr", "+i", str(logs)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (needs root and a filesystem that has it)")
+    try:
+        p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=small.path)
+    finally:
+        subprocess.run(["chattr", "-i", str(logs)], check=True)
+    line = error_line(p, 156)
+    assert "outside the probe" in line and "make the folder it names writable" in line, line
+    again = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=small.path)
+    assert again.returncode == 0 and f"First bad commit: {small.culprit}" in again.stdout, again.stderr
+
 def test_probe_command_not_found(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "no-such-probe-klb --flag",
             cwd=small.path)
@@ -1022,6 +1083,17 @@ def test_endpoint_build_failure(small):
     assert "does not build" in line
     assert "compiler-exploded" in p.stderr
 
+
+
+def test_a_hung_build_is_killed_at_build_timeout(small):
+    """A build that hangs would hold an unattended nightly for the default
+    hour: --build-timeout kills it, and the commit does not build."""
+    t0 = time.monotonic()
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(),
+            "--build-cmd", f"{PY} -c 'import time; time.sleep(600)'", "--build-timeout", "1", cwd=small.path)
+    line = error_line(p, 154)
+    assert "does not build (build timed out); give it a longer --build-timeout" in line, line
+    assert time.monotonic() - t0 < 120
 
 # ---- item 9: busy, interrupt and resume ------------------------------------------------------------
 
@@ -1242,6 +1314,34 @@ def test_fresh_leaves_out_the_runs_of_an_older_environment_and_is_resumed_as_fre
     assert f"already finished (session {sid})" in again.stderr and json_tail(again.stdout)["culprit"] == h.culprit
 
 
+def test_an_interrupted_fresh_run_resumes_with_the_same_command(history, driver_probe):
+    """"interrupted; rerun the same command to resume": with --fresh in that
+    command, a tester's rerun started a new fresh session and measured every
+    run again (hours, with real probes)."""
+    import signal
+
+    from conftest import klb_popen, reaped
+    h = history(n_commits=40, seed=36, noise=SEPARATED)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, "--fresh", "--json")
+    with reaped(klb_popen(*args, cwd=h.path, env={"KL_DRIVER_SLEEP": "0.3"})) as first:
+        deadline = time.monotonic() + 120
+        while len(db_query(h.path, "SELECT id FROM runs")) < 4:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr
+            time.sleep(0.05)
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    assert first.returncode == 130
+    saved = {r["id"] for r in db_query(h.path, "SELECT id FROM runs")}
+    [(sid,)] = [tuple(r) for r in db_query(h.path, "SELECT id FROM sessions")]
+    again = klb(*args, cwd=h.path)
+    assert f"resuming the unfinished --fresh session {sid}" in again.stderr, again.stderr
+    res = json_tail(again.stdout)
+    assert res["culprit"] == h.culprit and res["session"] == sid
+    assert saved <= {r["id"] for r in db_query(h.path, "SELECT id FROM runs WHERE session_id=?", (sid,))}
+    # finished, the same command with --fresh asks afresh
+    third = klb(*args, cwd=h.path)
+    assert "--fresh: leaving out the" in third.stderr and json_tail(third.stdout)["session"] != sid
+
 def test_runs_of_an_older_environment_beside_the_answer_are_checked_not_trusted(history, driver_probe):
     """The old machine never showed the regression, so a bisect there ended
     with no difference (154). On the new machine, a bisect of a longer range
@@ -1327,6 +1427,19 @@ def test_a_damaged_state_database_says_so(history):
     line = error_line(klb("status", cwd=h.path), 156)
     assert "is damaged" in line and "move it away" in line and "free disk space" not in line
 
+
+
+def test_damage_a_query_finds_names_the_database(history):
+    """A header that reads fine and a page that does not: the line names the
+    file to move away, not a placeholder."""
+    h = history(n_commits=10, seed=35)
+    assert klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    db = state_dir(h.path) / "state.db"
+    with open(db, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xff" * (db.stat().st_size - 4096))
+    line = error_line(klb("status", cwd=h.path), 156)
+    assert f"klbisect state {db.resolve()} is damaged" in line or f"klbisect state {db} is damaged" in line, line
 
 @pytest.mark.parametrize("damage", ["file", "dangling link", "db is a directory"])
 def test_a_state_path_in_the_way_says_so(history, damage):

@@ -510,6 +510,34 @@ def test_a_second_regression_on_another_label_than_the_open_ones_is_bisected(tmp
     assert "worse again than the open regression of d3" in p4.stderr
 
 
+
+def test_a_second_regression_that_rises_only_as_high_as_the_open_one_is_bisected(tmp_path):
+    """A tester's: the open regression lifted one label to 0.008; a later
+    change lifted another label to the same 0.008. The max over labels
+    barely moves and the open label not at all, so night after night read
+    "known". Each other label against the open regression's head shows it."""
+    lv = Levels(tmp_path)
+    repo = lv.path
+    runs = ("--runs", "8")
+    lv.commit("Docs (#101)", 0.004, {"prefill_cache_hit": 0.002})
+    assert tail_json(nightly(repo, "d1", "--baseline-nights", "1", *runs))["regressed"] is False
+    lv.commit("Docs (#102)")
+    assert tail_json(nightly(repo, "d2", "--baseline-nights", "1", *runs))["regressed"] is False
+    two = ("--baseline-nights", "2", *runs)
+    first = lv.commit("Quantize the prefill path (#103)", 0.004, {"prefill_cache_hit": 0.008})
+    p3 = nightly(repo, "d3", *two)
+    assert tail_json(p3)["culprit"] == first and "bisecting on the label prefill_cache_hit" in p3.stderr, p3.stderr
+    lv.commit("Docs (#104)")
+    p4 = nightly(repo, "d4", *two)
+    assert tail_json(p4)["culprit"] == first and verdicts(repo)[-1] == "known", p4.stderr
+    second = lv.commit("Fuse the logprobs kernel (#105)", 0.008, {"prefill_cache_hit": 0.008})
+    lv.commit("Docs (#106)")
+    p5 = nightly(repo, "d5", *two)
+    r5 = tail_json(p5)
+    assert r5["regressed"] is True and r5["culprit"] == second and r5["pr"] == 105, p5.stderr
+    assert "worse again than the open regression of d3 on logprobs_match" in p5.stderr
+    assert verdicts(repo) == ["baseline", "good", "regressed", "known", "regressed"]
+
 def test_a_regression_the_baseline_absorbed_is_found_against_the_nights_before_it(tmp_path):
     lv = Levels(tmp_path)
     repo = lv.path

@@ -5,6 +5,7 @@ what a klbisect killed hard left behind is reaped by the next one, but only
 what carries its marker."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -496,3 +497,49 @@ def test_a_signal_while_the_modules_load_is_one_line(tmp_path, sig):
         p.kill()
     assert p.returncode == 130, err
     assert err.strip() == "klbisect: interrupted before it started; nothing was recorded"
+
+
+def test_a_signal_while_the_modules_load_keeps_the_json_promise(tmp_path):
+    """--json promises stdout ends with one object, even for a stop that came
+    before the command could parse its options."""
+    script = SLOW_IMPORT.replace('["klbisect", "status"]', '["klbisect", "nightly", "--json"]')
+    p = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
+    try:
+        assert p.stdout.readline().strip() == "loading"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    obj = json.loads(out.strip().splitlines()[-1])
+    assert obj["verdict"] == "error" and obj["exit_code"] == 130 and "interrupted" in obj["error"]
+
+
+SLOW_COMMAND = """
+import sys, time
+import klbisect.cli
+def working(*a, **k):
+    print("working", flush=True)
+    time.sleep(30)
+klbisect.cli.main = working
+from klbisect.__main__ import run
+sys.argv = ["klbisect", "status", "--json"]
+run()
+"""
+
+
+def test_a_sigterm_after_the_modules_loaded_is_one_line_not_a_silent_death(tmp_path):
+    """Between the imports and a session's own handlers SIGTERM had its
+    default: exit -15, nothing said (a tester's early `kill`)."""
+    p = subprocess.Popen([sys.executable, "-c", SLOW_COMMAND], cwd=tmp_path, env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
+    try:
+        assert p.stdout.readline().strip() == "working"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert err.strip() == "klbisect: interrupted; finished runs are saved, rerun to resume"
+    assert json.loads(out.strip().splitlines()[-1])["exit_code"] == 130

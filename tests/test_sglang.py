@@ -892,3 +892,24 @@ def test_one_slot_launches_a_server_per_endpoint_not_per_run(repo, tmp_path):
     # comes back to an endpoint later, between interior runs, and that needs a launch of its own
     launches = sum("launching:" in Path(r.log_path).read_text() for r in ends[:12])
     assert len(ends) >= 12 and launches <= 3, (len(ends), launches)
+
+
+def test_a_probe_command_under_build_sglang_imports_its_own_checkout(tmp_path, monkeypatch):
+    """--build sglang installs one checkout into the Python all slots share;
+    SGLang's KL test imports sglang from wherever that install points. Each
+    --probe-cmd run puts its own checkout's python/ first, as the server
+    launch does, so parallel slots measure their own commits."""
+    from klbisect.session import BisectConfig, make_probe
+    installed = tmp_path / "site" / "sglang"            # what the last slot's build installed
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("KL = 0.011\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    checkout = tmp_path / "slot-0"
+    (checkout / "python" / "sglang").mkdir(parents=True)
+    (checkout / "python" / "sglang" / "__init__.py").write_text("KL = 0.004\n")
+    cmd = f"{sys.executable} -c 'import sglang; print(\"avg_kl_div=%g\" % sglang.KL)'"
+    slot = Slot(0, checkout, {}, 0, tmp_path / "pids")
+    for build, kl in (("sglang", 0.004), (None, 0.011)):
+        probe = make_probe(BisectConfig(probe_cmd=cmd, build=build))
+        res = probe.run(checkout, tmp_path / f"run-{build}.log", slot)
+        assert res.values == {"value": kl}, (build, Path(res.log_path).read_text())
