@@ -483,19 +483,26 @@ run()
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_while_the_modules_load_is_one_line(tmp_path, sig):
-    """The first half second of every command is numpy's and click's import:
-    a stop there was a traceback (Ctrl-C) or a silent exit 143 (SIGTERM)."""
-    p = subprocess.Popen([sys.executable, "-c", SLOW_IMPORT], cwd=tmp_path, env=child_env(),
+def _stopped_at(script: str, cwd: Path, ready: str, sig: int) -> tuple[int, str, str]:
+    """Run a klbisect entry-point script, send ``sig`` once it prints
+    ``ready``: its exit status, stdout and stderr."""
+    p = subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=child_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
     try:
-        assert p.stdout.readline().strip() == "loading"
+        assert p.stdout.readline().strip() == ready
         p.send_signal(sig)
         out, err = p.communicate(timeout=20)
     finally:
         p.kill()
-    assert p.returncode == 130, err
+    return p.returncode, out, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_modules_load_is_one_line(tmp_path, sig):
+    """The first half second of every command is numpy's and click's import:
+    a stop there was a traceback (Ctrl-C) or a silent exit 143 (SIGTERM)."""
+    code, _, err = _stopped_at(SLOW_IMPORT, tmp_path, "loading", sig)
+    assert code == 130, err
     assert err.strip() == "klbisect: interrupted before it started; nothing was recorded"
 
 
@@ -503,15 +510,8 @@ def test_a_signal_while_the_modules_load_keeps_the_json_promise(tmp_path):
     """--json promises stdout ends with one object, even for a stop that came
     before the command could parse its options."""
     script = SLOW_IMPORT.replace('["klbisect", "status"]', '["klbisect", "nightly", "--json"]')
-    p = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path, env=child_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
-    try:
-        assert p.stdout.readline().strip() == "loading"
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=20)
-    finally:
-        p.kill()
-    assert p.returncode == 130, err
+    code, out, err = _stopped_at(script, tmp_path, "loading", signal.SIGTERM)
+    assert code == 130, err
     obj = json.loads(out.strip().splitlines()[-1])
     assert obj["verdict"] == "error" and obj["exit_code"] == 130 and "interrupted" in obj["error"]
 
@@ -532,14 +532,7 @@ run()
 def test_a_sigterm_after_the_modules_loaded_is_one_line_not_a_silent_death(tmp_path):
     """Between the imports and a session's own handlers SIGTERM had its
     default: exit -15, nothing said (a tester's early `kill`)."""
-    p = subprocess.Popen([sys.executable, "-c", SLOW_COMMAND], cwd=tmp_path, env=child_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
-    try:
-        assert p.stdout.readline().strip() == "working"
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=20)
-    finally:
-        p.kill()
-    assert p.returncode == 130, err
+    code, out, err = _stopped_at(SLOW_COMMAND, tmp_path, "working", signal.SIGTERM)
+    assert code == 130, err
     assert err.strip() == "klbisect: interrupted; finished runs are saved, rerun to resume"
     assert json.loads(out.strip().splitlines()[-1])["exit_code"] == 130
