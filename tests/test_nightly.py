@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from klbisect.histgen import make_history
-from klbisect.nightly import compare
+from klbisect.nightly import compare, judge_trend
 
 PY = sys.executable
 TOKEN = "ghp_s3cretTOKENfor-tests-only-0123456789"
@@ -157,6 +157,17 @@ def test_compare_is_robust_and_one_sided():
     many = [0.004 + 1e-5 * i for i in range(40)]
     assert compare([x * 1.03 for x in many], many).verdict == "good"
 
+
+def test_the_trend_splits_where_the_regression_began_whatever_the_sample_sizes():
+    """Nights most recent first: d6 and d5 hold a 1.5x regression (d5's runs
+    the lowest of it), d4-d1 do not. Split after d5, not d6: the p-values of
+    the two splits came from the exact and the normal-approximation test,
+    and the exact one of the wrong split was the smaller (a CI failure)."""
+    head = [0.00600, 0.00605, 0.00610]
+    d6, d5 = [0.00595, 0.00608, 0.00612], [0.00583, 0.00585, 0.00587]
+    before = [[0.0040 + 0.00003 * i + 0.00001 * n for i in range(3)] for n in range(4)]
+    k, c = judge_trend(head, [d6, d5, *before], alpha=0.001)
+    assert k == 2 and c.verdict == "regressed" and c.head["n"] == 9 and c.baseline["n"] == 12
 
 def test_day_by_day(tmp_path, loopback):
     d = Days(tmp_path)
