@@ -372,7 +372,7 @@ def recommendation_lines(ls: LabelStats, rate: float, confidence: float) -> list
         return [f"      recommended threshold for <= {rate:g} false failures: {fmt_value(ls.recommended)} "
                 f"({seen}, any distribution; {ls.recommended_how})"]
     lines = [f"      recommended threshold for {rate:g} false failures: {fmt_value(ls.recommended)} "
-             f"({ls.recommended_how}): an estimate, not a bound; {seen}"]
+             f"({ls.recommended_how}): a bound only if the tail is log-normal; {seen}"]
     if b["runs"] < b["runs_for_bound"]:
         lines.append(f"      {needs_runs(rate, confidence)}")
     return lines
@@ -422,6 +422,7 @@ def format_calibration(c: Calibration) -> str:
                      f"{k.lower_bound_runs:.1f} runs (information limit, Fano); klbisect's search on "
                      f"resampled values: {k.simulated_mean_runs:.1f} runs on average, p95 "
                      f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials "
-                     f"(endpoint runs included; it weighs a run at {k.model_bits:.2f} bits, its guard "
-                     "against outliers)")
+                     f"(endpoint runs included; its model credits a run with {k.model_bits:.2f} bits"
+                     + (", less: it caps what one run may weigh, a guard against outliers"
+                        if k.model_bits < k.bits_per_run else "") + ")")
     return "\n".join(lines)

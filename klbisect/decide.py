@@ -589,8 +589,21 @@ class PredictiveModel:
         trusts tails it has barely seen."""
         if not len(values):
             return 0.0
-        a, b = predictive_log_lr(values, self.good, self.bad), self.fitted.commit_log_lr(values)
+        a, b = self.parts(values)
         return math.copysign(min(abs(a), abs(b)), a) if a * b > 0 else 0.0
+
+    def parts(self, values: Sequence[float]) -> tuple[float, float]:
+        """(the rank test's log LR against the sides' runs, the fitted model's)."""
+        return predictive_log_lr(values, self.good, self.bad), self.fitted.commit_log_lr(values)
+
+    def explain(self, values: Sequence[float]) -> str:
+        """Both tests' odds, for a verdict's reason: status shows the fitted
+        model's alone, which reads as a contradiction beside "undecided"."""
+        rank, fit = self.parts(values)
+
+        def odds(llr: float) -> str:
+            return f"{math.exp(min(abs(llr), 700)):.3g}:1 for {'bad' if llr > 0 else 'good'}"
+        return f"the fitted model {odds(fit)}, the rank test against the ends' runs {odds(rank)}"
 
 
 def verdict_model(good: Sequence[float], bad: Sequence[float]) -> "Model | PredictiveModel":
@@ -675,14 +688,19 @@ def judge(values: Sequence[float], crashes: int, model: "Model | ThresholdModel 
     else:
         llr = model.commit_log_lr(values)
         bound = math.log(verdict_lr)
+        both = f" (the weaker of {model.explain(values)})" if isinstance(model, PredictiveModel) and n else ""
         if llr >= bound:
-            return Verdict(BAD, n, crashes, llr, f"{n} runs, likelihood ratio {math.exp(min(llr, 700)):.3g}:1 for bad")
+            return Verdict(BAD, n, crashes, llr,
+                           f"{n} runs, likelihood ratio {math.exp(min(llr, 700)):.3g}:1 for bad{both}")
         if llr <= -bound:
-            return Verdict(GOOD, n, crashes, llr, f"{n} runs, likelihood ratio {math.exp(min(-llr, 700)):.3g}:1 for good")
+            return Verdict(GOOD, n, crashes, llr,
+                           f"{n} runs, likelihood ratio {math.exp(min(-llr, 700)):.3g}:1 for good{both}")
     if n == 0 and crashes >= crash_limit:
         return Verdict(SKIP, n, crashes, 0.0, f"{crashes} runs crashed or timed out without a usable value")
     if n >= max_runs:
-        return Verdict(SKIP, n, crashes, llr, f"{UNDECIDED_SKIP} {n} runs (--max-runs)")
+        short = (f": {model.explain(values)}; a verdict for git needs both at {verdict_lr:g}:1, the same way"
+                 if isinstance(model, PredictiveModel) and n else "")
+        return Verdict(SKIP, n, crashes, llr, f"{UNDECIDED_SKIP} {n} runs (--max-runs){short}")
     if crashes >= max_runs + crash_limit:
         return Verdict(SKIP, n, crashes, llr, f"{crashes} crashed runs")
     return Verdict(UNDECIDED, n, crashes, llr)
@@ -895,9 +913,13 @@ def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
         # t prediction-style inflation for the uncertainty of mu and sd
         z = stats.t.ppf(1 - false_fail_rate, n - 1) * math.sqrt(1 + 1 / n)
         z *= math.sqrt((n - 1) / stats.chi2.ppf(1 - confidence, n - 1))
+        # the fit's own estimate of the level, beside the bound: at 20 runs the bound sits
+        # well above it (a tester read the two as one and lost most of the test's power)
+        point = math.exp(mu + stats.norm.ppf(1 - false_fail_rate) * sd)
         return float(math.exp(mu + z * sd)), (
-            f"log-normal tail fit ({n} runs are too few for a distribution-free bound at "
-            f"{false_fail_rate:g})")
+            f"log-normal tail fit, its {confidence:.0%} upper confidence value: {n} runs are too few for a "
+            f"distribution-free bound at {false_fail_rate:g}; the fit's own estimate of the level is "
+            f"{point:.4g}, failing good commits {false_fail_rate:g} of the time if the fit is right")
     return None, f"too few runs ({n})"
 
 

@@ -345,7 +345,10 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
             boundary = float(model.boundary())
         except Exception:  # noqa: BLE001
             boundary = None
-        return {"result": result, "commits": commits, "runs": all_runs, "culprit_commits": culprit_commits,
+        # stopped because the ends' runs do not differ (now): nobody to blame
+        no_signal = not result.get("complete", True) and (pl.lost is not None or pl.unproven is not None)
+        return {"result": result, "no_signal": no_signal, "commits": commits, "runs": all_runs,
+                "culprit_commits": culprit_commits,
                 "prs": {str(k): v for k, v in prs.items()}, "slug": slug, "boundary": boundary,
                 "model": model.to_dict(),
                 "session": {"id": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
@@ -367,12 +370,14 @@ def _sha_link(sha: str, slug: str | None, n: int = 12) -> str:
     return f"[`{sha[:n]}`](https://github.com/{slug}/commit/{sha})" if slug else f"`{sha[:n]}`"
 
 
-def _md_cell(text: str, limit: int = 70) -> str:
+def _md_cell(text: str, limit: int = 70, code: bool = False) -> str:
+    """Text for one line of Markdown, cut at ``limit``; ``code`` keeps its
+    `backticks` (a command to paste, outside a table) instead of quoting."""
     t = (text or "").replace("\n", " ")
     if len(t) > limit:
         t = t[:limit - 1] + "…"
-    return (t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-            .replace("`", "'"))
+    t = t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return t if code else t.replace("`", "'")
 
 
 def _vals(values: list[float], k: int = 6) -> str:
@@ -393,12 +398,20 @@ def _culprit_title(c: dict, prs: dict) -> str:
 
 def _headline(data: dict) -> str:
     r = data["result"]
+    if data.get("no_signal"):
+        # a search that stopped because good and bad no longer differ names no one
+        return (f"KL regression: none shown between good {r['good'][:12]} and bad {r['bad'][:12]} "
+                "(their runs do not differ)")
     if r["culprit"]:
         pr = f" (#{r['pr']})" if r.get("pr") else ""
         if not r.get("complete", True):
-            # pasted into an issue, a title names the PR to blame: not on a guess
+            # pasted into an issue, a title names the PR to blame: not on a weak guess, and
+            # never with its confidence rounded up to the mark it missed (0.9883 is not 0.99)
+            if r["confidence"] < 0.5:
+                return (f"KL regression: not found yet (best guess {r['culprit'][:12]} at "
+                        f"{fmt_confidence(r['confidence'])})")
             return (f"KL regression: most likely first bad commit {r['culprit'][:12]}{pr} "
-                    f"(confidence {r['confidence']:.2f}, not reached)")
+                    f"(confidence {fmt_confidence(r['confidence'])}, not reached)")
         return f"KL regression: first bad commit {r['culprit'][:12]}{pr}"
     return f"KL regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
@@ -467,7 +480,10 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     from . import __version__  # noqa: PLC0415
     r, slug, prs = data["result"], data.get("slug"), data.get("prs", {})
     head = [f"### {_headline(data)}", ""]
-    if r["culprit"]:
+    if data.get("no_signal"):
+        head.append("**No first bad commit:** the runs of the good and the bad end no longer differ, so "
+                    "there is no regression between them to find (the reason below says what was seen)")
+    elif r["culprit"]:
         c = data["culprit_commits"][0] if data.get("culprit_commits") else {
             "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
         pr = f" ({_pr_link(c['pr'], slug)})" if c.get("pr") else ""
@@ -488,7 +504,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
                         + (f" — {why}" if why else ""))
     head.append("")
     conf = f"**Confidence:** {fmt_confidence(r['confidence'])}"
-    conf += "" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 200)}"
+    conf += "" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 2000, code=True)}"
     head.append(conf + "  ")
     head.append(f"**Range:** good {_sha_link(r['good'], slug)} → bad {_sha_link(r['bad'], slug)}, "
                 f"{fmt_count(r['n_commits'], 'candidate commit')}  ")
@@ -503,7 +519,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     head.append("")
     labels = _labels_md(r)
     if labels:
-        head += ["**KL before → after the culprit, per label:**", ""] + labels + [""]
+        where = "at the good → the bad end" if data.get("no_signal") else "before → after the culprit"
+        head += [f"**KL {where}, per label:**", ""] + labels + [""]
     for note in r.get("notes", []):
         # a blank line after each: a line that follows a quote joins it
         head += [f"> Note: {_md_cell(note, 500)}", ""]
@@ -582,7 +599,10 @@ def render_html(data: dict, png: bytes | None = None) -> str:
              "th{background:#f3f3f3}td.num{text-align:right}tr.bad td.v{color:#b00}tr.good td.v{color:#06c}"
              "img{max-width:100%;border:1px solid #ddd}code{font-size:12px}.muted{color:#777}</style>",
              "</head><body>", f"<h2>{e(_headline(data))}</h2>"]
-    if r["culprit"]:
+    if data.get("no_signal"):
+        parts.append("<p><b>No first bad commit:</b> the runs of the good and the bad end no longer differ, "
+                     "so there is no regression between them to find.</p>")
+    elif r["culprit"]:
         c = data["culprit_commits"][0] if data.get("culprit_commits") else {
             "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
         title = e(_culprit_title(c, prs))
@@ -607,7 +627,8 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
                  + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "") + "</p>")
     if r.get("labels"):
-        parts.append("<h3>KL before → after, per label</h3><table><tr><th>label</th>"
+        parts.append(f"<h3>KL {'at the good → the bad end' if data.get('no_signal') else 'before → after'}, "
+                     "per label</h3><table><tr><th>label</th>"
                      "<th>before: median [min, max] (n)</th><th>after: median [min, max] (n)</th></tr>")
         for lab, s in label_rows(r):
             name = e(lab) if lab.startswith("(") else f"<code>{e(lab)}</code>"

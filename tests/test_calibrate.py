@@ -3,6 +3,7 @@ the run store; what a maintainer reads before choosing a threshold."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import numpy as np
@@ -296,7 +297,11 @@ def test_the_recommendation_says_what_bound_it_carries():
     fit, = label_stats(runs, None, 0.01, 0.95)
     first, second = recommendation([fit], "kl", 30)
     assert "for 0.01 false failures" in first and "<= 0.01 false" not in first
-    assert "(log-normal tail fit): an estimate, not a bound; 0/30 runs at or above it, so true rate <= 0.095" in first
+    assert "(log-normal tail fit, its 95% upper confidence value" in first
+    assert "): a bound only if the tail is log-normal; 0/30 runs at or above it, so true rate <= 0.095" in first
+    # and the fit's own estimate of the level beside it, lower (a tester took the bound for the level)
+    point = float(re.search(r"the fit's own estimate of the level is ([0-9.e-]+)", first).group(1))
+    assert point < fit.recommended
     assert second == "a bound at 0.01 from the runs alone (95% confidence, any distribution) needs at least 299 runs " \
                      "(--runs 299)"
     fit99, = label_stats(runs, None, 0.01, 0.99)

@@ -96,7 +96,33 @@ def test_an_answer_short_of_the_mark_is_not_titled_as_the_culprit(bisected):
     from klbisect.report import render_markdown
     title = render_markdown(data).splitlines()[0]
     assert title.startswith(f"### KL regression: most likely first bad commit {h.culprit[:12]}")
-    assert "0.76, not reached" in title
+    assert "0.7600, not reached" in title
+    # a tester's: 0.9883 against a 0.99 mark read "confidence 0.99, not reached"
+    data["result"]["confidence"] = 0.9883
+    assert "(confidence 0.9883, not reached)" in render_markdown(data).splitlines()[0]
+    # a weak guess is no title to blame a PR with
+    data["result"]["confidence"] = 0.02
+    title = render_markdown(data).splitlines()[0]
+    assert title == f"### KL regression: not found yet (best guess {h.culprit[:12]} at 0.0200)"
+    # and a search that stopped because the ends no longer differ names no one
+    text = render_markdown({**data, "no_signal": True})
+    assert text.splitlines()[0].startswith("### KL regression: none shown between good")
+    assert "**No first bad commit:**" in text and "KL at the good → the bad end, per label" in text
+    assert f"#{h.prs[h.culprit]}" not in text.split("Probed commits")[0]
+
+
+def test_the_command_a_report_says_to_run_is_whole(bisected):
+    """The reason an answer fell short ends with the command that finishes
+    it: cut at 200 characters, with its backticks turned to quotes, it
+    could not be pasted."""
+    h, res = bisected
+    data = report_data(h.path, offline=True)
+    cmd = ("klbisect run --good 309ffa9fba8a --bad e1e6d1cd2de8 --probe-cmd 'python3 test/test_kl.py "
+           "--labels logprobs_match,prefill_cache_hit,decode_cache_hit' --build-cmd 'make -C csrc -j8'")
+    data["result"] = {**data["result"], "complete": False, "confidence": 0.9883,
+                      "reason": f"git bisect stopped short of the mark; to finish it: `{cmd}`"}
+    from klbisect.report import render_markdown
+    assert f"`{cmd}`" in render_markdown(data)
 
 
 def test_html_is_self_contained_with_the_plot(bisected, tmp_path):
