@@ -470,13 +470,17 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     # again (0.20% of known nights; 0.11% against six fresh runs: scripts/nightly_false_calls.py).
     open_after = found["session"] if found else 0
 
-    def label_values(shas: list[str], after: int = 0, label: str | None = None) -> list[float]:
-        return label_runs([r for r in st.runs(probe_key, shas) if not after or (r.session_id or 0) > after],
-                          label or open_label)
+    def runs_after(shas: list[str], after: int = 0) -> list:
+        return [r for r in st.runs(probe_key, shas) if not after or (r.session_id or 0) > after]
+
+    def label_values(shas: list[str], after: int = 0) -> list[float]:
+        return label_runs(runs_after(shas, after), open_label)
 
     def by_label(shas: list[str], after: int = 0) -> dict[str, list[float]]:
-        labels = {k for r in st.runs(probe_key, shas) if r.value is not None for k in (r.values or {})}
-        return {lab: label_values(shas, after, lab) for lab in labels - {open_label}}
+        """Every label but the open one's, from one read of the runs."""
+        runs = runs_after(shas, after)
+        labels = {k for r in runs if r.value is not None for k in (r.values or {})} - {open_label}
+        return {lab: label_runs(runs, lab) for lab in labels}
 
     def open_values() -> tuple[list[float], list[float], int]:
         """The reference values (max, label) and how many runs are fresh."""

@@ -25,8 +25,8 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
 from .decide import (BAD, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P,
-                     SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, Model,
-                     ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
+                     SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR,
+                     Model, ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
                      is_undecided_skip, judge, separation, summarize, verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
@@ -643,11 +643,9 @@ def _infrastructure_error(f: Failure) -> KlbisectError:
     full = f.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in f.error
     denied = f.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or any(
         t in f.error for t in ("Permission denied", "Read-only file system", "Operation not permitted"))
-    fix = ("free disk space, then rerun to resume" if full else
-           "make the folder it names writable, then rerun to resume" if denied
-           else "finished runs are saved, rerun to resume")
-    return KlbisectError(f"probing {f.sha[:12]} failed 3 times for reasons outside the probe: {f.error}; {fix}"
-                         + ("; finished runs are saved" if full or denied else ""),
+    fix = "free disk space, then " if full else "make the folder it names writable, then " if denied else ""
+    return KlbisectError(f"probing {f.sha[:12]} failed 3 times for reasons outside the probe: {f.error}; "
+                         f"finished runs are saved: {fix}rerun to resume",
                          EXIT_STORAGE if full or denied else EXIT_REPO_STATE)
 
 

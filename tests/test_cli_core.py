@@ -1066,7 +1066,7 @@ def test_a_log_folder_klbisect_may_not_write_is_a_storage_error(small):
     finally:
         subprocess.run(["chattr", "-i", str(logs)], check=True)
     line = error_line(p, 156)
-    assert "outside the probe" in line and "make the folder it names writable" in line, line
+    assert "outside the probe" in line and "make the folder it names writable, then rerun" in line, line
     again = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=small.path)
     assert again.returncode == 0 and f"First bad commit: {small.culprit}" in again.stdout, again.stderr
 
