@@ -21,6 +21,9 @@ def _interrupted(said: str) -> None:
 
 
 def run() -> None:
+    from .redact import RedactingStream
+    # every line any command prints, tokens out (a probe command's HF_TOKEN=..., an --api-key)
+    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
     early = (signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.getsignal(s) for s in early}
     try:

@@ -22,7 +22,7 @@ from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_u
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value
 from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, close_builder, commit_runs,
-                      make_builder, make_probe, since, valued_runs)
+                      ended_on_errors, hold_env, make_builder, make_probe, since, valued_runs)
 from .simulate import simulate_bisect
 
 
@@ -290,6 +290,7 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
 def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, build_key, thresholds,
                        false_fail_rate, confidence, commits, progress) -> Calibration:
     meter = WorktreeMeter(ws, sid, probe, builder, progress)
+    hold_env(ws, sid, builder, ws.logs / f"s{sid}")
     try:
         for which, target in (("", sha), ("bad ", bad_sha)):
             if target is None:
@@ -316,7 +317,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                 measure(len(cr.values))
     finally:
         meter.close()
-        close_builder(builder, progress)
+        close_builder(builder, progress, ws, sid)
     def shown(r) -> dict:
         # with --metric, that label is the one a bisect judges: the others would only distract
         return {cfg.metric: r.values[cfg.metric]} if cfg.metric and cfg.metric in r.values else r.values
@@ -327,8 +328,10 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
     res = Calibration(rev, sha, len(with_values), len(all_runs) - len(measured),
                       label_stats([shown(r) for r in with_values], thresholds, false_fail_rate,
                                   confidence), false_fail_rate, confidence)
+    res.notes += [n for n in [ended_on_errors(all_runs, f"{rev} ({sha[:12]})")] if n]
     if bad_sha:
         bad_all = ws.store.runs(probe.key, [bad_sha])
+        res.notes += [n for n in [ended_on_errors(bad_all, f"the bad rev ({bad_sha[:12]})")] if n]
         bad_counted = valued_runs(bad_all, cfg.metric)
         bad_runs = bad_counted[-runs:]
         res.bad_sha = bad_sha

@@ -45,7 +45,7 @@ class Cli(click.Group):
         kwargs["standalone_mode"] = False
         argv = list(kwargs.get("args") or (args[0] if args else None) or sys.argv[1:])
         # --json promises stdout ends with one JSON object: a failure says so there too
-        self._json = "--json" in argv
+        self._json = "--json" in argv or _report_json_to_stdout(argv)
         self._nightly = argv[:1] == ["nightly"]
         try:
             rv = super().main(*args, **kwargs)
@@ -294,6 +294,17 @@ _SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_
                 "kl_threshold", "pip_args")
 _SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
                 "max_total_runs", "worse")
+
+
+def _report_json_to_stdout(argv: list[str]) -> bool:
+    """`report --format json` without -o: a script reads stdout, so a
+    failure ends there in a JSON object too, as with --json."""
+    if argv[:1] != ["report"]:
+        return False
+    fmt = [b for a, b in zip(argv, argv[1:] + [""]) if a == "--format"] + \
+          [a.split("=", 1)[1] for a in argv if a.startswith("--format=")]
+    to_file = any(a in ("-o", "--output") or a.startswith(("--output=", "-o")) for a in argv[1:])
+    return fmt[-1:] == ["json"] and not to_file
 
 
 def _one_dash(e: click.UsageError, argv: list[str]) -> str:

@@ -26,6 +26,7 @@ from .proc import kill_all_active
 
 PORT_SPAN = 100            # ports per slot: [port_base, port_base + PORT_SPAN)
 PORT_LOW, PORT_HIGH = 10000, 32700   # below Linux's ephemeral range (32768-60999)
+MAX_PARALLEL = 256         # slots at once: each gets one of the (PORT_HIGH - PORT_LOW) // PORT_SPAN port ranges
 
 # Exit statuses of a probe that was killed from outside (SIGKILL, SIGTERM),
 # as Popen reports them (-N) or as a shell reports its killed child (128+N).

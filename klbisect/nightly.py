@@ -72,6 +72,7 @@ from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE
 from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .probe import STATUS_TIMEOUT
 from .plots import check_writable
+from .redact import redact
 from .session import WorktreeMeter, close_builder
 
 Progress = Callable[[str], None]
@@ -1101,8 +1102,9 @@ def comment_body(rec: dict, data: dict | None) -> str:
              f"({rec['reason']}).\n\n")
     if data is None:
         notes = "\n".join(f"> {n}" for n in rec.get("notes", []))
-        return (intro + "No culprit could be isolated.\n\n" + notes).strip() + "\n"
-    return intro + render_markdown(data, limit=GITHUB_COMMENT_LIMIT - len(intro.encode("utf-8")))
+        return redact((intro + "No culprit could be isolated.\n\n" + notes).strip() + "\n")
+    # a token in the probe command a note or the report names must not reach a public issue
+    return redact(intro + render_markdown(data, limit=GITHUB_COMMENT_LIMIT - len(intro.encode("utf-8"))))
 
 
 def _post(path, opts: NightlyOptions, rec: dict, target: tuple[str, int], progress: Progress,

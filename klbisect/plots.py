@@ -65,6 +65,11 @@ def write_out(out: str | Path, data: bytes, option: str = "-o") -> Path:
     try:
         if p.is_dir():
             raise IsADirectoryError(21, "it is a directory")
+        up = p.parent
+        while not up.exists() and up != up.parent:
+            up = up.parent
+        if not up.is_dir():   # mkdir would say "File exists"
+            raise NotADirectoryError(20, f"{up} is not a directory")
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
     except OSError as e:

@@ -28,6 +28,8 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import psutil
 
+from .redact import redact
+
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _MARK = "KLBISECT_PROBE_ID"   # one run_logged call: its detached children are killed when it ends
@@ -222,6 +224,71 @@ def _kill_marked(mark: str) -> None:
     if found:
         # one that called setsid leads a group of its own
         _terminate([p.pid for p in found], _with_descendants(found), grace=2.0)
+
+
+def _boot_ticks() -> int:
+    """Now, in the clock ticks since boot that /proc gives a process's start in."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+# run_logged calls in flight in this process, and when the first of them began
+_running_lock = threading.Lock()
+_running = 0
+_running_since = 0
+
+
+def _adopted() -> list[psutil.Process]:
+    """Children of ours that we did not start, as far as can be told: as
+    subreaper we become the parent of our probes' orphans. Not a Popen we
+    wait for (``_ACTIVE``), not in our own process group (git and our other
+    helpers are, and their callers wait for them)."""
+    if not _subreaper:
+        return []
+    try:
+        mine = os.getpgid(0)
+        kids = psutil.Process().children()
+    except (OSError, psutil.Error):
+        return []
+    out = []
+    for p in kids:
+        try:
+            if p.pid not in _ACTIVE and os.getpgid(p.pid) != mine:
+                out.append(p)
+        except OSError:
+            continue
+    return out
+
+
+def _kill_unmarked_orphans(since: int) -> None:
+    """Kill what a probe left that carries no marker: a daemon that cleared
+    its environment (``env -i setsid server &``, a double fork that calls
+    ``clearenv``) escapes ``_kill_marked``. One of our adopted children
+    started after ``since`` with neither of klbisect's variables (servers
+    and runs carry ours) can only be that."""
+    found = []
+    for p in _adopted():
+        try:
+            if (_start_ticks(p.pid) or 0) < since:
+                continue
+            env = p.environ()
+        except (OSError, psutil.Error):
+            continue
+        if _MARK not in env and _OWNER not in env:
+            found.append(p)
+    if found:
+        _terminate([], _with_descendants(found), grace=2.0)
+
+
+def _reap_adopted_zombies() -> None:
+    """Wait for the adopted children that have exited (a server's workers,
+    orphaned when a test's tearDown killed the server): nobody else will,
+    and a long session would pile up thousands."""
+    for p in _adopted():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, os.WNOHANG)
+        except (OSError, psutil.Error):
+            continue
 
 
 def kill_tree(pid: int, grace: float = 5.0) -> None:
@@ -513,9 +580,31 @@ def run_logged(
         full_env.update(env)
     mark = full_env[_MARK] = uuid.uuid4().hex
     start = time.monotonic()
+    global _running, _running_since
+    with _running_lock:
+        if _running == 0:
+            _running_since = _boot_ticks() - 1   # a tick early: /proc rounds a start down
+        _running += 1
+    try:
+        return _run_marked(cmd, cwd, log_path, timeout, full_env, mark, pid_dir, header, start)
+    finally:
+        with _running_lock:
+            _running -= 1
+            # with other runs in flight an orphan may be theirs (still in use): the last one sweeps
+            sweep = _running == 0
+            since = _running_since
+        with _unkillable_cleanup():
+            if sweep:
+                _kill_unmarked_orphans(since)
+            _reap_adopted_zombies()
+
+
+def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: float | None,
+                full_env: dict[str, str], mark: str, pid_dir: Path | None, header: str | None,
+                start: float) -> ProcResult:
     with open(log_path, "wb") as log:
         if header:
-            log.write(header.encode() + b"\n")
+            log.write(redact(header).encode() + b"\n")
             log.flush()
         proc = subprocess.Popen(
             cmd,

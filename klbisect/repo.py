@@ -12,7 +12,7 @@ from pathlib import Path
 
 import git
 
-from .errors import EXIT_REPO_STATE, EXIT_REVISION, KlbisectError
+from .errors import EXIT_REPO_STATE, EXIT_REVISION, EXIT_STORAGE, KlbisectError
 
 _PR = re.compile(r"\(#(\d+)\)\s*$")
 
@@ -52,7 +52,15 @@ def _git(repo: git.Repo, *args: str, cwd: str | Path | None = None) -> str:
         return g.execute(["git", *args])
     except git.GitCommandError as e:
         msg = (e.stderr or "").strip().splitlines()
-        raise KlbisectError(f"git {args[0]} failed: {msg[-1] if msg else e}", EXIT_REVISION) from None
+        said = msg[-1] if msg else str(e)
+        if _DISK_FULL.search(e.stderr or ""):
+            raise KlbisectError(f"git {args[0]} failed: the disk is full ({said.strip()}); free space and rerun "
+                                "the same command: recorded runs are kept", EXIT_STORAGE) from None
+        raise KlbisectError(f"git {args[0]} failed: {said}", EXIT_REVISION) from None
+
+
+# git's words for ENOSPC/EDQUOT differ by command ("Out of diskspace", strerror's own)
+_DISK_FULL = re.compile(r"No space left on device|Out of diskspace|Disk quota exceeded", re.I)
 
 
 def toplevel(repo: git.Repo) -> Path:
@@ -260,6 +268,10 @@ def bisect_refs(repo: git.Repo) -> dict[str, list[str]]:
 
 
 def ensure_clean(repo: git.Repo) -> None:
+    if not repo.head.is_valid():
+        # found here, not after calibrating both endpoints, when `git bisect start` fails on it
+        raise KlbisectError(f"HEAD of {toplevel(repo)} is on a branch with no commits yet (an unborn branch); "
+                            "check out a branch or commit first (`git checkout main`)", EXIT_REPO_STATE)
     if is_dirty(repo):
         raise KlbisectError(f"the working tree of {toplevel(repo)} has uncommitted changes; "
                             "commit or stash them first (git bisect checks out other commits)",

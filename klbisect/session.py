@@ -27,10 +27,10 @@ from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, s
 from .decide import (BAD, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P,
                      SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR,
                      Model, ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
-                     is_undecided_skip, judge, separation, summarize, verdict_model)
+                     is_undecided_skip, judge, labels_apart, separation, summarize, verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
-from .executors import Failure, LocalExecutor, make_slots, port_bases
+from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
 from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception, scalar
 from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT, CommandProbe,
@@ -149,10 +149,19 @@ class BisectConfig:
                 "last; use --parallel 1, or a build into the checkout's own environment (e.g. --build-cmd "
                 "'python -m venv .venv && .venv/bin/pip install -e python' and the probe run by .venv/bin/python), "
                 "or, for SGLang, --build sglang (each probe imports its own checkout's python/)", EXIT_USAGE)
+        python = (self.sglang or {}).get("python")
+        if python and (self.build == "sglang" or self.probe == "sglang") and self.executor == "local" \
+                and shutil.which(python) is None:
+            # found now, not after three "infrastructure failures" and a 152
+            raise KlbisectError(f"--sglang-python {python}: no such executable here; give the interpreter whose "
+                                "sglang the session builds and runs (e.g. .venv/bin/python)", EXIT_USAGE)
         if self.metric_regex is not None:
             check_regex(self.metric_regex)
         if (self.max_runs is not None and self.max_runs < 1) or self.parallel < 1 or self.votes < 1:
             raise KlbisectError("--max-runs, --parallel and --votes must be at least 1", EXIT_USAGE)
+        if self.parallel > MAX_PARALLEL:
+            raise KlbisectError(f"--parallel {self.parallel}: at most {MAX_PARALLEL} probes at a time (each slot "
+                                "has its own worktree and range of ports)", EXIT_USAGE)
         if self.votes != 1 and self.threshold is None:
             raise KlbisectError(f"--votes {self.votes} counts runs at or above a --threshold: pass --threshold "
                                 "VALUE too, or leave --votes out (the default mode learns good and bad from "
@@ -180,12 +189,33 @@ def say_building(progress: Progress):
     return lambda sha, log: progress(f"  {sha[:12]}: building (log: {log})")
 
 
-def close_builder(builder, progress: Progress) -> None:
+def hold_env(ws: "Workspace", sid: int, builder, log_dir: Path) -> None:
+    """Before a session's first build: a builder that changes the user's
+    environment (--build sglang) notes what it finds, in the store at once,
+    so Ctrl-C or a kill -9 mid-build loses nothing. A resumed session
+    takes over what its first command found (not the half-built state the
+    interruption left), and `klbisect reset` can put that back too."""
+    remember = getattr(builder, "remember_origin", None)
+    if remember is None:
+        return
+    _adopt_env(ws, sid, builder)
+    remember(log_dir)
+    _keep_env(ws, sid, builder)
+
+
+def close_builder(builder, progress: Progress, ws: "Workspace | None" = None, sid: int | None = None) -> None:
     """End of a session's builds: a builder that changed the user's
-    environment (--build sglang) puts it back, and says so."""
+    environment (--build sglang) puts it back, and says so. With the
+    session (``hold_env``), what could not be put back stays in its store."""
     close = getattr(builder, "close", None)
     if close:
-        close(progress)
+        try:
+            close(progress)
+        finally:
+            if ws is not None and sid is not None:
+                saved = getattr(builder, "saved_origin", None)
+                left = saved() if saved else None
+                ws.store.put(_env_key(sid), json.dumps(left) if left is not None else "")
 
 
 def make_builder(cfg: BisectConfig):
@@ -306,8 +336,11 @@ def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None
     if r is None:
         return None
     value = scalar(r.values, ws.metric, ws.worse)
+    # a run that stopped on its own assertion keeps saying so without the --metric label: it never
+    # reached that label, which says nothing of whether the test prints it (_endpoint_problem)
+    kept = value is not None or not r.values or r.status == STATUS_FAILED
     rid = st.add_run(sid, probe_key, outcome.sha, outcome.started, r.duration, r.exit_code,
-                     r.status if value is not None or not r.values else "novalue", r.values, value,
+                     r.status if kept else "novalue", r.values, value,
                      r.log_path, outcome.slot)
     return Run(rid, sid, probe_key, outcome.sha, outcome.started, r.duration, r.exit_code, r.status,
                r.values, value, r.log_path, outcome.slot)
@@ -446,10 +479,10 @@ def _own_runs_wanted(model, sha: str, runs: list, sid: int, where: str, advice: 
     return min(want, STALE_MAX_RUNS)
 
 
-def _check_direction(cfg: BisectConfig, sep) -> None:
+def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "") -> None:
     """Endpoints that moved the way that is better: a fix in the range, or
     --good and --bad swapped. Named as "first bad", its commit would be
-    blamed for the improvement."""
+    blamed for the improvement. ``hint``: what a "barely differ" adds."""
     moved = "higher" if sep.direction == "up" else "lower"
     if cfg.worse in ("either", moved):
         return
@@ -458,7 +491,7 @@ def _check_direction(cfg: BisectConfig, sep) -> None:
             f"good and bad barely differ (p={sep.p_value:.2g}; good {fmt_summary(sep.good)}, bad "
             f"{fmt_summary(sep.bad)}), and the little difference there is goes the better way ({moved}): most "
             f"likely there is no regression between these endpoints; check that --bad fails the test (pass "
-            f"--worse {moved} if {moved} values are worse for this metric)")
+            f"--worse {moved} if {moved} values are worse for this metric)" + hint())
     raise NoDifference(
         f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
         f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
@@ -556,10 +589,13 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
     metric = ws.metric
     if metric and not cr.values:
         printed = [r for r in ws.store.runs(probe_key, [sha]) if r.values]
-        if len(printed) >= 2:
-            seen = sorted({k for r in printed for k in r.values})
+        # a run that stopped on its own assertion (a test that asserts in its loop over labels)
+        # never reached its later labels: it says nothing of whether the test prints this one
+        finished = [r for r in printed if r.status != STATUS_FAILED]
+        if len(finished) >= 2 and not any(metric in r.values for r in printed):
+            seen = sorted({k for r in finished for k in r.values})
             return KlbisectError(f"--metric {metric}: {where} {sha[:12]} printed the labels "
-                                 f"{', '.join(seen)} in {len(printed)} runs, never {metric}; pick one of "
+                                 f"{', '.join(seen)} in {len(finished)} finished runs, never {metric}; pick one of "
                                  "them (or leave --metric out: the max over labels)", EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
@@ -607,7 +643,16 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
         else:
             hint = no_value_hint(probe_key, metric_regex, tail)
         exc = last_exception(tail)
-        if any(r.values for r in runs[-cr.crashes:]):
+        recent = runs[-cr.crashes:]
+        if metric and recent and all(r.status == STATUS_FAILED and r.values for r in recent):
+            # a test that asserts in its loop over labels stopped on an earlier label every time
+            return KlbisectError(f"--metric {metric}: {where} {sha[:12]} stopped on its own assertion before "
+                                 f"printing {metric} in {cr.crashes} runs (it printed "
+                                 f"{', '.join(sorted({k for r in recent for k in r.values}))}): there that label "
+                                 "cannot be measured; pick a label the test prints before it asserts, or leave "
+                                 f"--metric out (the max over labels); log: {last.log_path if last else '?'}",
+                                 EXIT_NO_SIGNAL, detail=tail)
+        if any(r.values for r in recent):
             # values, then a crash short of the labels the other runs print: said as such
             return KlbisectError(f"{where} {sha[:12]} crashed part-way in {cr.crashes} runs: each printed some "
                                  "labels' values, then failed without an assertion before the rest (a run "
@@ -767,7 +812,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
             sep = step.separation
             if step.action == "ready":
-                _check_direction(cfg, sep)
+                _check_direction(cfg, sep, lambda: _one_label_hint(ws, probe_key, good, bad, cfg))
                 model = Model.fit(g.values, b.values)
                 progress(f"endpoints {model.contact}: "
                          f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
@@ -779,7 +824,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
                     f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
-                    "(--max-endpoint-runs)")
+                    "(--max-endpoint-runs)" + _one_label_hint(ws, probe_key, good, bad, cfg)
+                    + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
+                                                 for sha, end in ((good, "good"), (bad, "bad"))) if n))
             # Spare slots measure the endpoints in parallel; alternate them so an
             # interrupted calibration leaves both sides measured alike. One slot
             # takes each endpoint's runs together: alternating there would check out
@@ -794,6 +841,18 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                 need = [bad] * nb + [good] * ng if last == [bad] else [good] * ng + [bad] * nb
             else:
                 need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
+        # the batch fits in what is left of an endpoint's runs and of --max-total-runs (a
+        # wide --parallel would otherwise ask hundreds of runs of each endpoint at once)
+        spent = len(ws.store.session_runs(sid))
+        room = cfg.max_total_runs - spent
+        if room <= 0:
+            raise KlbisectError(f"stopped at --max-total-runs {cfg.max_total_runs} while calibrating the endpoints "
+                                f"({len(g.values)}+{len(b.values)} values so far): raise it (it counts endpoint "
+                                "runs too) and rerun the same command; runs are kept", EXIT_NOT_SURE)
+        if cfg.threshold is None:
+            left = {sha: max(cfg.max_endpoint_runs - len(cr.values), 1) for sha, cr in ((good, g), (bad, b))}
+            need = [s for i, s in enumerate(need) if need[:i].count(s) < left[s]]
+        need = need[:room]
         so_far = ""
         if cfg.threshold is None and step.separation is not None:
             # one run a side at a time can go on for a while: say where it stands
@@ -805,6 +864,42 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         # a batch stops early once an endpoint cannot be measured (a failed build, a
         # broken probe, a missing --metric): each run of a real probe costs minutes
         execute(need, lambda: problem() is not None)
+
+
+def _one_label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig) -> str:
+    """When the max over labels shows nothing: a label whose own runs
+    separate the endpoints, named with the --metric that bisects it."""
+    if ws.metric is not None or cfg.metric_regex is not None:
+        return ""
+
+    def by_label(sha: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for r in valued_runs(ws.store.runs(probe_key, [sha]), None):
+            for k, v in r.values.items():
+                out.setdefault(k, []).append(v)
+        return out
+
+    on_good = by_label(good)
+    apart = labels_apart(on_good, by_label(bad)) if len(on_good) > 1 else []
+    if not apart:
+        return ""
+    lab, p = apart[0]
+    return (f"; but label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' max): "
+            f"rerun with --metric {shlex.quote(lab)}, which reuses these runs")
+
+
+def ended_on_errors(runs: list, where: str) -> str:
+    """A note when every run that printed values then failed without an
+    assertion of its own (a server that died mid-test): with no run that
+    finished, nothing shows which labels it never reached, so their
+    values are missing from its max unnoticed. "" otherwise."""
+    valued = [r for r in runs if r.values and r.status in MEASURED]
+    if len(valued) < 2 or any(r.exit_code == 0 or r.status == STATUS_FAILED for r in valued):
+        return ""
+    exc = last_exception(log_tail(valued[-1].log_path or "")) if valued[-1].log_path else None
+    return (f"every run of {where} that printed values then failed without an assertion of its own"
+            f"{f' (the last on {exc})' if exc else ''}: labels a run never reached are missing from its "
+            f"values, and no run finished to show which; see {valued[-1].log_path}")
 
 
 def _fmt_vals(vals: list[float]) -> str:
@@ -1100,6 +1195,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
+    hold_env(ws, sid, builder, log_dir)
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
                         on_build=say_building(progress))
     # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally
@@ -1128,6 +1224,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     continue
             run = record(ws, sid, probe_key, build_key, r, slot_by_index[r.slot].checkout
                          if r.slot in slot_by_index else Path("?"))
+            if r.build is not None:
+                _keep_env(ws, sid, builder)   # the pinned wheels this build changed, for a restore after a kill
             i = shas.index(r.sha)
             if r.build_failed:
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} build failed: untestable ({r.build.log_path})")
@@ -1238,7 +1336,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         _note_stop(st, sid, "interrupted; rerun the same command to resume")
         if isinstance(e, Interrupted):
             raise
-        raise Interrupted(f"interrupted: {len(st.session_runs(sid))} finished runs are saved; "
+        # a session that reuses earlier runs (a resumed nightly's, another command's) resumes from all of them
+        kept = len(st.session_runs(sid)) if cfg.fresh else len(st.runs(probe_key, shas))
+        raise Interrupted(f"interrupted: {fmt_count(kept, 'finished run')} of this range saved; "
                           "rerun the same command to resume") from None
     except KlbisectError as e:
         _note_stop(st, sid, e.message)
@@ -1251,7 +1351,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         for s in slots:
             if s.checkout.exists():
                 gitrepo.worktree_remove(ws.repo, s.checkout)
-        close_builder(builder, progress)
+        close_builder(builder, progress, ws, sid)
 
 
 def _stop_key(sid: int) -> str:
@@ -1434,6 +1534,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 stop = _gitbisect_budget(ws, sess, cfg, sha)
                 if stop is not None:
                     raise stop
+                _check_unchanged(ws, sha)
                 out = measurer.measure(sha, slot)
                 _keep_env(ws, sess.id, builder)
                 if out.build is not None and out.build.ok and build_key:
@@ -1452,6 +1553,20 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             return v
     finally:
         ws.close()
+
+
+def _check_unchanged(ws: Workspace, sha: str) -> None:
+    """Under git bisect the probe runs in the user's checkout: an edited
+    tracked file (by hand, or by a probe or build that writes into the
+    tree) would be measured and its runs stored as HEAD's, which later
+    sessions reuse. Checked before every run; 152 makes git abort."""
+    dirty = gitrepo.dirty_files(ws.repo)
+    if dirty:
+        shown = ", ".join(dirty[:3]) + (" ..." if len(dirty) > 3 else "")
+        raise KlbisectError(f"the working tree has uncommitted changes to {shown}: a run here would measure them, "
+                            f"not HEAD {sha[:12]}; if the probe or build writes into tracked files, make it write "
+                            "elsewhere; `git stash` (or `git checkout -- .`), then `git bisect run klbisect probe` "
+                            "again", EXIT_REPO_STATE)
 
 
 def _check_environment(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe, builder, sha: str,
@@ -1857,8 +1972,12 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                 else:   # the user's own bisect: its marks are not ours to throw away
                     done.append("left the git bisect in progress alone: klbisect did not start it "
                                 "(`git bisect reset` ends it)")
-            for sess in ended:   # after git's reset: an editable install of the checkout is at its HEAD again
-                done.extend(_restore_env(ws, sess))
+            # after git's reset: an editable install of the checkout is at its HEAD again. Also what an
+            # interrupted `run` or `calibrate` (ended since) could not put back
+            left = {int(k.rsplit(":", 1)[1]) for k in st.keys("env_before:")}
+            for sess in ended + [st.session(i) for i in sorted(left - {s.id for s in ended})]:
+                if sess is not None:
+                    done.extend(_restore_env(ws, sess))
             if ws.worktrees.exists():
                 for wt in ws.worktrees.iterdir():
                     gitrepo.worktree_remove(ws.repo, wt)

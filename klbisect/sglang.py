@@ -42,6 +42,7 @@ from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
 from .errors import EXIT_USAGE, KlbisectError
 from .probe import DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot, config_key
 from .proc import child_environ, kill_tree, log_tail, run_logged
+from .redact import redact
 from .repo import head_sha
 
 LABELS = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
@@ -664,7 +665,7 @@ class SGLangProbe:
         server = SGLangServer(server_argv(self.python, self.model_path, port, shlex.split(self.server_args)),
                               checkout, server_env(checkout, slot.env), port, server_log,
                               self.launch_timeout, slot.pid_dir)
-        say(f"launching: {shlex.join(server.argv)}")
+        say(f"launching: {redact(shlex.join(server.argv))}")
         say(f"server log: {server_log}")
         server.start(deadline)
         say(f"server ready on port {port} after {server.launch_seconds:.1f} s (pid {server.pid})")
@@ -1114,7 +1115,7 @@ class SGLangBuilder:
         for argv in argvs:
             part = log_path.with_name(log_path.name + ".part")
             res = run_logged(argv, cwd=cwd, log_path=part, timeout=self.timeout, env=env, pid_dir=pid_dir,
-                             header="$ " + shlex.join(argv))
+                             header="$ " + redact(shlex.join(argv)))
             log.write(part.read_bytes())
             log.flush()
             part.unlink(missing_ok=True)
@@ -1172,18 +1173,31 @@ class SGLangBuilder:
             before, self._before = self._before, None
         if before is None:
             return []
-        lines = self._restore(before)
+        try:
+            lines, done = self._restore(before)
+        except BaseException:
+            done = False
+            raise
+        finally:
+            if not done:
+                # still to put back: saved_origin() keeps answering, so the session's store
+                # keeps it for the command that resumes (or `klbisect reset`)
+                with self._lock:
+                    if self._before is None:
+                        self._before = before
         for line in lines:
             (say or _say_stderr)(line)
         return lines
 
-    def _restore(self, before: _Before) -> list[str]:
+    def _restore(self, before: _Before) -> tuple[list[str], bool]:
+        """The lines to say, and whether the environment is back (or was
+        never known, so there is nothing to put back)."""
         py = self.python
         now = read_origin(py, cwd=before.log_dir)
         if before.origin is None:
             # unknown before (the interpreter did not answer): guessing could break a working setup
-            return [f"klbisect: could not tell where the sglang of {py} came from before the build; it now "
-                    f"has {now.describe()}: reinstall yours if that is not it"] if now and now.version else []
+            return ([f"klbisect: could not tell where the sglang of {py} came from before the build; it now "
+                     f"has {now.describe()}: reinstall yours if that is not it"] if now and now.version else []), True
         cmds = pin_restore_commands(before.pins, installed_versions(py, list(before.pins)), py, self.pip_args)
         restored = [f"no {c[-1]}" if c[3] == "uninstall" else c[-1] for c in cmds]   # pins: name==ver
         lines = []
@@ -1197,7 +1211,7 @@ class SGLangBuilder:
                              f"{now.describe() if now else 'an unknown sglang'}; reinstall yours: "
                              f"{py} -m pip install --no-deps -e <your sglang checkout>/python")
         if not cmds:
-            return lines
+            return lines, True
         before.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = before.log_dir / f"restore-env-{time.strftime('%Y%m%d-%H%M%S')}.log"
         try:
@@ -1209,8 +1223,8 @@ class SGLangBuilder:
         except Exception as e:  # noqa: BLE001 - the session is ending: say what to do, never mask its error
             failed = f"{type(e).__name__}: {e}"
         if failed:
-            return lines + [self._not_restored(before, cmds, log_path, failed)]
-        return lines + [f"klbisect: {py} is back to {'; '.join(restored)} (log: {log_path})"]
+            return lines + [self._not_restored(before, cmds, log_path, failed)], False
+        return lines + [f"klbisect: {py} is back to {'; '.join(restored)} (log: {log_path})"], True
 
     def _not_restored(self, before: _Before, cmds: list[list[str]], log_path: Path, why: str) -> str:
         now = read_origin(self.python, cwd=before.log_dir)

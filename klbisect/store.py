@@ -421,6 +421,12 @@ class Store:
         row = self.db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
         return row["value"] if row else None
 
+    def keys(self, prefix: str) -> list[str]:
+        """The keys that start with ``prefix`` and hold a value."""
+        rows = self.db.execute("SELECT key FROM kv WHERE substr(key, 1, ?) = ? AND value != ''",
+                               (len(prefix), prefix)).fetchall()
+        return [r["key"] for r in rows]
+
     def put(self, key: str, value: str) -> None:
         with self.tx() as db:
             db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?,?)", (key, value))

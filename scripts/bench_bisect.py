@@ -172,17 +172,29 @@ class Scenario:
             hi = self.good[0] * max(1.0, f) * math.exp(9 * self.good[1])
         top = math.log(hi * (self.outlier_mult[1] if self.outlier_rate else 1.0)
                        * (self.spike_mult[1] if self.spike_rate else 1.0))
+        # factors under 1 ("sometimes a low value", a tester's model) reach below the values
+        lo *= min(1.0, self.outlier_mult[0] if self.outlier_rate else 1.0,
+                  self.spike_mult[0] if self.spike_rate else 1.0)
         edges = np.linspace(math.log(lo), top, bins + 1)
         h = edges[1] - edges[0]
 
         def times(p: np.ndarray, rate: float, mult: tuple) -> np.ndarray:
             """p with a share ``rate`` of runs multiplied by U(mult): the log
-            of U(m1, m2) on the same grid, shifted by whole bins."""
+            of U(m1, m2) on the same grid, as shifts by whole bins (down too)."""
             m1, m2 = mult
-            k = np.arange(int(math.log(m2) / h) + 2)
-            y = np.clip(np.exp((k + 0.5) * h), m1, m2)
-            y0 = np.clip(np.exp((k - 0.5) * h), m1, m2)
-            return (1 - rate) * p + rate * np.convolve(p, (y - y0) / (m2 - m1))[:bins]
+            if m2 <= m1:
+                shifts = {round(math.log(m1) / h): 1.0}
+            else:
+                k = np.arange(math.floor(math.log(m1) / h) - 1, math.ceil(math.log(m2) / h) + 2)
+                w = (np.clip(np.exp((k + 0.5) * h), m1, m2) - np.clip(np.exp((k - 0.5) * h), m1, m2)) / (m2 - m1)
+                shifts = {int(a): float(b) for a, b in zip(k, w) if b > 0}
+            moved = np.zeros_like(p)
+            for k, w in shifts.items():
+                if k >= 0:
+                    moved[k:] += w * p[:bins - k]
+                else:
+                    moved[:bins + k] += w * p[-k:]
+            return (1 - rate) * p + rate * moved
         mass = []
         for bad in (False, True):
             p = np.diff(cdf(np.exp(edges), bad))
@@ -300,7 +312,7 @@ MODEL_KEYS = {
            "1 <= LO, HI > 1), or equal to it with spikes=",
     "labels": "N: labels per run; a run's value is their max (default 3 uniform, 1 lognormal)",
     "outliers": "RATE in [0,1): share of runs, at any commit, multiplied by U(outlier-mult) (default 0)",
-    "outlier-mult": "LO,HI: the outlier factor (default 3,10)",
+    "outlier-mult": "LO,HI: the outlier factor (default 3,10; under 1: runs that read low)",
     "crashes": "RATE in [0,1): share of runs, at any commit, that give no value (default 0)",
     "spikes": "RATE in [0,1): share of BAD commits' runs multiplied by U(spike-mult), a regression "
               "seen as spikes (default 0)",

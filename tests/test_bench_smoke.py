@@ -166,6 +166,12 @@ def test_known_noise_search_weighs_runs_by_the_true_likelihood_ratio():
     assert np.mean([llr(v) for v in bad]) > 0.1 > -0.1 > np.mean([llr(v) for v in good])
     seed = bb.SCENARIOS["seed"].log_lr({})
     assert seed(0.0045) == -bb.LLR_CLIP and seed(0.011) == bb.LLR_CLIP and seed(None) == 0.0
+    # outliers that read low (a factor under 1, a tester's model, which crashed the known rows): a bad
+    # run brought down into the good range counts for good a little, not decisively, either way
+    low = bb.parse_model("name=low kind=lognormal good=0.004,0.2 bad=1.6,1.6 outliers=0.1 outlier-mult=0.3,0.6")
+    llr = low.log_lr({"factor": 1.6})
+    assert abs(np.mean([np.exp(llr(v)) for v in low.draw(rng, False, {"factor": 1.6}, 20000)]) - 1) < 0.05
+    assert llr(0.0064) > 2 and -bb.LLR_CLIP < llr(0.0025) < 0    # a bad run read low is not a sure good one
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "4", "--commits", "1000",
          "--models", "seed", "--strategies", "known", "--jobs", "1"],

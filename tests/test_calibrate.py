@@ -319,3 +319,20 @@ def test_the_recommendation_says_what_bound_it_carries():
     stored = Calibration.from_json({**Calibration("HEAD", "0" * 40, 30, 0, [fit], 0.01, 0.95).to_json(),
                                     "labels": [old]})
     assert "recommended threshold for <= 0.01 false failures" in format_calibration(stored)
+
+
+def test_runs_that_all_die_after_their_first_label_are_noted(history):
+    """A server that dies mid-test in every run (a tester's): each run printed
+    its first label and ended on a ConnectionError, so no run shows that two
+    labels were never measured. calibrate says so instead of a quiet table."""
+    h = history(n_commits=10, seed=3, noise=SEPARATED)
+    dies = ("echo '[logprobs_match]'; echo avg_kl_div=0.004; "
+            "echo 'requests.exceptions.ConnectionError: Remote end closed connection' >&2; exit 1")
+    p = klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", dies, cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert "Note: every run of" in p.stdout and "the last on requests.exceptions.ConnectionError" in p.stdout, \
+        p.stdout
+    # runs that finish (exit 0) with the same one label are a one-label test: nothing to say
+    p = klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", "echo '[only]'; echo avg_kl_div=0.004",
+            cwd=h.path)
+    assert p.returncode == 0 and "Note: every run" not in p.stdout, p.stdout

@@ -12,7 +12,7 @@ from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOO
                              UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step,
                              exceedance_lower_bound,
                              exceedance_upper_bound,
-                             exceedances, info_per_run, judge, recommend_threshold, runs_lower_bound,
+                             exceedances, info_per_run, judge, labels_apart, recommend_threshold, runs_lower_bound,
                              runs_per_commit, separation, summarize)
 
 CAP = math.log(RUN_LR_CAP)
@@ -256,6 +256,21 @@ def test_interleaved_endpoints_do_not_separate():
     g = [0.0040, 0.0050, 0.0060, 0.0045, 0.0055]
     b = [0.0042, 0.0052, 0.0058, 0.0047, 0.0053]
     assert not separation(g, b).separated
+
+
+def test_one_label_apart_while_the_max_is_not():
+    rng = np.random.default_rng(4)
+    noisy = lambda n: list(rng.uniform(0.002, 0.02, n))     # noqa: E731 - sets every run's max
+    good = {"a": noisy(30), "b": noisy(30), "c": list(rng.uniform(0.0040, 0.0045, 30))}
+    bad = {"a": noisy(30), "b": noisy(30), "c": list(rng.uniform(0.0047, 0.0052, 30))}
+    maxes = lambda d: [max(v) for v in zip(*d.values())]    # noqa: E731
+    assert not separation(maxes(good), maxes(bad)).separated
+    apart = labels_apart(good, bad)
+    assert [lab for lab, _ in apart] == ["c"] and apart[0][1] < 1e-6
+    # looking at many labels is paid for: a p that one label alone would pass does not pass among 50
+    assert labels_apart({"x": [1.0, 2.0, 3.0, 4.0]}, {"x": [5.0, 6.0, 7.0, 8.0]}, alpha=0.05)
+    many = {f"l{i}": [1.0, 2.0, 3.0, 4.0] for i in range(50)}
+    assert labels_apart(many, {k: [5.0, 6.0, 7.0, 8.0] for k in many}, alpha=0.05) == []
 
 
 def test_too_few_runs_do_not_separate():

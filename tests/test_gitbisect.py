@@ -146,6 +146,25 @@ def test_probe_exit_codes(history, tmp_path):
     assert git(repo, "rev-parse", "HEAD").strip() == h.bad
 
 
+def test_probe_refuses_a_checkout_with_uncommitted_changes(history):
+    """Under git bisect the probe runs in the user's checkout: an edited
+    tracked file would be measured and stored as HEAD's runs. 152, so git
+    aborts, and no run is recorded; once the tree is clean it judges HEAD."""
+    h = history(n_commits=40, seed=8, noise=SEPARATED, culprit_index=20)
+    repo = h.path
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=repo).returncode == 0
+    bad = h.shas[30]
+    git(repo, "checkout", "-q", bad)
+    tracked = git(repo, "ls-files").split()[0]
+    (repo / tracked).write_text((repo / tracked).read_text() + "\n# edited\n")
+    line = error_line(klb("probe", cwd=repo), 152)
+    assert f"uncommitted changes to {tracked}" in line and "git stash" in line, line
+    assert db_query(repo, "SELECT * FROM runs WHERE sha = ?", (bad,)) == []
+    git(repo, "checkout", "--", ".")
+    p = klb("probe", cwd=repo)
+    assert p.returncode == 1 and f"{bad[:12]} is BAD" in p.stderr, p.stderr
+
+
 def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     """`klbisect probe` has no options of its own: a hung run at a commit is
     stopped by `start --timeout`, not by the 30-minute default."""

@@ -87,6 +87,42 @@ def test_detached_children_are_killed_after_a_normal_exit(tmp_path):
     assert _gone(tag)
 
 
+def test_children_that_clear_their_environment_are_killed_too(tmp_path):
+    """A daemon that drops klbisect's marker with its environment (``env -i
+    setsid``, a double fork that clears it) is found as an orphan handed to
+    the subreaper; a process of ours outside the run (a helper we started in
+    our own group before it) is left alone."""
+    tag, ours = uuid.uuid4().hex, uuid.uuid4().hex
+    cmd = (f"env -i setsid {_sleeper(tag)} & ( env -i {_sleeper(tag)} & ) ; sleep 0.5; "
+           "echo avg_kl_div=0.004")
+    script = ("import subprocess, sys; from pathlib import Path; "
+              "from klbisect.proc import become_subreaper, run_logged; "
+              "become_subreaper(); "
+              f"helper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', {ours!r}]); "
+              "r = run_logged(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[2]) / 'run.log'); "
+              "print(r.exit_code, helper.poll(), flush=True); helper.kill()")
+    out = subprocess.run([sys.executable, "-c", script, cmd, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["0", "None"], out.stdout + out.stderr
+    assert "avg_kl_div=0.004" in (tmp_path / "run.log").read_text()
+    assert _gone(tag)
+
+
+def test_orphans_that_exit_on_their_own_are_reaped(tmp_path):
+    """A server's workers, orphaned mid-run and exiting on their own, become
+    the subreaper's zombies: a tester's session piled up two per run."""
+    cmd = "for i in 1 2 3; do ( setsid sh -c 'sleep 0.2' & ); done; sleep 1; echo avg_kl_div=0.004"
+    script = ("import sys, psutil; from pathlib import Path; "
+              "from klbisect.proc import become_subreaper, run_logged; "
+              "become_subreaper(); "
+              "r = run_logged(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[2]) / 'run.log'); "
+              "z = [p for p in psutil.Process().children() if p.status() == psutil.STATUS_ZOMBIE]; "
+              "print(r.exit_code, len(z))")
+    out = subprocess.run([sys.executable, "-c", script, cmd, str(tmp_path)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["0", "0"], out.stdout + out.stderr
+
+
 def test_timeout_kills_the_whole_group(tmp_path):
     tag = uuid.uuid4().hex
     res = run_logged(f"{_sleeper(tag)} & {_sleeper(tag)}", tmp_path, tmp_path / "run.log", timeout=1.0)

@@ -271,6 +271,9 @@ def test_no_session_is_a_usage_error(tmp_path):
     with pytest.raises(KlbisectError) as e:
         write_report(h.path)
     assert e.value.code == 150 and "klbisect run" in e.value.message
+    # a script reading `--format json` from stdout reads the failure there too
+    p = klb("report", "--format", "json", cwd=h.path)
+    assert p.returncode == 150 and json.loads(p.stdout)["exit_code"] == 150
 
 
 def test_confidence_never_reads_as_certain():
@@ -339,7 +342,8 @@ def test_a_report_path_that_cannot_be_written_is_one_line(bisected, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     p = klb("report", "--offline", "-o", blocker / "sub" / "r.md", cwd=h.path)
-    assert p.returncode == 150 and "cannot write" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 150 and "Traceback" not in p.stderr, p.stderr
+    assert f"cannot write {blocker / 'sub' / 'r.md'}: {blocker} is not a directory" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
     # a directory given as -o names it and leaves no plot beside it
     (tmp_path / "reports").mkdir()

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -526,6 +527,46 @@ def test_git_bisect_run_with_build_sglang_puts_the_environment_back_at_reset(ven
     assert _where(venv, tmp_path) is None, rs.stdout + rs.stderr
     assert "is back to no sglang" in rs.stdout, rs.stdout
     assert "nothing to reset" in klb("reset", cwd=user).stdout
+
+
+def test_an_interrupted_run_with_build_sglang_puts_back_what_it_first_found(venv, tmp_path):
+    """Ctrl-C (or a kill) mid-run left the user's interpreter on a removed
+    worktree, and the run that resumed took that for the original (a
+    tester's: their "no sglang" was lost). What the first command found is
+    in the session's store: the rerun puts that back, and so would `reset`."""
+    from conftest import klb, klb_popen, reaped
+    user = _sglang_project(tmp_path / "mine", "user checkout")
+    (user / "probe.py").write_text(
+        "import os, pathlib, time\n"
+        "time.sleep(0.3)\n"
+        "bad = pathlib.Path('level.txt').read_text().strip() == 'bad'\n"
+        "u = int.from_bytes(os.urandom(4), 'little') / 2**32\n"
+        "print('avg_kl_div=%.5f' % ((0.007 + 0.006 * u) if bad else (0.003 + 0.003 * u)))\n")
+    for i in range(6):
+        (user / "level.txt").write_text("bad\n" if i >= 3 else "good\n")
+        (user / "python" / "sglang" / "__init__.py").write_text(f"WHERE = 'commit {i}'\n")
+        for args in (("add", "-A"), ("commit", "-q", "-m", f"change {i} (#{100 + i})")):
+            subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", *args], cwd=user, check=True)
+    args = ("run", "--good", "HEAD~5", "--bad", "HEAD", "--probe-cmd", "python probe.py", "--build", "sglang",
+            "--sglang-python", str(venv), "--pip-args", "--no-build-isolation")
+    with reaped(klb_popen(*args, cwd=user)) as first:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not _where_or_none(venv, tmp_path):
+            time.sleep(0.2)
+        assert _where_or_none(venv, tmp_path), "no build happened"
+        first.send_signal(signal.SIGKILL)      # no chance to put anything back
+        first.wait()
+    again = klb(*args, cwd=user, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "is back to no sglang" in again.stderr and "no longer exists" not in again.stderr, again.stderr
+    assert _where(venv, tmp_path) is None
+
+
+def _where_or_none(py: Path, cwd: Path) -> str | None:
+    try:
+        return _where(py, cwd)
+    except subprocess.CalledProcessError:   # mid-install
+        return None
 
 
 def test_ray_nodes_put_their_sglang_back_when_the_executor_closes(venv, tmp_path, capfd):
