@@ -1,51 +1,103 @@
-"""Secrets out of everything klbisect prints or writes for people to read.
+"""Secrets out of everything klbisect prints, and out of the commands it writes.
 
 A probe command often carries a token (``HF_TOKEN=hf_... python3 test.py``,
 ``--server-args "--api-key sk-..."``): klbisect echoes commands in progress
-lines, advice to paste, error lines, run logs and reports that go to
-GitHub. The session store keeps the command as given, since `klbisect
-probe` must run it again.
+lines, advice to paste, error lines and log tails, run-log headers, and
+reports that go to GitHub. The session store keeps the command as given,
+since `klbisect probe` must run it again; what a probe itself writes to its
+log is kept as written.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 
 MASK = "<redacted>"
 
+_NAME = r"(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|(?:SECRET|PRIVATE)_?KEY|CREDENTIALS?)"
 # a value: quoted (also as JSON escapes its quotes), or up to a quote, space, backslash, ; or ,
 _VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s'"\\;,]+)"""
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
-_ASSIGN = re.compile(r"\b([A-Za-z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIALS?))"
-                     "=" + _VALUE, re.I)
-# --api-key VALUE, --token=VALUE, --hf-token VALUE (not --max-new-tokens)
-_FLAG = re.compile(r"(--?(?:[A-Za-z0-9-]*-)?(?:token|secret|password|passwd|api-?key|access-?key))"
+_ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
+# --api-key VALUE, --token=VALUE, --hf_token VALUE (not --max-new-tokens)
+_FLAG = re.compile(r"(--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key))"
                    r"(=|\s+)" + _VALUE, re.I)
-# well-known token shapes wherever they stand
-_SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
-                     r"|sk-[A-Za-z0-9_-]{8,}|xox[abprs]-[A-Za-z0-9-]{10,})")
-_BEARER = re.compile(r"\b(Bearer|token)\s+[A-Za-z0-9._~+/-]{12,}=*", re.I)
+# well-known token shapes wherever they stand (long enough not to be a label: hf_logprobs, sk-learn)
+_SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
+                     r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,})")
+_HEADER = re.compile(r"\b(Authorization|X-Api-Key|Api-Key|Private-Token)(\s*:\s*)(?:(Bearer|Basic|token)\s+)?"
+                     r"[^\s'\"\\;,]+", re.I)
+_URL_CREDENTIALS = re.compile(r"(://[^/\s:@'\"]+:)[^/\s@'\"]+@")
+
+
+def _secret_values() -> list[str]:
+    """The values of this process's variables named like secrets: a probe
+    that prints its environment (or ``echo $MY_TOKEN``) shows them bare."""
+    name = re.compile(r"[A-Za-z0-9_]*" + _NAME + r"$", re.I)
+    return sorted({v for k, v in os.environ.items() if name.match(k) and len(v) >= 10}, key=len, reverse=True)
+
+
+def _kept(value: str) -> bool:
+    # a number (num_token=32) or a reference ($HF_TOKEN, $(cat ~/.hf)) is no secret
+    bare = value.strip("\"'\\")
+    return bare.startswith("$") or re.fullmatch(r"[\d.]+", bare) is not None
 
 
 def redact(text: str) -> str:
     """``text`` with every secret-looking value replaced by ``<redacted>``."""
     if not text:
         return text
-    text = _ASSIGN.sub(lambda m: f"{m.group(1)}={MASK}", text)
-    text = _FLAG.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}", text)
-    text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
+    for v in _secret_values():
+        text = text.replace(v, MASK)
+    text = _ASSIGN.sub(lambda m: m.group(0) if _kept(m.group(2)) else f"{m.group(1)}={MASK}", text)
+    text = _FLAG.sub(lambda m: m.group(0) if _kept(m.group(3)) else f"{m.group(1)}{m.group(2)}{MASK}", text)
+    text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) + ' ' if m.group(3) else ''}{MASK}", text)
+    text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     return _SHAPES.sub(MASK, text)
+
+
+def redact_json(obj):
+    """Every string in a JSON-able object redacted on its own: a pattern run
+    over the serialized text could reach across a string's end."""
+    if isinstance(obj, str):
+        return redact(obj)
+    if isinstance(obj, dict):
+        return {redact_json(k): redact_json(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact_json(v) for v in obj]
+    return obj
+
+
+def redact_text(text: str) -> str:
+    """``redact``, but a JSON text stays valid JSON (``redact_json``)."""
+    stripped = text.strip()
+    if stripped[:1] in ("{", "["):
+        try:
+            obj = json.loads(stripped)
+        except ValueError:
+            pass
+        else:
+            clean = redact_json(obj)
+            if clean == obj:
+                return text
+            return json.dumps(clean, indent=1 if "\n" in stripped else None, default=str) \
+                + text[len(text.rstrip()):]
+    return redact(text)
 
 
 class RedactingStream:
     """A text stream that redacts what is written to it: the klbisect
     command wraps stdout and stderr in it, so no line of any command (a
-    progress line, an error's log tail, a result) can print a token."""
+    progress line, an error's log tail, a result) can print a token. A
+    JSON object written whole is redacted string by string, so it stays
+    valid JSON."""
 
     def __init__(self, stream):
         self._stream = stream
 
     def write(self, text: str) -> int:
-        self._stream.write(redact(text))
+        self._stream.write(redact_text(text))
         return len(text)
 
     def writelines(self, lines) -> None:

@@ -166,9 +166,13 @@ def is_dirty(repo: git.Repo) -> bool:
     return bool(dirty_files(repo))
 
 
-def dirty_files(repo: git.Repo) -> list[str]:
-    """Tracked files with uncommitted changes (staged or not)."""
-    return [ln[3:] for ln in _git(repo, "status", "--porcelain", "--untracked-files=no").splitlines() if ln.strip()]
+def dirty_files(repo: git.Repo, submodules: bool = True) -> list[str]:
+    """Tracked files with uncommitted changes (staged or not). Without
+    ``submodules``, a submodule at another commit or with changes of its
+    own is left out: a checkout by git bisect leaves submodules where they
+    were, and the probe's build may update them."""
+    args = ["status", "--porcelain", "--untracked-files=no"] + ([] if submodules else ["--ignore-submodules=all"])
+    return [ln[3:] for ln in _git(repo, *args).splitlines() if ln.strip()]
 
 
 def bisect_in_progress(repo: git.Repo) -> bool:

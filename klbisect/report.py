@@ -9,7 +9,7 @@ from .calibrate import Calibration, format_calibration
 from .decide import Model
 from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value
 from .plots import write_out
-from .redact import redact
+from .redact import redact_text
 from .session import Result
 
 
@@ -709,7 +709,7 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
         text = render_html(data, png)
     else:
         text = json.dumps(render_json(data), default=str, indent=1)
-    text = redact(text)   # a report goes to GitHub: the probe command it names may carry a token
+    text = redact_text(text)   # a report goes to GitHub: the probe command it names may carry a token
     written = None
     if out and out != "-":
         written = str(write_out(out, (text if text.endswith("\n") else text + "\n").encode("utf-8")))

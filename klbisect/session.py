@@ -1560,7 +1560,7 @@ def _check_unchanged(ws: Workspace, sha: str) -> None:
     tracked file (by hand, or by a probe or build that writes into the
     tree) would be measured and its runs stored as HEAD's, which later
     sessions reuse. Checked before every run; 152 makes git abort."""
-    dirty = gitrepo.dirty_files(ws.repo)
+    dirty = gitrepo.dirty_files(ws.repo, submodules=False)
     if dirty:
         shown = ", ".join(dirty[:3]) + (" ..." if len(dirty) > 3 else "")
         raise KlbisectError(f"the working tree has uncommitted changes to {shown}: a run here would measure them, "

@@ -965,6 +965,28 @@ def test_a_token_in_the_probe_command_is_never_printed(history):
     assert logs and not [f for f in logs if secret in f.read_text(errors="replace")]
 
 
+def test_redaction_leaves_labels_numbers_and_json_alone():
+    """A tester's: labels hf_logprobs were redacted (and a --json object lost
+    one), `--token ` at a string's end broke the JSON, and secrets with no
+    name on their line (a probe printing its environment) were shown."""
+    from klbisect.redact import redact, redact_text
+    kept = "hf_logprobs=0.003 sk-learn-compat --max-new-tokens 32 num_token=32 HF_TOKEN=$(cat ~/.hf) per token 0.00412"
+    assert redact(kept) == kept
+    for secret, text in (("SECRETAPI", "--server-args '--api-key SECRETAPI'"), ("tok1", "--hf_token tok1"),
+                         ("QWxh", "Authorization: Basic QWxh"), ("pw", "git clone https://me:pw@example.com/r"),
+                         ("abcd1234", "SECRET_KEY=abcd1234"), ("h" * 34, "hf_" + "h" * 34)):
+        assert secret not in redact(text) and "<redacted>" in redact(text), text
+    out = json.dumps({"probe": "python3 t.py --token ", "sglang": {}, "labels": {"hf_logprobs": 1},
+                      "cmd": "HF_TOKEN=x y"})
+    clean = json.loads(redact_text(out))
+    assert clean["labels"] == {"hf_logprobs": 1} and clean["sglang"] == {} and clean["cmd"] == "HF_TOKEN=<redacted> y"
+    os.environ["KLB_TEST_SERVICE_TOKEN"] = "plainvalue-42x"
+    try:
+        assert redact("auth with plainvalue-42x") == "auth with <redacted>"
+    finally:
+        del os.environ["KLB_TEST_SERVICE_TOKEN"]
+
+
 def test_more_parallel_slots_than_port_ranges_are_refused(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--parallel", "100000",
             cwd=small.path)
@@ -1608,6 +1630,23 @@ def test_a_read_only_state_directory_is_not_called_a_full_disk(tmp_path):
     assert "read-only" in ro.message and "free disk space" not in ro.message and ro.code == 156
     full = storage_error(OSError(_errno.ENOSPC, "No space left on device"))
     assert "free disk space" in full.message
+
+
+def test_a_submodule_left_at_another_commit_is_no_uncommitted_change_for_probe(tmp_path):
+    """git bisect's checkout leaves submodules where they were: `probe`
+    must not call that an edited tree (``start`` still refuses it)."""
+    def commit(repo, msg):
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", msg)
+    sub, top = tmp_path / "sub", tmp_path / "top"
+    git(tmp_path, "init", "-q", str(sub))
+    commit(sub, "one")
+    git(tmp_path, "init", "-q", str(top))
+    git(top, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(sub), "sub")
+    commit(top, "with sub")
+    commit(top / "sub", "two")          # the submodule moved on, as after a checkout of another commit
+    repo = gitrepo.open_repo(top)
+    assert gitrepo.dirty_files(repo) == ["sub"]
+    assert gitrepo.dirty_files(repo, submodules=False) == []
 
 
 def test_git_failing_on_a_full_disk_is_a_storage_error(tmp_path):
