@@ -92,7 +92,7 @@ class BisectConfig:
         """What a session keeps: the question, and the settings a rerun may
         change (RERUN_KEYS) but that `klbisect probe` and `status` read back."""
         return {**self.question(), "timeout": self.timeout, "build_timeout": self.build_timeout,
-                **({"fresh": True} if self.fresh else {})}
+                "max_total_runs": self.max_total_runs, **({"fresh": True} if self.fresh else {})}
 
     def run_command(self, good: str, bad: str) -> str:
         """The `klbisect run` that asks this question, its options spelled out:
@@ -413,7 +413,7 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
 # Stored with a session but not part of its question: a rerun with another
 # --timeout or --build-timeout (after every run timed out) resumes the same session, and a
 # rerun without --fresh resumes a --fresh one (which stays fresh).
-RERUN_KEYS = ("timeout", "build_timeout", "fresh", "fresh_from")
+RERUN_KEYS = ("timeout", "build_timeout", "fresh", "fresh_from", "max_total_runs")
 
 
 def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | None, progress: Progress) -> None:
@@ -813,6 +813,13 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             sep = step.separation
             if step.action == "ready":
                 _check_direction(cfg, sep, lambda: _one_label_hint(ws, probe_key, good, bad, cfg))
+                hint = _one_label_hint(ws, probe_key, good, bad, cfg) if sep.p_value > SEPARATION_P else ""
+                if hint:
+                    # the max only hints, one label is plain: a search on the max would be long, and
+                    # on a move that small it named a wrong commit once in 13 (a tester's)
+                    raise NoDifference(
+                        f"good and bad only hint at a difference over the max of labels (p={sep.p_value:.2g}): "
+                        f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
                 model = Model.fit(g.values, b.values)
                 progress(f"endpoints {model.contact}: "
                          f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
@@ -1304,7 +1311,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     f"good and bad no longer differ after {sep.good['n']}+{sep.bad['n']} endpoint runs "
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
-                    "these endpoints to find, or it is too small to bisect; runs are kept")
+                    "these endpoints to find, or it is too small to bisect; runs are kept"
+                    + _one_label_hint(ws, probe_key, good, bad, cfg))
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)

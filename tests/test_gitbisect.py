@@ -165,6 +165,17 @@ def test_probe_refuses_a_checkout_with_uncommitted_changes(history):
     assert p.returncode == 1 and f"{bad[:12]} is BAD" in p.stderr, p.stderr
 
 
+def test_probe_keeps_to_the_max_total_runs_given_to_start(history):
+    """`start --max-total-runs 14` held only the calibration: the session
+    did not keep the cap, so `probe` went on to the default 2000."""
+    h = history(n_commits=60, seed=9, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--max-total-runs", "14",
+               cwd=h.path).returncode == 0
+    run = bisect_run(h.path)
+    assert "has spent 14 probe runs (--max-total-runs 14)" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert len(db_query(h.path, "SELECT id FROM runs")) == 14
+
+
 def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
     """`klbisect probe` has no options of its own: a hung run at a commit is
     stopped by `start --timeout`, not by the 30-minute default."""
