@@ -31,11 +31,16 @@ _HEADER = re.compile(r"\b(Authorization|X-Api-Key|Api-Key|Private-Token)(\s*:\s*
 _URL_CREDENTIALS = re.compile(r"(://[^/\s:@'\"]+:)[^/\s@'\"]+@")
 
 
+_SECRET_VAR = re.compile(r"[A-Za-z0-9_]*" + _NAME + r"$", re.I)
+
+
 def _secret_values() -> list[str]:
     """The values of this process's variables named like secrets: a probe
-    that prints its environment (or ``echo $MY_TOKEN``) shows them bare."""
-    name = re.compile(r"[A-Za-z0-9_]*" + _NAME + r"$", re.I)
-    return sorted({v for k, v in os.environ.items() if name.match(k) and len(v) >= 10}, key=len, reverse=True)
+    that prints its environment (or ``echo $MY_TOKEN``) shows them bare.
+    Read at each call: every printed line pays a scan of the environment,
+    not a compile, and a variable set later is still covered."""
+    return sorted({v for k, v in os.environ.items() if _SECRET_VAR.match(k) and len(v) >= 10},
+                  key=len, reverse=True)
 
 
 def _kept(value: str) -> bool:
