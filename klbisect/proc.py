@@ -660,4 +660,9 @@ def log_tail(path: str | Path, lines: int = 15) -> str:
             text = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    got = text.splitlines()
+    if size > 16384 and got:
+        # the first line starts mid-line: a secret whose name was cut off
+        # would pass redaction, and half a line explains nothing
+        got = got[1:]
+    return "\n".join(got[-lines:])

@@ -162,10 +162,6 @@ def merged_by(repo: git.Repo, sha: str, head: str) -> str | None:
     return line[0]
 
 
-def is_dirty(repo: git.Repo) -> bool:
-    return bool(dirty_files(repo))
-
-
 def dirty_files(repo: git.Repo, submodules: bool = True) -> list[str]:
     """Tracked files with uncommitted changes (staged or not). Without
     ``submodules``, a submodule at another commit or with changes of its
@@ -173,6 +169,31 @@ def dirty_files(repo: git.Repo, submodules: bool = True) -> list[str]:
     were, and the probe's build may update them."""
     args = ["status", "--porcelain", "--untracked-files=no"] + ([] if submodules else ["--ignore-submodules=all"])
     return [ln[3:] for ln in _git(repo, *args).splitlines() if ln.strip()]
+
+
+def describe_dirty(repo: git.Repo, files: list[str], shown: int = 3) -> str:
+    """The first few dirty files, each marked when only its mode or its line
+    endings differ: git counts those as changes (and a probe would run in
+    them), yet `git diff` shows no line, so the user needs to know which
+    setting (core.fileMode, core.autocrlf) made them."""
+    try:
+        stat = _git(repo, "diff", "HEAD", "--ignore-cr-at-eol", "--numstat", "--", *files[:shown])
+    except KlbisectError:
+        stat = ""
+    counts = {}
+    for ln in stat.splitlines():
+        parts = ln.split("\t", 2)
+        if len(parts) == 3:
+            counts[parts[2]] = (parts[0], parts[1])
+    out = []
+    for f in files[:shown]:
+        if f not in counts:
+            out.append(f"{f} (line endings only: see core.autocrlf)")
+        elif counts[f] == ("0", "0"):
+            out.append(f"{f} (file mode only: see core.fileMode)")
+        else:
+            out.append(f)
+    return ", ".join(out) + (" ..." if len(files) > shown else "")
 
 
 def bisect_in_progress(repo: git.Repo) -> bool:
@@ -276,8 +297,10 @@ def ensure_clean(repo: git.Repo) -> None:
         # found here, not after calibrating both endpoints, when `git bisect start` fails on it
         raise KlbisectError(f"HEAD of {toplevel(repo)} is on a branch with no commits yet (an unborn branch); "
                             "check out a branch or commit first (`git checkout main`)", EXIT_REPO_STATE)
-    if is_dirty(repo):
-        raise KlbisectError(f"the working tree of {toplevel(repo)} has uncommitted changes; "
+    dirty = dirty_files(repo)
+    if dirty:
+        raise KlbisectError(f"the working tree of {toplevel(repo)} has uncommitted changes to "
+                            f"{describe_dirty(repo, dirty)}; "
                             "commit or stash them first (git bisect checks out other commits)",
                             EXIT_REPO_STATE)
     if bisect_in_progress(repo):

@@ -1147,7 +1147,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     dirty = gitrepo.dirty_files(ws.repo)
     if dirty:
         # a probe edited in place and never committed: its edit is in no worktree
-        progress(f"note: uncommitted changes to {', '.join(dirty[:3])}{' ...' if len(dirty) > 3 else ''} are in "
+        progress(f"note: uncommitted changes to {gitrepo.describe_dirty(ws.repo, dirty)} are in "
                  "no run: klbisect measures the commits themselves, in worktrees (commit them, or copy a probe "
                  "you changed outside the repository)")
     # --fresh starts a session of its own; a later rerun without it resumes that one, and so
@@ -1570,7 +1570,7 @@ def _check_unchanged(ws: Workspace, sha: str) -> None:
     sessions reuse. Checked before every run; 152 makes git abort."""
     dirty = gitrepo.dirty_files(ws.repo, submodules=False)
     if dirty:
-        shown = ", ".join(dirty[:3]) + (" ..." if len(dirty) > 3 else "")
+        shown = gitrepo.describe_dirty(ws.repo, dirty)
         raise KlbisectError(f"the working tree has uncommitted changes to {shown}: a run here would measure them, "
                             f"not HEAD {sha[:12]}; if the probe or build writes into tracked files, make it write "
                             "elsewhere; `git stash` (or `git checkout -- .`), then `git bisect run klbisect probe` "

@@ -1649,6 +1649,25 @@ def test_a_submodule_left_at_another_commit_is_no_uncommitted_change_for_probe(t
     assert gitrepo.dirty_files(repo, submodules=False) == []
 
 
+def test_a_dirty_file_whose_mode_or_line_endings_alone_changed_says_so(tmp_path):
+    """`git diff` shows no line for these, so a bare "uncommitted changes to
+    f" left the user hunting; the line names the setting that made them."""
+    git(tmp_path, "init", "-q")
+    for name, text in (("mode.sh", "a\n"), ("crlf.txt", "x\n"), ("real.py", "y\n")):
+        (tmp_path / name).write_text(text)
+    git(tmp_path, "add", ".")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    (tmp_path / "mode.sh").chmod(0o755)
+    (tmp_path / "crlf.txt").write_bytes(b"x\r\n")
+    (tmp_path / "real.py").write_text("y\nz\n")
+    repo = gitrepo.open_repo(tmp_path)
+    dirty = gitrepo.dirty_files(repo)
+    shown = gitrepo.describe_dirty(repo, dirty)
+    assert "crlf.txt (line endings only: see core.autocrlf)" in shown
+    assert "mode.sh (file mode only: see core.fileMode)" in shown
+    assert "real.py" in shown and "real.py (" not in shown
+
+
 def test_git_failing_on_a_full_disk_is_a_storage_error(tmp_path):
     """A rerun while the disk is still full failed in `git status` with
     git's own words and 151 (a tester's): it is 156, with what to do. On a

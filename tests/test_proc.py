@@ -572,3 +572,16 @@ def test_a_sigterm_after_the_modules_loaded_is_one_line_not_a_silent_death(tmp_p
     assert code == 130, err
     assert err.strip() == "klbisect: interrupted; finished runs are saved, rerun to resume"
     assert json.loads(out.strip().splitlines()[-1])["exit_code"] == 130
+
+
+def test_a_log_tail_cut_mid_line_leaves_the_cut_line_out(tmp_path):
+    """The tail of a long log starts mid-line: what was left of a line whose
+    start held ``HF_TOKEN=`` would reach the error line without the name
+    that redaction looks for."""
+    from klbisect.proc import log_tail
+    log = tmp_path / "run.log"
+    log.write_text("HF_TOKEN=" + "s" * 20000 + "\nTraceback (most recent call last):\nValueError: boom\n")
+    assert log_tail(log) == "Traceback (most recent call last):\nValueError: boom"
+    short = tmp_path / "short.log"
+    short.write_text("first\nsecond\n")
+    assert log_tail(short) == "first\nsecond"
