@@ -55,6 +55,7 @@ class Cli(click.Group):
         except (click.exceptions.Abort, KeyboardInterrupt) as e:
             # click turns a KeyboardInterrupt into Abort: the session's own line rides on its cause
             said = getattr(e, "message", None) or getattr(e.__cause__, "message", None)
+            self._partial = getattr(e, "json_partial", None) or getattr(e.__cause__, "json_partial", None)
             self._fail(EXIT_INTERRUPTED, "klbisect: " + (said or "interrupted; finished runs are saved, "
                                                           "rerun to resume"))
         except click.UsageError as e:
@@ -88,7 +89,8 @@ class Cli(click.Group):
         if getattr(self, "_json", False):
             try:
                 _emit_json(json_failure(getattr(self, "_nightly", False),
-                                        line.removeprefix("klbisect: ").removeprefix("error: "), code))
+                                        line.removeprefix("klbisect: ").removeprefix("error: "), code,
+                                        getattr(self, "_partial", None)))
             except OSError:
                 pass   # stdout gone (a closed pipe): the exit code still says it
         sys.exit(code)

@@ -51,7 +51,8 @@ def report(repo, fmt, out, session_id, plot, offline):
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True,
               help="Format of the report written on a regression.")
 @click.option("-o", "--output", "out", default=None, metavar="FILE", help="Report file on a regression.")
-@click.option("--post-to", default=None, metavar="OWNER/REPO#N", help="Post the report as a comment on this issue.")
+@click.option("--post-to", default=None, metavar="OWNER/REPO#N", help="Post the report as a comment on this issue (API: $KLBISECT_GITHUB_API, else "
+                   "$GITHUB_API_URL, else api.github.com).")
 @click.option("--post-issue", type=click.IntRange(min=1), default=None, metavar="N",
               help="Post to issue N of the origin remote's GitHub repository.")
 @click.option("--dry-run", is_flag=True, help="Print what would be posted instead of posting.")

@@ -68,9 +68,11 @@ class Interrupted(KeyboardInterrupt):
         self.message = message
 
 
-def json_failure(nightly: bool, error: str, code: int) -> dict:
+def json_failure(nightly: bool, error: str, code: int, partial: dict | None = None) -> dict:
     """The --json object of a command that failed: the keys its success
-    would have, so a script reads one shape whatever happened."""
+    would have, so a script reads one shape whatever happened. ``partial``:
+    what was decided before it failed (a nightly judged regressed, then
+    interrupted in its bisect, is still a regression)."""
     keys = ({"regressed": None, "verdict": "error", "culprit": None, "pr": None, "report": None, "posted": False}
             if nightly else {"culprit": None, "complete": False})
-    return {**keys, "error": error, "exit_code": code}
+    return {**keys, **(partial or {}), "error": error, "exit_code": code}

@@ -19,7 +19,8 @@ import requests
 from .errors import EXIT_USAGE, KlbisectError
 
 DEFAULT_API = "https://api.github.com"
-API_ENV = "KLBISECT_GITHUB_API"   # tests point it at a loopback server
+API_ENV = "KLBISECT_GITHUB_API"   # GitHub Enterprise's API, or (in tests) a loopback server
+ACTIONS_API_ENV = "GITHUB_API_URL"   # what GitHub Actions sets, on github.com and Enterprise alike
 log = logging.getLogger(__name__)
 
 _SSH = re.compile(r"^(?:ssh://)?git@github\.com[:/](?P<slug>[^/\s]+/[^/\s]+?)(?:\.git)?/?$")
@@ -48,7 +49,19 @@ class GitHubError(KlbisectError):
 
 
 def api_base() -> str:
-    return os.environ.get(API_ENV, DEFAULT_API).rstrip("/")
+    return (os.environ.get(API_ENV) or os.environ.get(ACTIONS_API_ENV) or DEFAULT_API).rstrip("/")
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+|Name or service not known|timed out|Connection refused")
+
+
+def _cause(e: requests.RequestException) -> str:
+    """The part of a requests error a user can act on: its text nests
+    urllib3's pool and retry wrappers around the OS error, and a message
+    cut to one line lost that last."""
+    text = f"{type(e).__name__}: {e}"
+    found = _ERRNO.findall(text)
+    return f"{type(e).__name__}: {found[-1].strip()}" if found else text[:200]
 
 
 def parse_slug(remote_url: str | None) -> str | None:
@@ -87,7 +100,7 @@ def _request(method: str, url: str, token: str | None, session: requests.Session
         try:
             r = s.request(method, url, headers=_headers(token), json=json_body, timeout=timeout)
         except requests.RequestException as e:
-            last = _redact(f"{type(e).__name__}: {e}", token)
+            last = _redact(_cause(e), token)
             log.debug("%s %s failed: %s", method, url, last)
             if once and (isinstance(e, requests.ReadTimeout) or not isinstance(e, requests.ConnectionError)):
                 break   # it may have arrived
@@ -129,6 +142,14 @@ def fetch_pr(pr: int, slug: str, token: str | None = None, session: requests.Ses
     return meta
 
 
+_REFUSED_HINTS = {
+    401: "check GITHUB_TOKEN: GitHub does not accept it (expired, revoked or mistyped)",
+    403: "check GITHUB_TOKEN's rights: it must be allowed to comment on issues of that repository "
+         "(classic: repo or public_repo scope; fine-grained: Issues read and write), or the rate limit was hit",
+    404: "no such issue, or GITHUB_TOKEN cannot see that repository",
+}
+
+
 def post_comment(slug: str, issue_number: int, body: str, token: str, session: requests.Session | None = None,
                  timeout: float = 10, retries: int = 2, backoff: float = 0.5) -> str:
     """Comment on an issue or PR; returns the comment's URL. Raises
@@ -139,12 +160,13 @@ def post_comment(slug: str, issue_number: int, body: str, token: str, session: r
     why: list[str] = []
     r = _request("POST", url, token, session, timeout, retries, backoff, json_body={"body": body}, why=why)
     if r is None:
-        raise GitHubError(f"could not reach GitHub to comment on {slug}#{issue_number}: {why[-1] if why else '?'}",
-                          EXIT_USAGE)
+        raise GitHubError(f"could not reach GitHub at {api_base()} to comment on {slug}#{issue_number}: "
+                          f"{why[-1] if why else '?'}", EXIT_USAGE)
     if r.status_code != 201:
         detail = _redact(r.text, token)[:200]   # redact first: a cut could split the token
-        raise GitHubError(f"GitHub refused the comment on {slug}#{issue_number}: HTTP {r.status_code} {detail}",
-                          EXIT_USAGE)
+        hint = _REFUSED_HINTS.get(r.status_code, "")
+        raise GitHubError(f"GitHub refused the comment on {slug}#{issue_number}: HTTP {r.status_code} {detail}"
+                          + (f" ({hint})" if hint else ""), EXIT_USAGE)
     try:
         return str(r.json().get("html_url", ""))
     except ValueError:

@@ -67,8 +67,8 @@ from . import repo as gitrepo
 from .decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, SKIP, UNDECIDED, UNDECIDED_SKIP, Verdict,
                      is_undecided_skip, summarize, verdict_model)
 from .decide import judge as judge_commit
-from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, KlbisectError,
-                     NoDifference)
+from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, Interrupted,
+                     KlbisectError, NoDifference)
 from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .probe import STATUS_TIMEOUT
 from .plots import check_writable
@@ -80,8 +80,8 @@ Progress = Callable[[str], None]
 GOOD_VERDICTS = ("good", "baseline")
 OPEN_VERDICTS = ("regressed", "known")
 TREND_NIGHTS = 4   # times --baseline-nights: the good nights nightly.judge_trend looks back over
+POST_RETRY_NIGHTS = 14   # how far back a failed post is tried again, in nightly sessions
 OPEN_RUNS = 6   # fresh runs of an open regression's head to judge later nights against (a bisect's endpoint)
-DEFAULT_API = "https://api.github.com"
 
 
 def _stderr(msg: str) -> None:
@@ -257,8 +257,8 @@ def judge_labels_again(head: dict[str, list[float]], open_bad: dict[str, list[fl
     lab, c = min(found, key=lambda x: (x[1].verdict != "regressed", x[1].p_value))
     n_head, n_open = len(head[lab]), len(open_bad[lab])
     if c.verdict == "regressed" and n_open >= n_head:
-        return Judgement("regressed", c, False, f"worse again on {lab}: {c.reason} <= {a:.2g} "
-                         f"({alpha:g} over {len(labels)} labels)", worse_again=True, label=lab)
+        return Judgement("regressed", c, False, f"worse again on {lab}: {c.reason} "
+                         f"(--alpha {alpha:g} over {len(labels)} labels)", worse_again=True, label=lab)
     why = (f", to be confirmed on as many of its runs as tonight's {n_head}" if c.verdict == "regressed"
            else "")
     return Judgement("known", c, True, f"worse again on {lab}? {c.reason}{why}", other_side="open", label=lab)
@@ -402,22 +402,97 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         head = gitrepo.resolve(ws.repo, opts.branch, "branch")
+        probe = make_probe(cfg)
+        with ws.locked():
+            unfinished = _unfinished_nights(ws, probe.key, head, night, target, opts.dry_run)
+    finally:
+        ws.close()
+    # A night killed mid-bisect, or whose post failed, is finished first: the next
+    # night is a new name, and "rerun the same command" is no advice for a cron job.
+    earlier = [_finish(path, cfg, opts, r, target, progress, post_out, why=why) for r, why in unfinished]
+
+    ws = Workspace(path, cfg.metric, cfg.worse)
+    try:
         probe, builder = make_probe(cfg), make_builder(cfg)
         probe_key, build_key = probe.key, (builder.key if builder else None)
         with ws.locked():
             rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
                                      progress)
-            if rec["verdict"] == "regressed" and rec.get("state") != "done" and "env_check" not in rec:
-                rec = _check_environment(ws, cfg, opts, rec, probe, make_builder(cfg), probe_key, build_key,
-                                         progress)
+            if target is not None and _to_post(rec) and "post_to" not in rec:
+                # kept, so that a kill before the post leaves the next night something to finish
+                rec["post_to"] = "%s#%d" % target
+                ws.store.update_session(rec["session"], result=rec)
     finally:
         ws.close()
+    try:
+        rec = _finish(path, cfg, opts, rec, target, progress, post_out)
+    except KeyboardInterrupt as e:
+        if rec.get("verdict") != "regressed":
+            raise
+        said = getattr(e, "message", None) or "interrupted"
+        stop = Interrupted(f"{said.split(';')[0]}; night {night} was judged REGRESSED and its bisect is saved: "
+                           "the next nightly finishes it (or run this night again)")
+        stop.json_partial = summary(rec)    # so a --json reader still sees the regression
+        raise stop from None
+    if earlier:
+        rec["earlier"] = [summary(r) | {"night": r["night"]} for r in earlier]
+    return rec
 
+
+def _to_post(rec: dict) -> bool:
+    """A night that tells the issue something: a regression (once its
+    bisect is sure) or the fix of the open one."""
+    return (rec.get("verdict") == "regressed" and rec.get("complete") is not False) or bool(rec.get("fixed"))
+
+
+def _finish(path, cfg, opts: NightlyOptions, rec: dict, target, progress: Progress, post_out,
+            why: str = "") -> dict:
+    """What a judged night still owes: the environment check and the
+    bisect of a regression, then the post."""
+    from .session import Workspace, make_builder, make_probe  # noqa: PLC0415
+    if why:
+        progress(f"nightly {rec['night']} ({rec['head'][:12]}): {why}: finishing it first")
+    if rec["verdict"] == "regressed" and rec.get("state") != "done" and "env_check" not in rec:
+        ws = Workspace(path, cfg.metric, cfg.worse)
+        try:
+            probe, builder = make_probe(cfg), make_builder(cfg)
+            with ws.locked():
+                rec = _check_environment(ws, cfg, opts, rec, probe, builder, probe.key,
+                                         builder.key if builder else None, progress)
+        finally:
+            ws.close()
     if rec["verdict"] == "regressed" and rec.get("state") != "done":
         rec = _bisect_and_report(path, cfg, opts, rec, progress)
-    if rec["verdict"] == "regressed" and target is not None and rec.get("complete") is not False:
+    if target is not None and _to_post(rec):
         rec = _post(path, opts, rec, target, progress, post_out)
     return rec
+
+
+def _unfinished_nights(ws, probe_key: str, head: str, night: str, target, dry_run: bool) -> list[tuple[dict, str]]:
+    """Earlier nights a kill or a failed post left owing something, oldest
+    first, each with why: the open regression's night when its bisect never
+    returned, and nights whose report (or fix) was to be posted and was
+    not. Tonight's own night, run again, finishes in the usual way."""
+    st = ws.store
+    tonight = _find_night(st, probe_key, night, head)
+    sid = tonight.id if tonight else -1
+    out: dict[int, tuple[dict, str]] = {}
+    _, _, found = _open_regression(ws, probe_key, head, sid)
+    if found and found.get("verdict") == "regressed" and found.get("state") == "bisecting" \
+            and "complete" not in found:
+        out[found["session"]] = (found, "its bisect was interrupted")
+    if target is not None and not dry_run:
+        for s in _nightly_sessions(st, probe_key)[-POST_RETRY_NIGHTS:]:
+            r = s.result or {}
+            if s.id == sid or s.id in out or not r.get("post_to") or not _to_post(r) \
+                    or st.get(f"nightly-posted:{s.id}"):
+                continue
+            if r.get("verdict") == "regressed" and r.get("state") != "done":
+                continue    # its bisect is unfinished and not the open regression's: not ours to resume
+            post = r.get("post") or {}
+            out[s.id] = (r, f"its post to {r['post_to']} failed ({post['error']})" if post.get("error")
+                         else f"its report was never posted to {r['post_to']}")
+    return [out[k] for k in sorted(out)]
 
 
 class _Meter(WorktreeMeter):
@@ -437,7 +512,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     if sess is None and other is not None:
         raise KlbisectError(f"night {night} was judged already, for {opts.branch} at {other.bad[:12]} "
                             f"(session {other.id}); the branch is now at {head[:12]}: name this run "
-                            f"another night, e.g. --night {night}.2", EXIT_USAGE)
+                            f"another night, e.g. --night {night}.2 (what that night left unfinished, the "
+                            f"next nightly finishes; or --night {night} --branch {other.bad[:12]} now)",
+                            EXIT_USAGE)
     if sess is not None and sess.result and sess.result.get("verdict"):
         # judged already: the same night and head give the same answer, with no new runs
         progress(f"nightly {night} for {head[:12]} already judged (session {sess.id}): "
@@ -640,6 +717,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
            "session": sid, "verdict": j.verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
            "reason": j.reason, "values": list(cr.values), "crashes": cr.crashes,
+           "build_failed": bool(cr.build_failed),
            "head_summary": tonight.head, "baseline_summary": tonight.baseline,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
            "last_good": baseline_shas[0] if baseline_shas else None,
@@ -657,9 +735,13 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                             + ("part of this regression" if j.verdict == "regressed"
                                else "not confirmed (they stay out of the baseline)"))
     if openr is not None:
-        known = {"culprit": openr.get("culprit"), "pr": openr.get("pr"), "report": openr.get("report"),
-                 "bisect_session": openr.get("bisect_session"),
+        # the night that found it holds its bisect's answer; a later night judged while
+        # that bisect was unfinished (killed, resumed since) carries none
+        src = found if found is not None and found.get("bisect_session") else openr
+        known = {"culprit": src.get("culprit"), "pr": src.get("pr"), "report": src.get("report"),
+                 "bisect_session": src.get("bisect_session"),
                  "known_since": openr.get("known_since") or openr["night"]}
+        unsure = found is not None and found.get("complete") is False
     if j.worse_again:
         # from the head the comparison was made against (the night that found the open
         # regression): a later "known" night's head may already hold the new one, having
@@ -673,13 +755,20 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         rec["open"] = known     # what this night is, should its bisect not confirm it
     elif j.verdict == "known":
         rec.update(known)
-        rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
-                            "(not bisected or posted again)")
+        if unsure:
+            rec["notes"].append(f"the regression found on {rec['known_since']} is still there; its bisect "
+                                "stopped before --confidence: `klbisect nightly --night "
+                                f"{found['night']} --branch {found['head'][:12]}` with a higher "
+                                "--max-total-runs resumes it")
+        else:
+            rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
+                                "(not bisected or posted again)")
         if j.more:
             rec["notes"].append(f"tonight may be worse than it, short of p <= {opts.alpha:g} after "
                                 f"{len(cr.values)} runs: the next nights' runs will tell")
     elif openr is not None and j.verdict == "good":
         rec["notes"].append(f"the regression found on {known['known_since']} is fixed")
+        rec["fixed"] = known
     if j.verdict == "regressed" and not rec.get("bisect_good"):
         # From the oldest head of the baseline, not the latest: a regression whose first
         # night drew low was called good and sits in the baseline, and a bisect from that
@@ -745,7 +834,7 @@ def _seen_text(what: str, fresh: list[float], earlier: list[float], head: list[f
 
 def _as_environment(rec: dict, seen: str, v: Verdict, progress: Progress) -> None:
     why = v.reason if "Mann-Whitney" in v.reason else v.lr_text
-    rec.update(verdict="environment", state="done", reason=f"the environment changed, not the code: {seen} ({why})",
+    rec.update(verdict="environment", state="done", reason=f"not the code (the environment changed, or the earlier nights drew low): {seen} ({why})",
                env_check={"decision": v.decision, "runs": v.n_values, "reason": v.reason})
     rec["notes"] = [n.replace("were part of this regression", "were pooled with tonight's runs (they may predate the change)") for n in rec["notes"]
                     if "bisecting" not in n and "kept out of the baseline" not in n]
@@ -1107,55 +1196,75 @@ def comment_body(rec: dict, data: dict | None) -> str:
     return redact(intro + render_markdown(data, limit=GITHUB_COMMENT_LIMIT - len(intro.encode("utf-8"))))
 
 
+def fixed_body(rec: dict) -> str:
+    """What nightly posts the night the open regression is shown fixed."""
+    fx = rec["fixed"]
+    what = (f"culprit `{fx['culprit'][:12]}`" + (f" (#{fx['pr']})" if fx.get("pr") else "")
+            if fx.get("culprit") else "no single culprit")
+    return redact(f"**klbisect nightly {rec['night']}**: `{rec['branch']}` at `{rec['head'][:12]}` "
+                  f"{fmt_subject(rec.get('subject') or '')}: the regression found on {fx['known_since']} "
+                  f"({what}) is fixed.\n\n> {rec['reason']}\n")
+
+
 def _post(path, opts: NightlyOptions, rec: dict, target: tuple[str, int], progress: Progress,
           post_out: Callable[[str], None] | None) -> dict:
     from .session import Workspace  # noqa: PLC0415
-    slug, issue = target
     ws = Workspace(path)
     try:
-        key = f"nightly-posted:{rec['session']}"
-        if ws.store.get(key) and not opts.dry_run:
-            progress(f"already posted to {slug}#{issue} for this night: not posting again")
-            return rec
-        data = None
-        if rec.get("bisect_session"):
-            from .report import report_data  # noqa: PLC0415
-            try:
-                data = report_data(path, rec["bisect_session"], offline=opts.offline)
-            except KlbisectError as e:
-                rec["notes"].append(f"no report: {e.message}")
-        body = comment_body(rec, data)
-        api = os.environ.get("KLBISECT_GITHUB_API", DEFAULT_API).rstrip("/")
-        if opts.dry_run:
-            out = post_out or (lambda s: print(s, flush=True))
-            has_token = "set" if os.environ.get("GITHUB_TOKEN") else "NOT set"
-            out(f"--dry-run: would POST {api}/repos/{slug}/issues/{issue}/comments "
-                f"(token from GITHUB_TOKEN: {has_token}) with this body:\n{body}")
-            rec["post"] = {"target": f"{slug}#{issue}", "dry_run": True}
-            return rec
-        token = os.environ.get("GITHUB_TOKEN")
-        if not token:
-            progress("not posting: GITHUB_TOKEN is not set")
-            rec["post"] = {"target": f"{slug}#{issue}", "error": "GITHUB_TOKEN not set"}
-        else:
-            try:
-                from . import github  # noqa: PLC0415
-                got = github.post_comment(slug, issue, body, token)
-                url = _comment_url(got)
-                ws.store.put(key, json.dumps({"target": f"{slug}#{issue}", "url": url, "at": time.time()}))
-                rec["post"] = {"target": f"{slug}#{issue}", "url": url}
-                progress(f"posted the report to {slug}#{issue}" + (f": {url}" if url else ""))
-            except ImportError:
-                rec["post"] = {"target": f"{slug}#{issue}", "error": "klbisect.github is not available"}
-                progress("not posting: klbisect.github is not available")
-            except Exception as e:  # noqa: BLE001 - posting must not lose the night's answer
-                msg = str(e).replace(token, "***")
-                rec["post"] = {"target": f"{slug}#{issue}", "error": msg[:300]}
-                progress(f"posting to {slug}#{issue} failed: {msg[:300]}")
-        ws.store.update_session(rec["session"], result=rec)
-        return rec
+        # under the lock: two jobs of one night both saw "not posted yet" while the
+        # first one's POST was in flight, and the issue got the comment twice
+        with ws.locked():
+            return _post_locked(ws, path, opts, rec, target, progress, post_out)
     finally:
         ws.close()
+
+
+def _post_locked(ws, path, opts: NightlyOptions, rec: dict, target: tuple[str, int], progress: Progress,
+                 post_out: Callable[[str], None] | None) -> dict:
+    slug, issue = target
+    key = f"nightly-posted:{rec['session']}"
+    if ws.store.get(key) and not opts.dry_run:
+        progress(f"already posted to {slug}#{issue} for night {rec['night']}: not posting again")
+        return rec
+    data = None
+    if rec.get("verdict") == "regressed" and rec.get("bisect_session"):
+        from .report import report_data  # noqa: PLC0415
+        try:
+            data = report_data(path, rec["bisect_session"], offline=opts.offline)
+        except KlbisectError as e:
+            rec["notes"].append(f"no report: {e.message}")
+    body = comment_body(rec, data) if rec.get("verdict") == "regressed" else fixed_body(rec)
+    from .github import api_base  # noqa: PLC0415
+    api = api_base()
+    if opts.dry_run:
+        out = post_out or (lambda s: print(s, flush=True))
+        has_token = "set" if os.environ.get("GITHUB_TOKEN") else "NOT set"
+        out(f"--dry-run: would POST {api}/repos/{slug}/issues/{issue}/comments "
+            f"(token from GITHUB_TOKEN: {has_token}) with this body:\n{body}")
+        rec["post"] = {"target": f"{slug}#{issue}", "dry_run": True}
+        return rec
+    token = os.environ.get("GITHUB_TOKEN")
+    if not token:
+        progress("not posting: GITHUB_TOKEN is not set")
+        rec["post"] = {"target": f"{slug}#{issue}", "error": "GITHUB_TOKEN not set"}
+    else:
+        try:
+            from . import github  # noqa: PLC0415
+            got = github.post_comment(slug, issue, body, token)
+            url = _comment_url(got)
+            ws.store.put(key, json.dumps({"target": f"{slug}#{issue}", "url": url, "at": time.time()}))
+            rec["post"] = {"target": f"{slug}#{issue}", "url": url}
+            progress(f"posted {'the report' if rec.get('verdict') == 'regressed' else 'the fix'} of night "
+                 f"{rec['night']} to {slug}#{issue}" + (f": {url}" if url else ""))
+        except ImportError:
+            rec["post"] = {"target": f"{slug}#{issue}", "error": "klbisect.github is not available"}
+            progress("not posting: klbisect.github is not available")
+        except Exception as e:  # noqa: BLE001 - posting must not lose the night's answer
+            msg = str(e).replace(token, "***")
+            rec["post"] = {"target": f"{slug}#{issue}", "error": msg[:400]}
+            progress(f"posting to {slug}#{issue} failed: {msg[:400]}")
+    ws.store.update_session(rec["session"], result=rec)
+    return rec
 
 
 def _comment_url(got) -> str | None:
@@ -1180,6 +1289,12 @@ def summary(rec: dict) -> dict:
     out = {"regressed": rec.get("verdict") in OPEN_VERDICTS, "verdict": rec.get("verdict"),
            "culprit": rec.get("culprit"), "pr": rec.get("pr"), "report": rec.get("report"),
            "posted": posted}
+    if rec.get("fixed"):
+        fx = rec["fixed"]
+        out["fixed"] = {"known_since": fx.get("known_since"), "culprit": fx.get("culprit"), "pr": fx.get("pr")}
+    if rec.get("earlier"):
+        # earlier nights finished tonight (a bisect a kill cut short, a post that failed)
+        out["earlier"] = rec["earlier"]
     if rec.get("verdict") == "crashed":
         out.update(error=rec.get("reason"), exit_code=exit_code(rec))
     elif post and post.get("error"):
@@ -1190,6 +1305,9 @@ def summary(rec: dict) -> dict:
                          "the culprit is the most likely, NOT sure; run the night again to resume it")
     elif rec.get("report_error"):
         out.update(error=rec["report_error"], exit_code=exit_code(rec))
+    elif exit_code(rec):
+        bad = next(e for e in rec.get("earlier", []) if e.get("exit_code"))
+        out.update(error=f"night {bad['night']}: {bad.get('error')}", exit_code=exit_code(rec))
     return out
 
 
@@ -1204,7 +1322,10 @@ def exit_code(rec: dict) -> int:
         return EXIT_NOT_SURE
     if rec.get("verdict") == "crashed":
         return EXIT_NO_SIGNAL
-    return EXIT_USAGE if rec.get("report_error") else 0
+    if rec.get("report_error"):
+        return EXIT_USAGE
+    # tonight went well, an earlier night finished tonight did not: the cron job must see that too
+    return next((e["exit_code"] for e in rec.get("earlier", []) if e.get("exit_code")), 0)
 
 
 def format_night(rec: dict) -> str:
@@ -1229,6 +1350,14 @@ def format_night(rec: dict) -> str:
         lines.append(f"  report:   {rec['report']}")
     for n in rec.get("notes", []):
         lines.append(f"  note: {n}")
+    if rec.get("fixed") and (rec.get("post") or {}).get("url"):
+        lines.append(f"  posted:   the fix, {rec['post']['url']}")
+    for e in rec.get("earlier", []):
+        what = (f"culprit {e['culprit'][:12]}" + (f" (#{e['pr']})" if e.get("pr") else "") if e.get("culprit")
+                else f"verdict {e.get('verdict')}")
+        told = (f"posted {e['posted']}" if isinstance(e.get("posted"), str) else "posted" if e.get("posted")
+                else f"NOT posted: {e['error']}" if e.get("error") else "nothing to post")
+        lines.append(f"  earlier:  night {e['night']} finished tonight: {what}; {told}")
     return "\n".join(lines)
 
 
@@ -1279,7 +1408,8 @@ def history(path=None, label: str | None = None, plot: str | None = None,
                            "crashes": sum(1 for x in runs if x.value is None),
                            "value": summarize([x.value for x in runs if x.value is not None]),
                            "labels": {k: summarize(v) for k, v in per.items()},
-                           "culprit": r.get("culprit"), "pr": r.get("pr")})
+                           "culprit": r.get("culprit"), "pr": r.get("pr"),
+                           "build_failed": bool(r.get("build_failed"))})
         labels = sorted(all_labels)
         if label is not None:
             if label not in labels:
@@ -1317,7 +1447,9 @@ def history_table(trend: dict):
         style = {"regressed": "bold red", "known": "red", "suspect": "magenta", "crashed": "yellow",
                  "environment": "cyan"}.get(v, "")
         verdict = v + (f" {n['culprit'][:10]}" if n.get("culprit") and v == "regressed" else "")
-        if n.get("crashes"):
+        if n.get("build_failed"):
+            verdict += " (did not build)"
+        elif n.get("crashes"):
             verdict += f" ({n['crashes']} crashed)"
         verdict = escape(verdict)
         t.add_row(escape(n["night"]), n["head"][:10], f"[{style}]{verdict}[/]" if style else verdict, *cells)

@@ -277,6 +277,9 @@ class Workspace:
         except filelock.Timeout:
             raise KlbisectError(f"busy: another klbisect is working on {self.top} "
                                 f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
+        except OSError as e:
+            # an immutable or foreign state directory fails here first (EPERM, EACCES)
+            raise storage_error(e, self.dir / "lock") from None
         owner = self.dir / "owner"
         try:
             # who holds the lock, so `status` tells a live command from a killed one (a dead

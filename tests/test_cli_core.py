@@ -1632,6 +1632,29 @@ def test_a_read_only_state_directory_is_not_called_a_full_disk(tmp_path):
     assert "free disk space" in full.message
 
 
+def test_a_lock_the_state_directory_refuses_is_a_storage_error(tmp_path, monkeypatch):
+    """An immutable .git/klbisect (chattr +i) fails in the lock's open with
+    EPERM: that was exit 159 "internal error" (a tester's), it is 156 with
+    what to do."""
+    import errno as _errno
+
+    from klbisect.errors import KlbisectError
+    from klbisect.session import Workspace
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "one")
+    ws = Workspace(tmp_path)
+    try:
+        def refuse(*a, **k):
+            raise PermissionError(_errno.EPERM, "Operation not permitted", str(ws.dir / "lock"))
+        monkeypatch.setattr(ws._lock, "acquire", refuse)
+        with pytest.raises(KlbisectError) as e:
+            with ws.locked():
+                pass
+        assert e.value.code == 156 and "make it writable" in e.value.message, e.value.message
+    finally:
+        ws.close()
+
+
 def test_a_submodule_left_at_another_commit_is_no_uncommitted_change_for_probe(tmp_path):
     """git bisect's checkout leaves submodules where they were: `probe`
     must not call that an edited tree (``start`` still refuses it)."""

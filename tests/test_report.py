@@ -350,3 +350,51 @@ def test_a_report_path_that_cannot_be_written_is_one_line(bisected, tmp_path):
     p = klb("report", "--offline", "-o", tmp_path / "reports", cwd=h.path)
     assert p.returncode == 150 and f"cannot write {tmp_path / 'reports'}:" in p.stderr, p.stderr
     assert not (tmp_path / "reports.png").exists() and not list((tmp_path / "reports").iterdir())
+
+
+def test_the_github_api_is_klbisects_variable_then_the_one_actions_sets(monkeypatch):
+    """GitHub Enterprise (and Actions on it) sets GITHUB_API_URL; the
+    loopback tests and a deliberate override use KLBISECT_GITHUB_API."""
+    from klbisect.github import api_base
+    monkeypatch.delenv("KLBISECT_GITHUB_API", raising=False)
+    monkeypatch.delenv("GITHUB_API_URL", raising=False)
+    assert api_base() == "https://api.github.com"
+    monkeypatch.setenv("GITHUB_API_URL", "https://ghe.example.com/api/v3/")
+    assert api_base() == "https://ghe.example.com/api/v3"
+    monkeypatch.setenv("KLBISECT_GITHUB_API", "http://127.0.0.1:9")
+    assert api_base() == "http://127.0.0.1:9"
+
+
+def test_a_post_github_refuses_says_what_to_check(monkeypatch):
+    """A 401 said only "Bad credentials"; a connection error was urllib3's
+    wrappers, cut before "Connection refused"."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from klbisect.github import GitHubError, post_comment
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            out = b'{"message": "Bad credentials"}'
+            self.send_response(401)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("KLBISECT_GITHUB_API", f"http://127.0.0.1:{srv.server_address[1]}")
+        with pytest.raises(GitHubError) as e:
+            post_comment("acme/kv", 7, "hi", "ghp_" + "x" * 36, backoff=0)
+        assert "HTTP 401" in e.value.message and "check GITHUB_TOKEN" in e.value.message
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    monkeypatch.setenv("KLBISECT_GITHUB_API", f"http://127.0.0.1:{srv.server_address[1]}")   # closed now
+    with pytest.raises(GitHubError) as e:
+        post_comment("acme/kv", 7, "hi", "ghp_" + "x" * 36, backoff=0)
+    assert "Connection refused" in e.value.message and "HTTPConnectionPool" not in e.value.message, e.value.message
