@@ -337,6 +337,40 @@ def test_a_run_cut_off_before_a_label_is_a_crash_not_a_low_value(history, tmp_pa
     assert all(v > 0.01 for v in bad_end["values"])
 
 
+ASSERT_OR_CRASH_AFTER_FIRST = '''import os, random, sys
+rng = random.Random(os.urandom(8))
+n = sys.argv[1]
+k = sum(1 for _ in open(n)) if os.path.exists(n) else 0
+open(n, "a").write("run\\n")
+for i, lab in enumerate(("logprobs_match", "prefill_cache_hit", "decode_cache_hit")):
+    print(f"[{lab}]")
+    print(f"avg_kl_div={0.001 if i == 0 else rng.uniform(0.004, 0.006):.6g}")
+    if i == 0 and k % 10 in (1, 3, 6, 9):
+        print("Traceback (most recent call last):\\nAssertionError: 0.001 > 0.0009")
+        sys.exit(1)         # the test's own assertion, in its loop over labels
+    if i == 0 and k % 10 in (2, 5, 8):
+        sys.exit("RuntimeError: server died mid-test")              # a crash after the first label
+'''
+
+
+def test_runs_stopped_by_their_assertion_do_not_make_a_crash_after_the_same_label_look_complete(
+        history, tmp_path):
+    """Runs that stop on the test's own assertion after the first label and
+    runs that crash there outnumbered the runs that finish: the label set
+    "most runs print" was the first label alone, and the crashes counted as
+    measurements, their max missing two labels (a tester's: 6 of 20)."""
+    h = history(n_commits=6, seed=4, merges=0)
+    probe = tmp_path / "assert_or_crash.py"
+    probe.write_text(ASSERT_OR_CRASH_AFTER_FIRST)
+    p = klb("calibrate", "--rev", h.good, "--runs", "7", "--probe-cmd", f"{PY} {probe} {tmp_path / 'n'}",
+            "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    made = len((tmp_path / "n").read_text().splitlines())
+    crashed = sum(k % 10 in (2, 5, 8) for k in range(made))
+    # seven runs with values (whole runs and assertion stops) besides the crashes
+    assert crashed >= 2 and made == 7 + crashed, (made, p.stderr)
+
+
 def bisect_through(h, tmp_path, wrapper_source: str):
     """`klbisect run` over ``h`` with a probe that wraps the generated one; it names the culprit."""
     wrapper = tmp_path / "wrapper_probe.py"
