@@ -151,10 +151,15 @@ def format_status(st: dict) -> str:
     value = f"label {metric}" if metric else "a run's value is the max over its labels"
     if m and m.get("kind") == "learned":
         f = math.exp if m["log_space"] else (lambda x: x)
-        lines.append(f"Learned from the endpoints ({value}): good around {fmt_value(f(m['mu_good']))}, bad around "
-                     f"{fmt_value(f(m['mu_bad']))} ({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
-                     f"spreads apart{', log scale' if m['log_space'] else ''}); "
-                     + Model.from_dict(m).regime)
+        model = Model.from_dict(m)
+        # the model as the runs stand now: the endpoints' and those of commits placed on a
+        # side, so its centres are not the endpoints' own medians the start printed
+        regime = (_VERDICTS_FOR_GIT if st["kind"] == "gitbisect" and not model.decisive else model.regime)
+        lines.append(f"Learned from {m.get('n_good', 0)} good-side and {m.get('n_bad', 0)} bad-side runs (the "
+                     f"endpoints' and those of commits placed on a side; {value}): good around "
+                     f"{fmt_value(f(m['mu_good']))}, bad around {fmt_value(f(m['mu_bad']))} "
+                     f"({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
+                     f"spreads apart{', log scale' if m['log_space'] else ''}); " + regime)
     elif m and m.get("kind") == "threshold":
         lines.append(f"Classic mode: a run fails at or above {m['threshold']:g}; majority of {m['votes']} runs")
     starred = False
@@ -458,6 +463,11 @@ def _range_md(s: dict) -> str:
     return f"{fmt_span(s)} ({s['n']})"
 
 
+_VERDICTS_FOR_GIT = ("each commit's verdict for git is given at 500:1 by the fitted model, and where the runs "
+                     "sat close or overlapped when it was given, by a rank-based test against the sides' runs too "
+                     "(each verdict below says which)")
+
+
 def judged_by(data: dict) -> str | None:
     """How runs were judged good or bad, in one sentence for the report."""
     m = data.get("model") or {}
@@ -465,13 +475,18 @@ def judged_by(data: dict) -> str | None:
         return f"threshold {m['threshold']:g}, majority of {m.get('votes', 1)} runs"
     if data.get("boundary") is None:
         return None
-    overlap = m.get("kind") == "learned" and not Model.from_dict(m).separates
+    model = Model.from_dict(m) if m.get("kind") == "learned" else None
+    overlap = model is not None and not model.separates
+    # the model cannot tell runs that overlap from runs that merely sit close (both are
+    # "not disjoint"), and runs with no good one above any bad one were called overlapping
+    how = "sit close for their spread" if overlap and model.disjoint else \
+        "overlap or sit under 3/4 of a spread apart"
     per_commit = (data.get("session") or {}).get("kind") == "gitbisect"
-    return ("good and bad runs overlap, so each commit's verdict for git needed the fitted model and a "
-            "rank-based test against the sides' runs to agree; " if overlap and per_commit else
-            "good and bad runs overlap, so every run was weighed with both sides' distributions "
+    return (_VERDICTS_FOR_GIT + "; " if per_commit and not (model is not None and model.decisive) else
+            f"good and bad runs {how}, so every run was weighed with both sides' distributions "
             "integrated out (rank based), not plugged in; " if overlap else
-            "a model learned from the endpoints; ") + f"a run is as likely good as bad at {fmt_value(data['boundary'])}"
+            "a model learned from the endpoints and the commits placed on a side; ") \
+        + f"a run is as likely good as bad at {fmt_value(data['boundary'])}"
 
 
 def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: str | None = None) -> str:

@@ -1810,13 +1810,15 @@ def explain_commit(entry: dict, model) -> str:
             fails = sum(v >= model.threshold for v in vals)
             parts.append(f"{len(vals)} run(s) [{shown}]: {fails} at or above the threshold {model.threshold:g}")
         elif model is not None:
-            parts.append(f"{len(vals)} run(s) [{shown}] look {side}: together {math.exp(min(abs(llr), 700)):.3g} "
-                         f"times likelier if the commit is {side} (good runs sit near {fmt_value(model.centre(GOOD))}, "
-                         f"bad near {fmt_value(model.centre(BAD))})")
+            parts.append(f"{len(vals)} run(s) [{shown}] look {side}: weighed now, with the model every run so far "
+                         f"gives, together {math.exp(min(abs(llr), 700)):.3g} times likelier if the commit is {side} "
+                         f"(good runs sit near {fmt_value(model.centre(GOOD))}, bad near "
+                         f"{fmt_value(model.centre(BAD))})")
     if "p_bad" in entry:
         parts.append(f"with every other run, P(this commit is bad) = {entry['p_bad']:.4f}")
     if entry.get("verdict") and entry.get("reason"):
-        parts.append(f"verdict {entry['verdict']}: {entry['reason']}")
+        # the runs and the model as they stood then: its ratio differs from the one above
+        parts.append(f"verdict {entry['verdict']}, when it was given: {entry['reason']}")
     return "; ".join(parts)
 
 

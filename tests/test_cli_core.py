@@ -881,7 +881,8 @@ def test_two_endpoint_runs_a_side_name_the_culprit_and_say_how_the_model_grows(h
     ends = db_query(h.path, "SELECT COUNT(*) FROM runs WHERE sha IN (?, ?)", (h.good, h.bad))[0][0]
     assert ends < 12, ends
     st = klb("status", cwd=h.path)
-    start = st.stdout.split("Learned from the endpoints (a run's value is the max over its labels):", 1)[1].splitlines()[0]
+    start = st.stdout.split("a run's value is the max over its labels):", 1)[1].splitlines()[0]
+    assert "good-side and" in st.stdout and "commits placed on a side" in st.stdout
     assert ("they separate cleanly" in start) or ("interior runs the search places on a side join it" in start)
 
 

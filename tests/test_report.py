@@ -398,3 +398,20 @@ def test_a_post_github_refuses_says_what_to_check(monkeypatch):
     with pytest.raises(GitHubError) as e:
         post_comment("acme/kv", 7, "hi", "ghp_" + "x" * 36, backoff=0)
     assert "Connection refused" in e.value.message and "HTTPConnectionPool" not in e.value.message, e.value.message
+
+
+def test_judged_by_says_overlap_only_where_runs_of_one_side_fell_among_the_others():
+    """A tester's report said "good and bad runs overlap" of runs where no
+    good run was above any bad one (they sat close for their spread), and
+    that every git verdict had needed two tests to agree, when four of six
+    were given by the fitted model alone."""
+    from klbisect.decide import Model
+    from klbisect.report import judged_by
+    close = Model.fit([0.0040, 0.0045, 0.0050, 0.0044, 0.0047, 0.0049], [0.0052, 0.0060, 0.0066, 0.0057, 0.0063,
+                                                                       0.0055])
+    assert not close.separates
+    run = {"session": {"kind": "run"}, "boundary": 0.005}
+    said = judged_by({**run, "model": close.to_dict()})
+    assert "runs overlap," not in said and "sit under 3/4 of a spread apart" in said
+    git = judged_by({**run, "session": {"kind": "gitbisect"}, "model": close.to_dict()})
+    assert "overlap, so" not in git and "each verdict below says which" in git
