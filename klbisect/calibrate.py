@@ -12,13 +12,15 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 
 import numpy as np
 
 from . import repo as gitrepo
-from .decide import (MAX_TOTAL_RUNS, Model, exceedance_lower_bound, exceedance_upper_bound, exceedances,
-                     info_per_run, recommend_threshold, runs_lower_bound, sample_bits, separation, summarize)
+from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval, endpoint_crash_limit,
+                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
+                     runs_lower_bound, sample_bits, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value
 from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, close_builder, commit_runs,
@@ -44,14 +46,15 @@ class LabelStats:
 @dataclass
 class CostEstimate:
     commits: int
-    bits_per_run: float           # from the two samples (decide.sample_bits): what the bound is built on
+    bits_per_run: float           # from the two samples (decide.sample_bits): what the limit is built on
     lower_bound_runs: float
     simulated_mean_runs: float
     simulated_p95_runs: float
     simulated_accuracy: float
     trials: int
-    model_bits: float = float("nan")  # as the search weighs a run (its outlier guard caps one run)
+    model_bits: float = float("nan")  # as the search's model weighs a run drawn from its own location fit
     disjoint: bool = False        # the runs of the two commits never overlapped
+    bits_interval: list[float] | None = None  # a bootstrap range of bits_per_run (decide.bits_interval)
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Calibration:
     cost: CostEstimate | None = None
     bad_crashes: int = 0
     notes: list[str] = field(default_factory=list)
+    bad_runs: int = 0             # the bad commit's runs with values counted (0: stored before it was kept)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -96,6 +100,17 @@ def default_thresholds(values: list[float]) -> list[float]:
 
 
 MAX_LABEL = "(max over labels)"
+
+
+def round_up(x: float, digits: int = 4) -> float:
+    """``x`` rounded up to the ``digits`` significant digits fmt_value prints: a
+    threshold printed rounded down could fall below the run it must clear, and
+    CI fails at or above the number it is given."""
+    d = Decimal(repr(x))
+    if not d.is_finite() or d == 0:
+        return x
+    # the nearest float to a decimal at or above x is still at or above x (x is a float)
+    return float(d.quantize(Decimal(1).scaleb(d.adjusted() - digits + 1), rounding=ROUND_CEILING))
 
 
 def runs_for_bound(rate: float, confidence: float) -> int:
@@ -173,9 +188,10 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
                "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
               for t, k, n in exceedances(vals, ths)]
         if good is None:
-            rec, how = recommend_threshold(finite, rate, confidence)
+            rec, how = recommend_threshold(finite, rate, confidence, nonfinite=len(vals) - len(finite))
             # its bound lines say whether it is distribution-free, and how many runs that needs
-            out.append(LabelStats(lab, summary, ex, rec, how if rec is None else how.split(" (")[0]))
+            out.append(LabelStats(lab, summary, ex, None if rec is None else round_up(rec),
+                                  how.replace(" (distribution-free)", "")))
             continue
         t = recommended.get(lab)
         catch = None
@@ -184,7 +200,8 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
             catch = {"threshold": t, "above": k, "runs": n,
                      "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
         out.append(LabelStats(lab, summary, ex, None, "a bad commit's runs", catch))
-    if good is None and out and out[-1].label == MAX_LABEL:
+    # a max whose nan runs alone exceed the rate is past any label's threshold too
+    if good is None and out and out[-1].label == MAX_LABEL and NO_THRESHOLD_REACHES not in out[-1].recommended_how:
         whole = out[-1]
         rec, raised = raise_to_labels(whole.recommended, {ls.label: ls.recommended for ls in out[:-1]})
         if raised is not None:
@@ -210,8 +227,11 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
     g, b = np.asarray(good), np.asarray(bad)
     model_bits = info_per_run(Model.fit(g, b))
     bits, disjoint = sample_bits(g, b)
+    interval = None
     if not np.isfinite(bits):
         bits = model_bits
+    elif not disjoint:
+        interval = bits_interval(g, b)
     runs_used, right = [], 0
     for _ in range(trials):
         culprit = int(rng.integers(1, commits + 1))
@@ -220,11 +240,12 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
         runs_used.append(n)
         right += int(ans == [culprit])
     return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
-                        float(np.percentile(runs_used, 95)), right / trials, trials, model_bits, disjoint)
+                        float(np.percentile(runs_used, 95)), right / trials, trials, model_bits, disjoint,
+                        list(interval) if interval else None)
 
 
 def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int,
-                   thresholds: list[float] | None = None) -> None:
+                   thresholds: list[float] | None = None, bad_rev: str | None = None) -> None:
     """Before the first run: a bad option found after N probe runs wastes them."""
     bad = [t for t in thresholds or [] if not t > 0]
     if bad:
@@ -233,6 +254,9 @@ def _check_options(runs: int, false_fail_rate: float, confidence: float, commits
     if runs < 1:
         raise KlbisectError(f"--runs {runs}: give at least 1 run to collect (30 or more for a threshold)",
                             EXIT_USAGE)
+    if bad_rev and runs < 2:
+        raise KlbisectError(f"--runs {runs} with --bad-rev: a bisect's cost needs at least 2 runs with values at "
+                            "each commit (give --runs 2 or more, 30 or more for a threshold)", EXIT_USAGE)
     if not 0 < false_fail_rate < 1:
         raise KlbisectError(f"--false-fail-rate {false_fail_rate:g}: give a rate between 0 and 1 (e.g. 0.01)",
                             EXIT_USAGE)
@@ -248,7 +272,7 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
               false_fail_rate: float = 0.01, confidence: float = 0.95, commits: int = 1000,
               progress=lambda m: print(m, file=sys.stderr, flush=True)) -> Calibration:
     cfg.validate()
-    _check_options(runs, false_fail_rate, confidence, commits, thresholds)
+    _check_options(runs, false_fail_rate, confidence, commits, thresholds, bad_rev)
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         with ws.locked():
@@ -291,6 +315,9 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                        false_fail_rate, confidence, commits, progress) -> Calibration:
     meter = WorktreeMeter(ws, sid, probe, builder, progress)
     hold_env(ws, sid, builder, ws.logs / f"s{sid}")
+    # as patient as `run` with its endpoints: two crashes in a row ended 9% of the
+    # calibrations of a probe that crashes 30% of its runs
+    crash_limit = endpoint_crash_limit(cfg.crash_limit)
     try:
         for which, target in (("", sha), ("bad ", bad_sha)):
             if target is None:
@@ -308,13 +335,16 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                 measure(len(before.values))
             while True:
                 cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
-                err = _endpoint_problem(ws, f"{which}calibration", target, probe.key, build_key,
-                                        since(cr, before), cfg.crash_limit, metric_regex=cfg.metric_regex)
+                err = _endpoint_problem(ws, which.strip() or "calibrated", target, probe.key, build_key,
+                                        since(cr, before), crash_limit, where=f"the calibrated {which}commit",
+                                        metric_regex=cfg.metric_regex)
                 if err:
                     raise err
                 if len(cr.values) >= runs:
                     break
                 measure(len(cr.values))
+            # the bad commit's runs crashing too is a flaky probe, not a broken commit
+            crash_limit = endpoint_crash_limit(cfg.crash_limit, cr.crashes, cr.crashes + len(cr.values))
     finally:
         meter.close()
         close_builder(builder, progress, ws, sid)
@@ -325,7 +355,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
     all_runs = ws.store.runs(probe.key, [sha])
     measured = valued_runs(all_runs, cfg.metric)   # a run cut off short of its labels is a crash
     with_values = measured[-runs:] if runs else []
-    res = Calibration(rev, sha, len(with_values), len(all_runs) - len(measured),
+    res = Calibration(rev, sha, len(with_values), crashes_among(all_runs, measured, runs),
                       label_stats([shown(r) for r in with_values], thresholds, false_fail_rate,
                                   confidence), false_fail_rate, confidence)
     res.notes += [n for n in [ended_on_errors(all_runs, f"{rev} ({sha[:12]})")] if n]
@@ -335,7 +365,8 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
         bad_counted = valued_runs(bad_all, cfg.metric)
         bad_runs = bad_counted[-runs:]
         res.bad_sha = bad_sha
-        res.bad_crashes = len(bad_all) - len(bad_counted)
+        res.bad_crashes = crashes_among(bad_all, bad_counted, runs)
+        res.bad_runs = len(bad_runs)
         res.bad_labels = label_stats([shown(r) for r in bad_runs], thresholds, false_fail_rate,
                                      confidence, good=res.labels)
         gv = [r.value for r in with_values]
@@ -347,13 +378,24 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
         if sep.separated and sep.direction != "up":
             res.notes.append(f"the bad rev's runs are LOWER than --rev's (median {fmt_value(float(np.median(bv)))} "
                              f"against {fmt_value(float(np.median(gv)))}): the revisions are swapped, or the "
-                             "range holds a fix; `klbisect run` stops on this with 154 unless --worse lower "
-                             "(the cost below is for that)")
+                             "range holds a fix; a bisect from --rev to --bad-rev looks for a metric that got "
+                             "higher and stops on this range with 154 (the cost below is for finding the change "
+                             "whichever way it went)")
         progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
                  "(40 simulated bisects)...")
         res.cost = simulate_cost(gv, bv, commits)
     ws.store.update_session(sid, state="done", result=res.to_json())
     return res
+
+
+def crashes_among(all_runs: list, counted: list, n: int) -> int:
+    """Runs without a value among those that gave the last ``n`` counted
+    ones: from just after the last run left out, so that the header's
+    crashes and values come from the same runs."""
+    if len(counted) <= n:
+        return len(all_runs) - len(counted)
+    cut = next(i for i, r in enumerate(all_runs) if r is counted[-n - 1])
+    return len(all_runs) - cut - 1 - n
 
 
 def needs_runs(rate: float, confidence: float) -> str:
@@ -374,8 +416,11 @@ def recommendation_lines(ls: LabelStats, rate: float, confidence: float) -> list
     if b["distribution_free"]:
         return [f"      recommended threshold for <= {rate:g} false failures: {fmt_value(ls.recommended)} "
                 f"({seen}, any distribution; {ls.recommended_how})"]
+    # an order statistic short of its bound: the nan runs (which fail any threshold) are what it lacks
+    short = ("the runs alone do not bound it at this rate" if ls.recommended_how.startswith("order statistic")
+             else "a bound only if the tail is log-normal")
     lines = [f"      recommended threshold for {rate:g} false failures: {fmt_value(ls.recommended)} "
-             f"({ls.recommended_how}): a bound only if the tail is log-normal; {seen}"]
+             f"({ls.recommended_how}): {short}; {seen}"]
     if b["runs"] < b["runs_for_bound"]:
         lines.append(f"      {needs_runs(rate, confidence)}")
     return lines
@@ -407,6 +452,8 @@ def format_calibration(c: Calibration) -> str:
                 lines.append("      no recommended threshold to try: the good commit had none for this label")
             elif ls.recommended is not None:
                 lines.extend(recommendation_lines(ls, c.false_fail_rate, c.confidence))
+            elif NO_THRESHOLD_REACHES in ls.recommended_how:     # more runs would not help
+                lines.append(f"      no threshold recommended: {ls.recommended_how}")
             else:
                 lines.append(f"      no threshold recommended: {ls.recommended_how}; "
                              + needs_runs(c.false_fail_rate, c.confidence))
@@ -414,18 +461,44 @@ def format_calibration(c: Calibration) -> str:
     if c.bad_sha:
         block(f"Bad commit {c.bad_sha[:12]}:", c.bad_labels, bad=True)
     if c.bad_sha and not c.cost:
-        lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: no bisect could tell them apart "
-                     "with these runs")
+        sides = (f"{c.runs} runs a side" if c.bad_runs in (0, c.runs)
+                 else f"{c.runs} and {c.bad_runs} runs")
+        lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: these {sides} do not show a "
+                     "difference; more runs may")
     lines.extend(f"Note: {n}" for n in c.notes)
     if c.cost:
-        k = c.cost
-        worth = ("the two commits' runs never overlap: a run is worth up to 1 bit" if k.disjoint
-                 else f"a run is worth about {k.bits_per_run:.2f} bits (from the runs' spread)")
-        lines.append(f"A bisect over {k.commits} commits with this probe: {worth}, and it needs at least "
-                     f"{k.lower_bound_runs:.1f} runs (information limit, Fano); klbisect's search on "
-                     f"resampled values: {k.simulated_mean_runs:.1f} runs on average, p95 "
-                     f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials "
-                     f"(endpoint runs included; its model credits a run with {k.model_bits:.2f} bits"
-                     + (", less: it caps what one run may weigh, a guard against outliers"
-                        if k.model_bits < k.bits_per_run else "") + ")")
+        lines.append(cost_line(c.cost))
     return "\n".join(lines)
+
+
+def _runs(x: float) -> str:
+    return f"{x:.0f}" if math.isfinite(x) else "no limit"
+
+
+def cost_line(k: CostEstimate) -> str:
+    """Fano's limit and the simulated search. Disjoint runs are worth at most
+    the one bit a good-or-bad question holds, so the limit is a bound; else
+    the bits are a kernel estimate, and the limit is only as firm as it."""
+    if k.disjoint:
+        worth = (f"the two commits' runs never overlap: a run is worth up to 1 bit, and it needs at least "
+                 f"{k.lower_bound_runs:.1f} runs (information limit, Fano)")
+    else:
+        basis = "capacity, a kernel-density estimate from the two commits' runs"
+        limit = f"{k.lower_bound_runs:.1f} runs"
+        if k.bits_interval:
+            lo, hi = k.bits_interval
+            basis += f"; 90% bootstrap range {lo:.2f}-{hi:.2f}"
+            few, many = (_runs(runs_lower_bound(k.commits, b)) for b in (hi, lo))
+            limit += f" ({few}-{many} over that range)"
+        worth = (f"a run can tell at most about {k.bits_per_run:.2f} bits ({basis}), so Fano's information limit "
+                 f"is about {limit}")
+    model = f"its model credits a run with {k.model_bits:.2f} bits"
+    if k.model_bits < k.bits_per_run:
+        # info_per_run draws runs from the model's two centres and one pooled spread
+        model += (", less: it caps what one run may weigh, a guard against outliers" if k.disjoint else
+                  ", simulating runs that differ only in their median: a change of spread or tail (spikes) "
+                  "counts for nothing there")
+    return (f"A bisect over {k.commits} commits with this probe: {worth}; klbisect's search on "
+            f"resampled values: {k.simulated_mean_runs:.1f} runs on average, p95 "
+            f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials "
+            f"(endpoint runs included; {model})")

@@ -81,9 +81,17 @@ def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
         return repo.git.execute(["git", "rev-parse", "--verify", "--quiet", "--end-of-options",
                                  f"{rev}^{{commit}}"]).strip()
     except git.GitCommandError:
-        hint = (_SHALLOW_HINT if is_shallow(repo) else "check the name or fetch it first")
-        raise KlbisectError(f"unknown {what} {rev!r}: no such commit in {toplevel(repo)}; {hint}",
-                            EXIT_REVISION) from None
+        pass
+    if re.fullmatch(r"[0-9a-fA-F]{1,39}", rev):
+        # git's --quiet says nothing about why a short sha failed: it may name several objects
+        found = (_git(repo, "rev-parse", f"--disambiguate={rev}").split() if len(rev) >= 4 else [])
+        if len(found) > 1 or len(rev) < 4:
+            raise KlbisectError(f"{what} {rev!r} " + (f"is ambiguous: {len(found)} objects in {toplevel(repo)} "
+                                                      "start with it" if found else
+                                                      "is too short for a sha (git needs 4 characters or more)")
+                                + "; give more characters of the sha (12 is plenty)", EXIT_REVISION)
+    hint = (_SHALLOW_HINT if is_shallow(repo) else "check the name or fetch it first")
+    raise KlbisectError(f"unknown {what} {rev!r}: no such commit in {toplevel(repo)}; {hint}", EXIT_REVISION)
 
 
 _SHALLOW_HINT = ("this clone is shallow: run `git fetch --unshallow` (or `git fetch --shallow-since=DATE` "
@@ -113,7 +121,19 @@ def check_range(repo: git.Repo, good: str, bad: str) -> tuple[str, str]:
         raise KlbisectError(f"good and bad are the same commit ({g[:12]}); "
                             "give a known-good commit older than the bad one", EXIT_REVISION)
     if not is_ancestor(repo, g, b):
-        hint = _SHALLOW_HINT if is_shallow(repo) else "swap them or pick a good commit from bad's history"
+        if is_shallow(repo):
+            hint = _SHALLOW_HINT
+        elif is_ancestor(repo, b, g):
+            hint = "they are the wrong way round: swap them"
+        else:
+            # a good tag on a release branch (v0.4.0.post1): bad's history holds only their merge base
+            try:
+                base = _git(repo, "merge-base", g, b).strip()
+            except KlbisectError:
+                base = ""
+            hint = (f"they are on diverged branches; their merge base {base[:12]} is in bad's history: "
+                    f"--good {base[:12]}, if it is good" if base else
+                    "they share no history: pick a good commit from bad's history")
         raise KlbisectError(f"good {good} ({g[:12]}) is not an ancestor of bad {bad} ({b[:12]}); {hint}",
                             EXIT_REVISION)
     return g, b
@@ -140,13 +160,16 @@ def parents(repo: git.Repo, sha: str) -> list[str]:
     return _git(repo, "rev-list", "--parents", "-n", "1", sha).split()[1:]
 
 
-def side_commits(repo: git.Repo, merge: str) -> int:
+def side_commits(repo: git.Repo, merge: str, good: str | None = None) -> int:
     """How many commits a merge brings in beside its first parent's line
-    (0 for a commit that is not a merge)."""
+    that could be the cause (0 for a commit that is not a merge): not
+    merges themselves ("Merge branch 'main' into ..."), nor in ``good``'s
+    history."""
     ps = parents(repo, merge)
     if len(ps) < 2:
         return 0
-    return int(_git(repo, "rev-list", "--count", f"{ps[0]}..{merge}")) - 1
+    return int(_git(repo, "rev-list", "--count", "--no-merges", f"{ps[0]}..{merge}",
+                    *([f"^{good}"] if good else [])))
 
 
 def merged_by(repo: git.Repo, sha: str, head: str) -> str | None:

@@ -402,6 +402,14 @@ def _culprit_title(c: dict, prs: dict) -> str:
     return subj
 
 
+def _pr_suffix(c: dict, prs: dict, slug: str | None) -> str:
+    """" (#N)" after a culprit's title, unless the title already says #N
+    (GitHub's "Merge pull request #N from ...")."""
+    if not c.get("pr") or re.search(r"#%d\b" % int(c["pr"]), _culprit_title(c, prs)):
+        return ""
+    return f" ({_pr_link(c['pr'], slug)})"
+
+
 def _headline(data: dict) -> str:
     r = data["result"]
     if data.get("no_signal"):
@@ -502,7 +510,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     elif r["culprit"]:
         c = data["culprit_commits"][0] if data.get("culprit_commits") else {
             "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
-        pr = f" ({_pr_link(c['pr'], slug)})" if c.get("pr") else ""
+        pr = _pr_suffix(c, prs, slug)
         meta = prs.get(str(c["pr"])) if c.get("pr") else None
         author = f" by @{meta['author']}" if meta and meta.get("author") else ""
         head.append(f"**{_first_bad(r.get('complete', True))}:** "
@@ -515,7 +523,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
         info = {i["sha"]: i for i in r.get("candidate_info", [])}
         for c in data.get("culprit_commits", []):
             why = info.get(c["sha"], {}).get("why", "")
-            pr = f" ({_pr_link(c['pr'], slug)})" if c.get("pr") else ""
+            pr = _pr_suffix(c, prs, slug)
             head.append(f"- {_sha_link(c['sha'], slug)} {_md_cell(_culprit_title(c, prs), 200)}{pr}"
                         + (f" — {why}" if why else ""))
     head.append("")

@@ -474,7 +474,7 @@ def _own_runs_wanted(model, sha: str, runs: list, sid: int, where: str, advice: 
         was, other = ("bad", "good") if model.commit_log_lr(earlier) > 0 else ("good", "bad")
         raise KlbisectError(
             f"{sha[:12]}, {where}, read {was} in the {len(earlier)} runs earlier sessions "
-            f"recorded there ({fmt_summary(summarize(earlier))}) and leans {other} now "
+            f"recorded there ({fmt_summary(summarize(earlier))}) and reads nearer the {other} side now "
             f"({', '.join(fmt_value(v) for v in now)}): the environment the probe sees changed since (a new "
             f"driver, wheel or machine?); {advice}", EXIT_NO_SIGNAL)
     # not sure yet: one more run
@@ -634,6 +634,12 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
         if missing_module.split(".")[0] == "sglang" and probe_key.startswith("sglang:"):
             hint = ("sglang is not importable by the --sglang-python interpreter: install it there (`klbisect "
                     "run --build sglang` installs each commit) or point --sglang-python at the one that has it")
+        elif probe_key.startswith("cmd:") and missing_module and which != "good":
+            # at the bad end (or a nightly head) the test exists: the commit's own code or the
+            # probe's Python lacks the module
+            hint = (f"the probe could not import {missing_module}: a package must be installed in the probe's "
+                    "Python, or this commit's own code fails to import (then pick a bad commit where the test "
+                    "runs)")
         elif probe_key.startswith("cmd:") and missing_module:
             hint = (f"the probe could not import {missing_module}: a test module newer than the good "
                     "commit must be copied outside the repository and --probe-cmd pointed at the copy; a package "
@@ -1009,7 +1015,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     if single and not first_parent:
         notes += _order_notes(ws, cands, top.last, {r.sha for r in runs})
     if single and first_parent:
-        side = gitrepo.side_commits(ws.repo, first[0])
+        side = gitrepo.side_commits(ws.repo, first[0], cands[0][0])
         if side:
             notes.append(f"{first[0][:12]} is a merge that brings in {fmt_count(side, 'commit')} of a side branch; "
                          "any of them may be the cause: rerun with --all-commits to search them too (the runs "
@@ -1767,8 +1773,15 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     else:
         instead = (f"; `{cfg.run_command(sess.good[:12], sess.bad[:12])}` reuses these runs and measures until "
                    "sure" + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model))
+    said = f"its answer {shas[between[-1]][:12]}"
+    if best.indices != between and best.mass > mass and (mass < 0.5 or best.mass >= cfg.confidence):
+        # "most likely (NOT sure)" must name the most likely: after one wrong verdict (a
+        # hand-typed `git bisect bad`, say) git's answer may hold next to nothing
+        pl.done = best
+        if best.mass < cfg.confidence:
+            instead = f"; the most likely is {shas[best.last][:12]} at {best.mass:.1%}" + instead
     return build_result(ws, sess.id, cands, pl, False,
-                        f"git bisect finished, but all the runs put only {mass:.1%} on its answer (below "
+                        f"git bisect finished, but all the runs put only {mass:.1%} on {said} (below "
                         f"--confidence {cfg.confidence:g}): a verdict may be wrong" + instead,
                         probe_key, build_key)
 

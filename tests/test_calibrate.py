@@ -121,6 +121,8 @@ def test_calibrate_bad_options_are_refused_before_any_run(history):
                         (["--false-fail-rate", "2"], "--false-fail-rate 2"),
                         (["--confidence", "1.5"], "--confidence 1.5"),
                         (["--bad-rev", h.bad, "--commits", "1"], "--commits 1"),
+                        # both commits were run, then 154 with no report: a bisect's cost needs 2 a side
+                        (["--bad-rev", h.bad, "--runs", "1"], "--runs 1 with --bad-rev"),
                         (["--thresholds", "0.01,-1,0"], "--thresholds -1,0")):
         p = klb("calibrate", "--rev", h.good, "--runs", "3", *opts, "--probe-cmd", probe_cmd(), cwd=h.path)
         assert words in error_line(p, 150)                             # EXIT_USAGE
@@ -149,7 +151,8 @@ def test_calibrate_of_swapped_revisions_says_so_and_metric_picks_one_label(histo
     p = klb("calibrate", "--rev", h.bad, "--runs", "8", "--bad-rev", h.good, "--commits", "200",
             "--metric", "prefill_cache_hit", "--probe-cmd", probe_cmd(), cwd=h.path)
     assert p.returncode == 0, p.stderr
-    assert "Note: the bad rev's runs are LOWER than --rev's" in p.stdout and "--worse lower" in p.stdout
+    assert "Note: the bad rev's runs are LOWER than --rev's" in p.stdout and "stops on this range with 154" in p.stdout
+    assert "--worse" not in p.stdout                # calibrate has no such option: the note named one
     assert "[prefill_cache_hit]" in p.stdout and "[logprobs_match]" not in p.stdout
     assert "(max over labels)" not in p.stdout
     # the separated runs are worth a full bit: the bound is Fano's at one bit, not the search's capped weight
@@ -336,3 +339,37 @@ def test_runs_that_all_die_after_their_first_label_are_noted(history):
     p = klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", "echo '[only]'; echo avg_kl_div=0.004",
             cwd=h.path)
     assert p.returncode == 0 and "Note: every run" not in p.stdout, p.stdout
+
+
+CRASHES_FIRST = '''import os, random, sys
+n = sys.argv[1]
+k = sum(1 for _ in open(n)) if os.path.exists(n) else 0
+open(n, "a").write("run\\n")
+if k < int(sys.argv[2]):
+    sys.exit("RuntimeError: server died")          # (no traceback: error_line looks for one)
+print("[kl]")
+print(f"avg_kl_div={random.uniform(0.004, 0.006):.6g}")
+'''
+
+
+def test_calibrate_is_as_patient_with_crashes_as_run_and_counts_them_beside_its_values(history, tmp_path):
+    """Two crashes in a row before any value ended a calibration with 154
+    (a probe crashing 30% of its runs lost 9% of them), calling the commit
+    an endpoint; and the header counted every crash ever recorded beside
+    the last N values."""
+    h = history(n_commits=6, seed=4, merges=0)
+    probe = tmp_path / "crashes_first.py"
+    probe.write_text(CRASHES_FIRST)
+    cmd = f"{PY} {probe} {tmp_path / 'n'} 3"
+    p = klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", cmd, cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert "3 runs with values, 3 without" in p.stdout
+    # the last two values came after the crashes: none of them in the header
+    p = klb("calibrate", "--rev", h.good, "--runs", "2", "--probe-cmd", cmd, cwd=h.path)
+    assert p.returncode == 0 and "2 runs with values, 0 without" in p.stdout, p.stdout
+    # a commit that never prints a value is given up as `run` gives up an endpoint, and named as what it is
+    p = klb("calibrate", "--rev", h.bad, "--runs", "3", "--probe-cmd", f"{PY} {probe} {tmp_path / 'm'} 99",
+            cwd=h.path)
+    line = error_line(p, 154)                                          # EXIT_NO_SIGNAL
+    assert f"the calibrated commit {h.bad[:12]} crashed before printing a metric value in 6 runs" in line, line
+    assert "endpoint" not in line

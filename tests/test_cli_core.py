@@ -567,6 +567,36 @@ def test_a_culprit_on_a_merged_branch_gets_its_merges_pr(tmp_path):
     assert "  quantize the prefill path  (PR #77)\n" in klb(*args[:-1], "--all-commits", cwd=repo).stdout
 
 
+def test_a_merges_side_commits_leave_out_merges_and_what_good_already_has(tmp_path):
+    """"brings in 5 commits of a side branch" of a branch with 4 commits, one
+    of them --good, and a merge of main into it: 3 can be the cause."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+
+    def commit(subject: str) -> str:
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", subject)
+        return git(repo, "rev-parse", "HEAD").strip()
+
+    commit("Add the KL probe (#1)")
+    git(repo, "checkout", "-q", "-b", "dev/fp8")
+    good = commit("wip: fp8 prefill hook")
+    for k in range(3):
+        commit(f"fp8 prefill step {k}")
+    git(repo, "checkout", "-q", "main")
+    commit("Tidy (#2)")
+    git(repo, "checkout", "-q", "dev/fp8")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "merge", "-q", "--no-ff", "main", "-m",
+        "Merge branch 'main' into dev/fp8")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "merge", "-q", "--no-ff", "dev/fp8", "-m",
+        "Merge pull request #77 from dev/fp8")
+    merge = git(repo, "rev-parse", "HEAD").strip()
+    r = gitrepo.open_repo(repo)
+    assert gitrepo.side_commits(r, merge) == 4
+    assert gitrepo.side_commits(r, merge, good) == 3
+
+
 def test_a_run_stopped_by_the_timeout_after_printing_values_is_a_crash(tmp_path):
     slot = _slot(tmp_path)
     r = CommandProbe("echo '[a]'; echo avg_kl_div=0.02; sleep 30", timeout=1.0).run(
@@ -797,6 +827,27 @@ def test_a_probe_that_cannot_import_its_module_names_it(tmp_path):
     assert p.returncode == 154 and "sglang is not importable by the --sglang-python interpreter" in p.stderr, p.stderr
 
 
+def test_an_import_that_fails_only_at_the_bad_end_is_not_blamed_on_a_newer_test(tmp_path):
+    """At the bad endpoint the test exists: the commit's own code fails to
+    import, and "a test newer than the good commit" was no advice there."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "engine").mkdir()
+    (repo / "engine" / "__init__.py").write_text("")
+    (repo / "probe.py").write_text("import engine\nprint('[a]')\nprint('avg_kl_div=0.004')\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "Add the engine and its probe (#1)")
+    git(repo, "rm", "-rq", "engine")
+    git(repo, "commit", "-qm", "Move the engine (#2)")
+    p = klb("run", "--good", "HEAD~1", "--bad", "HEAD", "--probe-cmd", f"{PY} probe.py", cwd=repo)
+    assert p.returncode == 154, p.stderr
+    # (the probe's own traceback follows, from its log)
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("klbisect: error:"))
+    assert "the bad endpoint" in line and "could not import engine" in line, line
+    assert "newer than the good commit" not in line and "this commit's own code fails to import" in line, line
+
+
 def test_log_of_a_session_that_reused_runs_lists_them(history):
     """A second question over the same range needs only the runs that check
     the reused ones beside its answer (the environment may have changed):
@@ -949,7 +1000,7 @@ def test_not_a_git_repository(tmp_path):
     ("deadbeefdeadbeef", "main", "unknown good revision"),
     ("GOOD", "no-such-branch", "unknown bad revision"),
     ("main", "main", "same commit"),
-    ("BAD", "GOOD", "not an ancestor"),
+    ("BAD", "GOOD", "the wrong way round: swap them"),
     ("-x", "main", "not a revision"),
 ])
 def test_bad_revisions(small, good, bad, words):
@@ -957,6 +1008,21 @@ def test_bad_revisions(small, good, bad, words):
     p = klb("run", "--good", sub.get(good, good), "--bad", sub.get(bad, bad), "--probe-cmd", "true",
             cwd=small.path)
     assert words in error_line(p, 151)
+
+
+def test_a_good_tag_on_a_release_branch_is_pointed_at_the_merge_base(small):
+    """SGLang's post-release tags sit on release branches: "swap them" was
+    wrong both ways round; the merge base is what bad's history holds."""
+    repo = small.path
+    base = small.shas[3]
+    post = git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit-tree", f"{base}^{{tree}}", "-p", base,
+               "-m", "Release v0.4.0.post1").strip()
+    git(repo, "tag", "v0.4.0.post1", post)
+    for good, bad in (("v0.4.0.post1", small.bad), (small.bad, "v0.4.0.post1")):
+        line = error_line(klb("run", "--good", good, "--bad", bad, "--probe-cmd", "true", cwd=repo), 151)
+        assert "diverged branches" in line and "swap" not in line, line
+    line = error_line(klb("run", "--good", "v0.4.0.post1", "--bad", small.bad, "--probe-cmd", "true", cwd=repo), 151)
+    assert f"--good {base[:12]}" in line, line
 
 
 def test_a_shallow_clone_is_told_to_fetch_more_history(small, tmp_path):
@@ -1539,7 +1605,7 @@ def test_runs_of_an_older_environment_beside_the_answer_are_checked_not_trusted(
     args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe)
     p = klb(*args, cwd=h.path)
     line = error_line(p, 154)
-    assert f"{old_bad[:12]}, near the answer, read good in the" in line and "leans bad now" in line
+    assert f"{old_bad[:12]}, near the answer, read good in the" in line and "reads nearer the bad side now" in line
     assert "rerun with --fresh" in line
     assert "First bad commit" not in p.stdout
     p = klb(*args, "--fresh", "--json", cwd=h.path)
@@ -1665,6 +1731,29 @@ def test_a_read_only_state_directory_is_not_called_a_full_disk(tmp_path):
     assert "read-only" in ro.message and "free disk space" not in ro.message and ro.code == 156
     full = storage_error(OSError(_errno.ENOSPC, "No space left on device"))
     assert "free disk space" in full.message
+
+
+def test_an_ambiguous_short_sha_is_called_ambiguous_not_unknown(tmp_path):
+    """git's --quiet hides why a short sha failed: "no such commit ... fetch
+    it first" sent a tester fetching for a prefix two commits share."""
+    git(tmp_path, "init", "-q")
+    env = {**os.environ, "GIT_AUTHOR_DATE": "2025-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2025-01-01T00:00:00Z"}
+    seen: dict[str, str] = {}
+    prefix = None
+    for i in range(3000):        # a birthday collision of 4 hex digits comes within a few hundred
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
+                        "-m", f"c{i}"], cwd=tmp_path, env=env, check=True)
+        sha = git(tmp_path, "rev-parse", "HEAD").strip()
+        if sha[:4] in seen:
+            prefix = sha[:4]
+            break
+        seen[sha[:4]] = sha
+    assert prefix is not None
+    p = klb("run", "--good", prefix, "--bad", "HEAD", "--probe-cmd", "true", cwd=tmp_path)
+    line = error_line(p, 151)
+    assert f"good revision '{prefix}' is ambiguous" in line and "give more characters" in line, line
+    assert "is too short for a sha" in error_line(klb("run", "--good", "abc", "--bad", "HEAD", "--probe-cmd",
+                                                      "true", cwd=tmp_path), 151)
 
 
 def test_a_lock_the_state_directory_refuses_is_a_storage_error(tmp_path, monkeypatch):

@@ -638,6 +638,16 @@ def test_runs_measured_now_that_read_against_a_commits_earlier_runs_contradict_t
     two = [0.0045, 0.0050]
     assert contradicts(model, two, [0.0120, 0.0075]) is None
     assert contradicts(model, two, [0.0120, 0.0075, 0.0110]) is True
+    # new runs lower in the bad range than the earlier twelve, each still plainly bad: the
+    # same side, not a changed environment (by rank alone they read "toward good" at
+    # p < 0.005, and a right answer stopped with 154 in 1 of 21 of a tester's sessions)
+    seed = Model.fit([0.0050, 0.0055, 0.0058, 0.0047, 0.0059, 0.0053, 0.0056, 0.0052],     # max of U(.003, .006)
+                     [0.0075, 0.0090, 0.0120, 0.0105, 0.0081, 0.0128, 0.0098, 0.0112])    # U(.007, .013)
+    twelve = [0.0112, 0.0118, 0.0123, 0.0081, 0.0126, 0.0109, 0.0115, 0.0120, 0.0104, 0.0111, 0.0125, 0.0117]
+    low_bad = [0.007813, 0.00869, 0.007583, 0.007335]
+    assert seed.commit_log_lr(low_bad) > math.log(1000)
+    assert contradicts(seed, twelve, low_bad) is False
+    assert contradicts(seed, twelve, [0.0052, 0.0049]) is True       # runs that read good do
     # new runs between the sides, above every earlier run: the model may weigh them either
     # way (a fit to few endpoint runs is least sure there), the ranks are clear
     ten = list(np.linspace(0.0043, 0.0059, 10))

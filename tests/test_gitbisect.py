@@ -539,6 +539,28 @@ def test_a_git_answer_the_runs_do_not_back_is_not_reported_as_sure(history):
     klb("reset", cwd=repo)
 
 
+def test_after_a_wrong_hand_verdict_the_most_likely_commit_is_named_not_gits(history):
+    """The user typed `git bisect bad` where klbisect had just said GOOD:
+    git went on in the wrong half and named a commit the runs put next to
+    nothing on, and status called it "Most likely (NOT sure)" at 0.0000."""
+    h = history(n_commits=40, seed=51, merges=0, noise=SEPARATED)
+    repo = h.path
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=repo).returncode == 0
+    said = klb("probe", cwd=repo).returncode
+    assert said in (0, 1)
+    subprocess.run(["git", "bisect", "bad" if said == 0 else "good"], cwd=repo, env=child_env(),
+                   capture_output=True, check=True)
+    out = bisect_run(repo)
+    git_answer = re.search(r"([0-9a-f]{40}) is the first bad commit", out.stdout).group(1)
+    assert git_answer != h.culprit
+    s = json_tail(klb("status", "--json", cwd=repo).stdout)
+    assert s["complete"] is False and s["culprit"] != git_answer, s
+    assert f"on its answer {git_answer[:12]}" in s["result"]["reason"] and "the most likely is" in \
+        s["result"]["reason"], s["result"]["reason"]
+    assert s["confidence"] > 0.01
+    klb("reset", cwd=repo)
+
+
 def advice(text: str) -> list[str]:
     """The `klbisect run ...` a message advises, as argv for this interpreter."""
     m = re.search(r"`(klbisect run [^`]+)`", text)
@@ -697,7 +719,7 @@ def test_probe_checks_runs_earlier_sessions_recorded_before_leaning_on_them(hist
     text = moved.stdout + moved.stderr
     assert moved.returncode != 0 and in_bisect(h.path), text
     line = next(ln for ln in text.splitlines() if ln.startswith("klbisect: error:"))
-    assert "the commit git bisect checked out, read bad in the" in line and "leans good now" in line, line
+    assert "the commit git bisect checked out, read bad in the" in line and "reads nearer the good side now" in line, line
     assert "`klbisect reset`, then `klbisect start --fresh`" in line
     assert "154" in text                          # git's own line names the exit code it aborted on
     klb("reset", cwd=h.path)

@@ -415,3 +415,15 @@ def test_judged_by_says_overlap_only_where_runs_of_one_side_fell_among_the_other
     assert "runs overlap," not in said and "sit under 3/4 of a spread apart" in said
     git = judged_by({**run, "session": {"kind": "gitbisect"}, "model": close.to_dict()})
     assert "overlap, so" not in git and "each verdict below says which" in git
+
+
+def test_a_merge_commits_title_that_names_its_pr_is_not_followed_by_it_again():
+    """"Merge pull request #29777 from eunji/fp8-prefill (#29777)" in a
+    tester's report; a squash commit's "(#N)" moves from the title to the link."""
+    from klbisect.report import _culprit_title, _pr_suffix
+    merge = {"pr": 29777, "subject": "Merge pull request #29777 from eunji/fp8-prefill"}
+    assert _pr_suffix(merge, {}, "sgl-project/sglang") == ""
+    squash = {"pr": 29519, "subject": "Route prefill through FP8 QKV (#29519)"}
+    assert _culprit_title(squash, {}) == "Route prefill through FP8 QKV"
+    assert _pr_suffix(squash, {}, "sgl-project/sglang") == \
+        " ([#29519](https://github.com/sgl-project/sglang/pull/29519))"

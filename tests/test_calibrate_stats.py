@@ -1,0 +1,163 @@
+"""`klbisect calibrate`'s numbers on plain inputs: what a statistician
+checked of the recommended threshold and the information limit."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import klbisect.calibrate as cal
+import klbisect.decide as decide
+from klbisect.calibrate import Calibration, CostEstimate, format_calibration, label_stats
+from klbisect.metric import NONFINITE, fmt_value
+
+
+def lognormal_runs(n: int, seed: int, median: float = 0.004, sigma: float = 0.3) -> list[float]:
+    return [float(v) for v in np.random.default_rng(seed).lognormal(math.log(median), sigma, n)]
+
+
+def text(labels: list, runs: int = 20, **kw) -> str:
+    return format_calibration(Calibration("HEAD", "0" * 40, runs, 0, labels, 0.01, 0.95, **kw))
+
+
+def test_runs_that_print_nan_count_against_the_false_failure_rate():
+    """Every nan run fails any threshold: with 5% of them, a threshold "for
+    0.01 false failures" fitted to the finite runs alone fails good commits
+    over 5% of the time."""
+    vals = lognormal_runs(19, 1)
+    ls, = label_stats([{"kl": v} for v in vals] + [{"kl": NONFINITE}], None, 0.01, 0.95)
+    assert ls.recommended is None
+    assert ls.recommended_how == ("1 of 20 runs printed nan or inf, which fail any threshold: at that share (0.05) "
+                                  "no threshold can reach 0.01 false failures")
+    out = text([ls])
+    assert "no threshold recommended: 1 of 20" in out and "needs at least" not in out   # more runs will not help
+    # a share below the rate: the finite runs' fit aims at what it leaves, (0.01 - p) / (1 - p)
+    vals = lognormal_runs(199, 2)
+    ls, = label_stats([{"kl": v} for v in vals] + [{"kl": NONFINITE}], None, 0.01, 0.95)
+    aimed = (0.01 - 1 / 200) / (1 - 1 / 200)
+    y = np.log(vals)
+    point = math.exp(y.mean() + stats.norm.ppf(1 - aimed) * y.std(ddof=1))
+    assert f"the fit's own estimate of the level is {point:.4g}" in ls.recommended_how
+    assert ("if the fit is right and nan or inf keep their share: 1 of 200 runs printed nan or inf, which fail any "
+            f"threshold, so the fit aims at {aimed:.3g} of the finite runs") in ls.recommended_how
+    assert ls.recommended > decide.recommend_threshold(vals, 0.01, 0.95)[0]
+    # the max fails whenever any label prints nan: past the rate on its own, it is not raised to a label's
+    runs = [{"a": x, "b": y} for x, y in zip(lognormal_runs(200, 10), lognormal_runs(200, 11))]
+    runs[0]["a"] = runs[1]["b"] = runs[2]["b"] = NONFINITE
+    a, b, whole = label_stats(runs, None, 0.01, 0.95)
+    assert a.recommended is not None and b.recommended is None and whole.recommended is None
+    assert whole.recommended_how.startswith("3 of 200 runs printed nan or inf")
+    # enough finite runs for an order statistic aimed at that share
+    vals = lognormal_runs(1200, 3)
+    t, how = decide.recommend_threshold(vals, 0.01, 0.95, nonfinite=4)
+    assert how == ("order statistic 1197 of 1200 finite runs, aimed at 0.0067 of them since 4 of 1204 runs printed "
+                   "nan or inf, which fail any threshold")
+    assert t > decide.recommend_threshold(vals, 0.01, 0.95)[0]
+
+
+def test_values_at_or_below_zero_are_named_as_why_there_is_no_tail_fit():
+    vals = lognormal_runs(20, 4)
+    vals[3], vals[7] = 0.0, -0.001
+    assert decide.recommend_threshold(vals, 0.01, 0.95) == (None, "2 of 20 values are <= 0: no log-normal tail fit")
+    assert decide.recommend_threshold(vals[:4], 0.01, 0.95) == (None, "too few runs (4)")
+    # enough runs: the distribution-free order statistic needs no positive values
+    many = lognormal_runs(300, 5)
+    many[0] = 0.0
+    t, how = decide.recommend_threshold(many, 0.01, 0.95)
+    assert how.startswith("order statistic") and t >= max(many)
+
+
+def test_the_tail_fit_uses_the_exact_normal_tolerance_factor():
+    """The approximate factor's 95% covered 94.6% at 200 runs; the exact
+    one is the noncentral t's (3.295 at 20 runs for 0.01 at 95%, as
+    tables of one-sided tolerance factors give)."""
+    for n, k in ((20, 3.2952), (200, None)):
+        y = np.random.default_rng(n).standard_normal(n)
+        y = (y - y.mean()) / y.std(ddof=1) * 0.3 + math.log(0.004)           # mean log(0.004), sd 0.3 exactly
+        if k is None:
+            k = stats.nct.ppf(0.95, n - 1, stats.norm.ppf(0.99) * math.sqrt(n)) / math.sqrt(n)
+        t, how = decide.recommend_threshold(np.exp(y), 0.01, 0.95)
+        assert "log-normal tail fit" in how
+        assert math.log(t) == pytest.approx(math.log(0.004) + k * 0.3, abs=2e-5)
+
+
+def test_a_recommended_threshold_is_rounded_up_where_it_is_printed():
+    """0.0068834315 as the top run printed 0.006883: a CI that fails at or
+    above that number fails the run the threshold was chosen to clear."""
+    vals = [v * 0.0068834315 / 0.0079 for v in np.linspace(0.002, 0.0079, 300)]
+    ls, = label_stats([{"kl": v} for v in vals], None, 0.01, 0.95)
+    assert float(fmt_value(ls.recommended)) == ls.recommended >= max(vals)
+    assert ls.recommended_bound["above"] == 0
+    assert f"{fmt_value(ls.recommended)} (0/300 runs at or above it" in text([ls], 300)
+    assert cal.round_up(0.0068834315) == 0.006884 and fmt_value(cal.round_up(0.0068834315)) == "0.006884"
+    assert cal.round_up(0.006884) == 0.006884 and cal.round_up(12345.6) == 12350.0
+    assert cal.round_up(-0.0012341) == -0.001234 and cal.round_up(0.0) == 0.0
+
+
+def test_bits_count_nan_runs_as_their_own_outcome_and_take_the_capacity():
+    """A good commit that always prints a value and a bad one that prints
+    nan in 10% of its runs, its values otherwise the same: a Z channel,
+    whose capacity is log2(1 + (1 - p) p^(p / (1 - p))) with p = 0.9, above
+    its information at P(bad) = 1/2. The nan stand-in (1e9) inside a kernel
+    density took the bits instead."""
+    x = lognormal_runs(90, 6)
+    bits, disjoint = decide.sample_bits(x, x + [NONFINITE] * 10)
+    p = 0.9
+    at_half = 0.5 * (0.05 * math.log2(1 / 0.05)) + 0.95 * math.log2(1 / 0.95) - 0.5 * (
+        -0.1 * math.log2(0.1) - 0.9 * math.log2(0.9))
+    assert not disjoint and bits == pytest.approx(math.log2(1 + (1 - p) * p ** (p / (1 - p))), abs=5e-4)
+    assert bits > at_half + 2e-3
+    # the same share of nan on both sides says nothing, and takes nothing from what the values say
+    g, b = lognormal_runs(100, 7), lognormal_runs(100, 8, median=0.006)
+    clean = decide.sample_bits(g, b)[0]
+    with_nan = decide.sample_bits(g[:90] + [NONFINITE] * 10, b[:90] + [NONFINITE] * 10)[0]
+    assert with_nan == pytest.approx(0.9 * clean, rel=0.15)
+    lo, hi = decide.bits_interval(g, b)
+    assert 0 <= lo < clean < hi <= 1 and decide.bits_interval(g, b) == (lo, hi)          # seeded
+
+
+def cost(**kw) -> CostEstimate:
+    return CostEstimate(**{"commits": 1000, "bits_per_run": 0.2, "lower_bound_runs": 44.6,
+                           "simulated_mean_runs": 180.0, "simulated_p95_runs": 270.0, "simulated_accuracy": 1.0,
+                           "trials": 40, "model_bits": 0.0, "disjoint": False, **kw})
+
+
+def test_the_information_limit_reads_as_an_estimate_and_the_model_bits_as_what_they_are():
+    def line(k: CostEstimate) -> str:
+        return text([], bad_sha="1" * 40, cost=k).splitlines()[-1]
+    out = line(cost())
+    assert ("a run can tell at most about 0.20 bits (capacity, a kernel-density estimate from the two commits' "
+            "runs), so Fano's information limit is about 44.6 runs;") in out
+    assert "at least" not in out
+    # spikes with no median shift: the model is a location model, not an outlier cap
+    assert ("its model credits a run with 0.00 bits, simulating runs that differ only in their median: a change "
+            "of spread or tail (spikes) counts for nothing there") in out
+    assert "guard against outliers" not in out and "caps" not in out
+    # the bootstrap range of the bits, and of the limit with it
+    assert ("estimate from the two commits' runs; 90% bootstrap range 0.10-0.30), so Fano's information limit is "
+            "about 44.6 runs (30-89 over that range)") in line(cost(bits_interval=[0.1, 0.3]))
+    assert "(30-no limit over that range)" in line(cost(bits_interval=[0.0, 0.3]))
+    # never-overlapping runs: one bit is all a run can hold, so the limit is a bound; the cap is what lowers the model
+    out = line(cost(disjoint=True, bits_per_run=1.0, lower_bound_runs=8.9, model_bits=0.8))
+    assert "a run is worth up to 1 bit, and it needs at least 8.9 runs" in out and "it caps what one run" in out
+
+
+def test_commits_that_do_not_separate_on_few_runs_are_not_called_inseparable():
+    ls, = label_stats([{"kl": v} for v in lognormal_runs(3, 9)], None, 0.01, 0.95)
+    out = text([ls], 3, bad_sha="1" * 40)
+    assert "do not separate: these 3 runs a side do not show a difference; more runs may" in out
+    assert "no bisect could" not in out
+    assert "these 3 and 5 runs do not show" in text([ls], 3, bad_sha="1" * 40, bad_runs=5)
+
+
+def test_the_header_counts_crashes_among_the_runs_it_counts_values_from():
+    class R:
+        def __init__(self, v):
+            self.value = v
+    runs = [R(None), R(1.0), R(None), R(None), R(2.0), R(None), R(3.0)]
+    counted = [r for r in runs if r.value is not None]
+    assert cal.crashes_among(runs, counted, 2) == 3          # after the 1.0 left out
+    assert cal.crashes_among(runs, counted, 3) == 4          # every run
+    assert cal.crashes_among(runs, counted, 5) == 4
