@@ -78,6 +78,50 @@ def reaped(proc: subprocess.Popen):
             proc.wait()
 
 
+def calibrate_wrapped(h, tmp_path: Path, source: str, runs: int) -> subprocess.CompletedProcess:
+    """`klbisect calibrate --json` of ``h``'s good commit with a probe written
+    from ``source``, given a counter file (``tmp_path / "n"``) to shape its runs."""
+    probe = tmp_path / "wrapped_probe.py"
+    probe.write_text(source)
+    p = klb("calibrate", "--rev", h.good, "--runs", str(runs), "--probe-cmd", f"{PY} {probe} {tmp_path / 'n'}",
+            "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+@contextlib.contextmanager
+def fake_github(status: int = 201, body: bytes = b'{"html_url": "https://github.com/acme/kv/issues/7#c1"}',
+                delay: float = 0.0):
+    """A GitHub API on loopback that answers every request with ``status``
+    and ``body`` after ``delay`` seconds; yields its URL and the request
+    bodies it received, in order."""
+    import threading  # noqa: PLC0415
+    from http.server import BaseHTTPRequestHandler, HTTPServer  # noqa: PLC0415
+    got: list[bytes] = []
+
+    class Api(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            got.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            time.sleep(delay)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST  # noqa: N815
+
+        def log_message(self, *a):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", got
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 def git(cwd, *args, check: bool = True) -> str:
     p = subprocess.run(["git", *args], cwd=str(cwd), env=child_env(), capture_output=True, text=True)
     if check and p.returncode != 0:

@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 
-from conftest import PY, SEPARATED, db_query, error_line, klb, probe_cmd
+from conftest import PY, SEPARATED, calibrate_wrapped, db_query, error_line, klb, probe_cmd
 from klbisect.calibrate import (MAX_LABEL, Calibration, format_calibration, label_stats, raise_to_labels,
                                 runs_for_bound)
 from klbisect.decide import recommend_threshold
@@ -182,13 +182,7 @@ def test_calibrate_counts_a_run_cut_off_short_of_its_labels_as_a_crash(history, 
     """A run that died after its first label printed that label's (low)
     value: counted, it drew the max row's minimum from one label and
     understated the false-failure rate calibrate exists to measure."""
-    h = history(n_commits=6, seed=4, merges=0)
-    probe = tmp_path / "cut_short.py"
-    probe.write_text(CUT_SHORT)
-    p = klb("calibrate", "--rev", h.good, "--runs", "6", "--probe-cmd", f"{PY} {probe} {tmp_path / 'n'}",
-            "--json", cwd=h.path)
-    assert p.returncode == 0, p.stderr
-    res = json.loads(p.stdout)
+    res = json.loads(calibrate_wrapped(history(n_commits=6, seed=4, merges=0), tmp_path, CUT_SHORT, 6).stdout)
     assert res["runs"] == 6 and res["crashes"] >= 2
     # every label and the max over them from the same six whole runs
     assert {ls["summary"]["n"] for ls in res["labels"]} == {6}

@@ -19,8 +19,8 @@ import filelock
 import psutil
 import pytest
 
-from conftest import (HEX40, PY, SEPARATED, build_cmd, child_env, db_query, error_line, git, json_tail, klb,
-                      klb_popen, log_file, probe_cmd, processes_with, state_dir, user_state, wait_gone)
+from conftest import (HEX40, PY, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query, error_line, git,
+                      json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir, user_state, wait_gone)
 from klbisect import repo as gitrepo
 from klbisect.histgen import NoiseModel
 from klbisect.probe import CommandProbe, Slot
@@ -359,12 +359,7 @@ def test_runs_stopped_by_their_assertion_do_not_make_a_crash_after_the_same_labe
     runs that crash there outnumbered the runs that finish: the label set
     "most runs print" was the first label alone, and the crashes counted as
     measurements, their max missing two labels (a tester's: 6 of 20)."""
-    h = history(n_commits=6, seed=4, merges=0)
-    probe = tmp_path / "assert_or_crash.py"
-    probe.write_text(ASSERT_OR_CRASH_AFTER_FIRST)
-    p = klb("calibrate", "--rev", h.good, "--runs", "7", "--probe-cmd", f"{PY} {probe} {tmp_path / 'n'}",
-            "--json", cwd=h.path)
-    assert p.returncode == 0, p.stderr
+    p = calibrate_wrapped(history(n_commits=6, seed=4, merges=0), tmp_path, ASSERT_OR_CRASH_AFTER_FIRST, 7)
     made = len((tmp_path / "n").read_text().splitlines())
     crashed = sum(k % 10 in (2, 5, 8) for k in range(made))
     # seven runs with values (whole runs and assertion stops) besides the crashes

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import fake_github
 from klbisect.histgen import make_history
 from klbisect.nightly import compare, judge_trend
 
@@ -726,29 +727,9 @@ def test_a_failed_post_is_an_exit_code(tmp_path):
         lv.commit(f"Docs {night} (#1{night[1]})")
         tail_json(nightly(repo, night))
     lv.commit("Quantize the KV cache (#200)", 0.008)
-
-    class Refuse(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            out = b'{"message": "Bad credentials"}'
-            self.send_response(401)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        do_GET = do_POST  # noqa: N815
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), Refuse)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with fake_github(401, b'{"message": "Bad credentials"}') as (api, _):
         p = nightly(repo, "d4", "--post-to", "acme/kvserve#7", "--offline",
-                    env={"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": f"http://127.0.0.1:{srv.server_address[1]}"})
-    finally:
-        srv.shutdown()
-        srv.server_close()
+                    env={"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api})
     assert p.returncode == 158, p.stderr
     obj = json.loads(p.stdout.strip().splitlines()[-1])
     assert obj["regressed"] is True and obj["posted"] is False and obj["pr"] == 200
@@ -853,28 +834,10 @@ def test_two_jobs_of_one_night_post_once_while_github_is_slow(tmp_path):
     saw "not posted yet" and the issue got the comment twice. Posting holds
     the repository's lock; the second job is busy (153)."""
     lv, culprit = _regressed_levels(tmp_path)
-    seen: list = []
-
-    class Slow(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            seen.append(body)
-            time.sleep(4)
-            out = b'{"html_url": "https://github.com/acme/kvserve/issues/7#issuecomment-1"}'
-            self.send_response(201)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    env = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": f"http://127.0.0.1:{srv.server_address[1]}"}
     cmd = [PY, "-m", "klbisect", "nightly", "--repo", str(lv.path), "--branch", "main", "--probe-cmd",
            f"{PY} probe.py", "--night", "d4", "--json", "--post-to", "acme/kvserve#7", "--offline"]
-    try:
+    with fake_github(delay=4) as (api, seen):
+        env = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api}
         first = subprocess.Popen(cmd, cwd=lv.path, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
         deadline = time.monotonic() + 200
@@ -883,9 +846,6 @@ def test_two_jobs_of_one_night_post_once_while_github_is_slow(tmp_path):
             time.sleep(0.05)
         second = subprocess.run(cmd, cwd=lv.path, env=_env(env), capture_output=True, text=True, timeout=240)
         out, err = first.communicate(timeout=240)
-    finally:
-        srv.shutdown()
-        srv.server_close()
     assert first.returncode == 0 and json.loads(out.strip().splitlines()[-1])["culprit"] == culprit, err
     assert second.returncode == 153 and "busy" in second.stderr, second.stderr
     assert len(seen) == 1

@@ -368,33 +368,15 @@ def test_the_github_api_is_klbisects_variable_then_the_one_actions_sets(monkeypa
 def test_a_post_github_refuses_says_what_to_check(monkeypatch):
     """A 401 said only "Bad credentials"; a connection error was urllib3's
     wrappers, cut before "Connection refused"."""
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from conftest import fake_github
 
     from klbisect.github import GitHubError, post_comment
-
-    class Refuse(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            out = b'{"message": "Bad credentials"}'
-            self.send_response(401)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *a):
-            pass
-
-    srv = HTTPServer(("127.0.0.1", 0), Refuse)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        monkeypatch.setenv("KLBISECT_GITHUB_API", f"http://127.0.0.1:{srv.server_address[1]}")
+    with fake_github(401, b'{"message": "Bad credentials"}') as (api, _):
+        monkeypatch.setenv("KLBISECT_GITHUB_API", api)
         with pytest.raises(GitHubError) as e:
             post_comment("acme/kv", 7, "hi", "ghp_" + "x" * 36, backoff=0)
         assert "HTTP 401" in e.value.message and "check GITHUB_TOKEN" in e.value.message
-    finally:
-        srv.shutdown()
-        srv.server_close()
-    monkeypatch.setenv("KLBISECT_GITHUB_API", f"http://127.0.0.1:{srv.server_address[1]}")   # closed now
+    # the server is closed now: nothing listens at that port
     with pytest.raises(GitHubError) as e:
         post_comment("acme/kv", 7, "hi", "ghp_" + "x" * 36, backoff=0)
     assert "Connection refused" in e.value.message and "HTTPConnectionPool" not in e.value.message, e.value.message
