@@ -171,7 +171,8 @@ class Judgement:
 
 def judge_night(head: list[float], baseline: list[float], borderline: list[float] | None = None,
                 open_bad: list[float] | None = None, alpha: float = 0.001, min_effect: float = 0.1,
-                min_baseline: int = 3, open_head: list[float] | None = None) -> Judgement:
+                min_baseline: int = 3, open_head: list[float] | None = None,
+                open_whole: list[float] | None = None) -> Judgement:
     """Tonight's verdict from its runs, the good baseline, the runs of the
     suspect nights just before it (``borderline``) and the runs of the open
     regression's heads (``open_bad``). A night that stays borderline once
@@ -183,7 +184,11 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
     than the old baseline. Otherwise a regressed head that drew low would
     close the regression, join the baseline and be found again the next
     night, or never. ``open_head``: tonight's runs as ``open_bad`` holds
-    them (one label's values, when the regression's bisect judged one)."""
+    them (one label's values, when the regression's bisect judged one), and
+    ``open_whole`` the open regression's max over labels: a night back at
+    the baseline whose max is shown better than it is fixed, whatever that
+    one label says (a bisect judged a label that had drawn low by chance,
+    and the fix of the real one was never seen)."""
     c = compare(head, baseline, alpha, min_effect, min_baseline)
     mine = open_head or head
     if c.verdict in ("crashed", "baseline"):
@@ -210,7 +215,13 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
                              other_side="open" if again.suspicious else "")
         fixed = compare(open_bad, mine, alpha, min_effect, min_baseline)
         mo, mt = float(np.median(open_bad)), float(np.median(mine))
-        why = (f"tonight's median {fmt_value(mt)} vs the open regression's {fmt_value(mo)} over "
+        over = ""
+        if fixed.verdict != "regressed" and open_head and open_whole and not c.suspicious:
+            whole = compare(open_whole, head, alpha, min_effect, min_baseline)
+            if whole.verdict == "regressed":
+                fixed, open_bad, mo, mt = whole, open_whole, float(np.median(open_whole)), float(np.median(head))
+                over = "the max over labels: "
+        why = (f"{over}tonight's median {fmt_value(mt)} vs the open regression's {fmt_value(mo)} over "
                f"{len(open_bad)} runs ({fmt_ratio(mt, mo) or 'x n/a'}), Mann-Whitney p={fixed.p_value:.2g}")
         if fixed.verdict != "regressed":
             return Judgement("known", c, fixed.suspicious or c.suspicious, f"not shown fixed: {why}",
@@ -575,7 +586,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     def judge(values: list[float]) -> Judgement:
         mine = label_values([head]) if open_bad_label else []
         j = judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
-                        opts.min_effect, opts.min_baseline, open_head=mine or None)
+                        opts.min_effect, opts.min_baseline, open_head=mine or None,
+                        open_whole=open_bad if mine else None)
         if mine and j.verdict == "known" and not j.more:
             # the open regression's label is as it was, but another label may have moved on
             # top of it: the max over labels against the open regression's says so

@@ -401,6 +401,29 @@ def test_an_open_regression_closes_only_when_a_night_is_shown_better():
     assert j.verdict in ("known", "suspect") and j.verdict != "good"
 
 
+def test_a_fix_the_max_shows_closes_a_regression_judged_on_a_label_that_did_not_move():
+    """A false "worse again" on a label that had drawn low became the open
+    regression, judged on that label: the fix of the real regression on
+    another label never showed there, and every later night stayed "known"
+    (a tester's simulated month, from d11 to its end). A night back at the
+    baseline whose max is shown better than the open regression's max is
+    fixed."""
+    from klbisect.nightly import judge_night
+    base15 = [0.0040 + 1e-4 * i for i in range(15)]          # the max over labels, good nights
+    open_label = [0.0038 + 1e-4 * i for i in range(12)]       # the label the bisect judged: never moved
+    open_max = [0.0095 + 1e-4 * i for i in range(12)]         # the max: the real regression's label
+    tonight_max = [0.0041, 0.0044, 0.0046, 0.0043]
+    tonight_label = [0.0040, 0.0042, 0.0044, 0.0041]
+    alone = judge_night(tonight_max, base15, open_bad=open_label, open_head=tonight_label)
+    assert alone.verdict == "known" and "not shown fixed" in alone.reason
+    j = judge_night(tonight_max, base15, open_bad=open_label, open_head=tonight_label, open_whole=open_max)
+    assert j.verdict == "good" and j.reason.startswith("fixed:"), j.reason
+    # still above the baseline by its max: the label's "as it was" does not close it
+    high = [0.0090, 0.0094, 0.0097, 0.0099]
+    j = judge_night(high, base15, open_bad=open_label, open_head=tonight_label, open_whole=open_max)
+    assert j.verdict != "good"
+
+
 LEVEL_PROBE = '''import json, os, random, time
 # KL_DRIVER_SCALE stands for the machine: a new driver or wheel that moves every commit
 spec = json.load(open("kl.json"))
@@ -488,8 +511,11 @@ def test_a_young_baseline_is_measured_again_and_a_second_regression_is_bisected(
     assert r5["regressed"] is True and r5["culprit"] == second and r5["pr"] == 107, p5.stderr
     assert "worse again" in p5.stderr
     assert f"runs of the open regression: one more run of {d3_head[:12]}" in p5.stderr
-    d5_runs = db(repo, "SELECT COUNT(*) FROM runs WHERE sha=?", (second,))[0][0]
-    assert fresh() == d5_runs >= n_open + 2
+    # judged against as many of the open head's runs as tonight's (the bisect that follows
+    # may measure either head once more)
+    worse = re.search(r"REGRESSED: worse again: .*? vs the open regression's (\d+) runs", p5.stderr)
+    assert worse and int(worse.group(1)) >= n_open + 2, p5.stderr
+    assert fresh() >= n_open + 2
     assert db(repo, "SELECT good FROM sessions WHERE kind='run' ORDER BY id")[-1] == (d3_head,)
     assert verdicts(repo) == ["baseline", "good", "regressed", "known", "regressed"]
 
