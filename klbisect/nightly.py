@@ -420,7 +420,9 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         ws.close()
     # A night killed mid-bisect, or whose post failed, is finished first: the next
     # night is a new name, and "rerun the same command" is no advice for a cron job.
-    earlier = [_finish(path, cfg, opts, r, target, progress, post_out, why=why) for r, why in unfinished]
+    # each to its own night's report file: tonight's -o is tonight's
+    earlier = [_finish(path, cfg, dataclasses.replace(opts, report_path=None), r, target, progress, post_out,
+                       why=why) for r, why in unfinished]
 
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
@@ -441,8 +443,10 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         if rec.get("verdict") != "regressed":
             raise
         said = getattr(e, "message", None) or "interrupted"
-        stop = Interrupted(f"{said.split(';')[0]}; night {night} was judged REGRESSED and its bisect is saved: "
-                           "the next nightly finishes it (or run this night again)")
+        what = ("its answer is saved and the next nightly posts it" if "complete" in rec
+                else "its bisect is saved: the next nightly finishes it")
+        stop = Interrupted(f"{said.split(';')[0]}; night {night} was judged REGRESSED and {what} (or run this "
+                           "night again)")
         stop.json_partial = summary(rec)    # so a --json reader still sees the regression
         raise stop from None
     if earlier:
@@ -473,8 +477,8 @@ def _finish(path, cfg, opts: NightlyOptions, rec: dict, target, progress: Progre
         finally:
             ws.close()
     if rec["verdict"] == "regressed" and rec.get("state") != "done":
-        rec = _bisect_and_report(path, cfg, opts, rec, progress)
-    if target is not None and _to_post(rec):
+        rec = _bisect_and_report(path, cfg, opts, rec, progress, keep_unfinished=bool(why))
+    if target is not None and _to_post(rec) and not rec.get("unfinished_error"):
         rec = _post(path, opts, rec, target, progress, post_out)
     return rec
 
@@ -786,11 +790,20 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         # night drew low was called good and sits in the baseline, and a bisect from that
         # head would search a range with no regression in it (and run to its limits).
         # The pool as a whole showed the difference; a longer range costs a few runs.
-        rec["bisect_good"] = baseline_shas[-1]
-        if len(baseline_shas) > 1:
-            rec["notes"].append(f"bisecting from {baseline_shas[-1][:12]}, the oldest of the {len(baseline_shas)} "
-                                f"baseline heads (nights {', '.join(baseline_nights)}): a regression that "
+        # Not from before a regression that was found and fixed since: that range goes bad,
+        # good, bad again, and its bisect names the old culprit (a tester's: posted twice)
+        old = _earlier_culprits(ws, probe_key, head, sid)
+        since_fix = [(h, nt) for h, nt in zip(baseline_shas, baseline_nights)
+                     if all(gitrepo.is_ancestor(ws.repo, c, h) for c in old)]
+        ends = since_fix or list(zip(baseline_shas, baseline_nights))
+        rec["bisect_good"] = ends[-1][0]
+        if len(ends) > 1:
+            rec["notes"].append(f"bisecting from {ends[-1][0][:12]}, the oldest of the {len(ends)} "
+                                f"baseline heads (nights {', '.join(nt for _, nt in ends)}): a regression that "
                                 "drew low on its first night may sit in the newer ones")
+        if since_fix and len(since_fix) < len(baseline_shas):
+            rec["notes"].append(f"not from an older baseline head: the range would hold the culprit of an earlier "
+                                f"regression ({', '.join(c[:12] for c in old)}) and its fix")
     if j.verdict == "regressed":
         # the runs the verdict rests on: tonight's side, and the side it was judged against
         rec["against_heads"] = found_heads if j.worse_again else anchor_shas if drift else baseline_shas
@@ -1019,6 +1032,19 @@ def _good_heads(ws, probe_key: str, head: str, sid: int, trend: bool = False):
         yield h, r.get("night", "")
 
 
+def _earlier_culprits(ws, probe_key: str, head: str, sid: int) -> list[str]:
+    """The culprits earlier nights' bisects named that are in ``head``'s
+    history: a regression that was fixed since (or is still open)."""
+    out = []
+    for s in _nightly_sessions(ws.store, probe_key):
+        r = s.result or {}
+        c = r.get("culprit")
+        if s.id != sid and c and r.get("complete") is not False and c not in out \
+                and gitrepo.is_ancestor(ws.repo, c, head):
+            out.append(c)
+    return out
+
+
 def _baseline(ws, probe_key: str, head: str, k: int, sid: int, trend: bool = False) -> tuple[list[str], list[str]]:
     """The last ``k`` good nightly heads (most recent first) and their nights."""
     heads = list(itertools.islice(_good_heads(ws, probe_key, head, sid, trend), k))
@@ -1073,12 +1099,14 @@ def _suspects(ws, probe_key: str, head: str, sid: int) -> tuple[list[str], list[
     return shas, nights
 
 
-def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Progress) -> dict:
+def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Progress,
+                       keep_unfinished: bool = False) -> dict:
     from .report import write_report  # noqa: PLC0415
     from .session import Workspace, run_bisect  # noqa: PLC0415
     good = rec.get("bisect_good") or rec.get("last_good")
     # a resumed bisect (the night run again) writes its notes afresh
     rec["notes"] = rec["notes"][:rec.get("judged_notes", len(rec["notes"]))]
+    rec.pop("unfinished_error", None)
     bcfg = dataclasses.replace(cfg, good=good, bad=rec["head"], metric=rec.get("bisect_metric") or cfg.metric)
     progress(f"nightly {rec['night']}: bisecting {good[:12]}..{rec['head'][:12]}")
     try:
@@ -1128,6 +1156,13 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
                                     "night's until they decide")
             progress(f"nightly {rec['night']}: {rec['verdict'].upper()}: the bisect did not confirm it: "
                      f"{e.message}")
+        elif keep_unfinished:
+            # an earlier night's bisect, finished tonight: what failed is tonight's (a broken
+            # environment), not that night's answer; the next night tries again
+            rec["unfinished_error"] = e.message
+            progress(f"nightly {rec['night']}: its bisect failed tonight, left for the next night: {e.message}")
+            _save(path, rec)
+            return rec
         else:
             rec["notes"].append(f"bisect failed: {e.message}")
             progress(f"nightly {rec['night']}: bisect failed: {e.message}")
@@ -1307,7 +1342,10 @@ def summary(rec: dict) -> dict:
     if rec.get("earlier"):
         # earlier nights finished tonight (a bisect a kill cut short, a post that failed)
         out["earlier"] = rec["earlier"]
-    if rec.get("verdict") == "crashed":
+    if rec.get("unfinished_error"):
+        out.update(error=f"its bisect failed tonight (the next night tries again): {rec['unfinished_error']}",
+                   exit_code=EXIT_NO_SIGNAL)
+    elif rec.get("verdict") == "crashed":
         out.update(error=rec.get("reason"), exit_code=exit_code(rec))
     elif post and post.get("error"):
         out.update(error=f"posting to {post.get('target')} failed: {post['error']}", exit_code=exit_code(rec))

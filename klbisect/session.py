@@ -1225,6 +1225,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     failures: dict[str, int] = {}
     streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
     label_sets: dict[frozenset, int] = {}   # the label sets runs printed: _usual_labels, as they come
+    searching: list[bool] = []   # set once the endpoints are calibrated
 
     def handle(results) -> None:
         for r in results:
@@ -1248,9 +1249,21 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             i = shas.index(r.sha)
             if r.build_failed:
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} build failed: untestable ({r.build.log_path})")
+                # builds failing commit after commit look like crashes: a broken environment
+                # (the canary rebuilds the good endpoint, and one that no longer builds stops it)
+                streak.append(r.sha)
                 err = _never_built(ws, build_key, r.build.log_path)
                 if err:
                     raise err
+                if searching and i in (0, len(shas) - 1):
+                    # its runs are from before; the search would ask it again and again (a
+                    # tester's resumed nightly rebuilt one 3,000 times with a broken PATH)
+                    which = "good" if i == 0 else "bad"
+                    raise KlbisectError(f"the {which} endpoint {r.sha[:12]} does not build now, though its runs "
+                                        "were measured before: the build command or the environment changed "
+                                        f"since; fix it and rerun the same command (runs so far are kept); log: "
+                                        f"{r.build.log_path}", EXIT_NO_SIGNAL,
+                                        detail=log_tail(r.build.log_path or ""))
             elif run is not None:
                 shown, crashed = run_shown(run, _usual_labels([run], label_sets), ws.metric)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
@@ -1279,8 +1292,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         will crash. One run of the good endpoint, which printed values, tells
         them apart before the search spends its budget on crashes."""
         n = len(streak)
-        progress(f"the last {n} runs crashed at {len(set(streak))} commits: running the good endpoint "
-                 f"{sha[:12]} once to check the environment")
+        progress(f"the last {n} runs crashed (or builds failed) at {len(set(streak))} commits: running the good "
+                 f"endpoint {sha[:12]} once to check the environment")
         execute([sha])
         last = ws.store.runs(probe_key, [sha])[-1:]
         if last and (last[0].value is None or last[0].status == STATUS_TIMEOUT):
@@ -1298,6 +1311,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                                         width=ex.slots)
             st.update_session(sid, model=model.to_dict(), state="bisecting")
         before = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
+        searching.append(True)
         while True:
             runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout, failed_since=started)
             commits = [since(runs[s], before[s]) for s in shas]

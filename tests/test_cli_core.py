@@ -592,6 +592,23 @@ def test_a_merges_side_commits_leave_out_merges_and_what_good_already_has(tmp_pa
     assert gitrepo.side_commits(r, merge, good) == 3
 
 
+def test_an_endpoint_that_no_longer_builds_stops_a_resumed_search(history):
+    """A search resumed where the build now fails everywhere (a broken PATH
+    on a cron machine): the endpoints' runs are from before, so the search
+    asked an endpoint again and again, rebuilding it each time (a tester's
+    resumed nightly: 3,000 builds). It stops with 154 instead."""
+    h = history(n_commits=30, seed=3, noise=SEPARATED)
+    build = f"{PY} -c \"import os, sys; sys.exit(1 if os.environ.get('BUILD_BROKEN') else 0)\""
+    args = ["run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", build,
+            "--build-paths", "*"]
+    first = klb(*args, "--max-total-runs", "13", cwd=h.path)
+    assert first.returncode == 157, first.stderr
+    p = klb(*args, cwd=h.path, timeout=240, env={"BUILD_BROKEN": "1"})
+    assert p.returncode == 154, p.stderr[-3000:]
+    assert "does not build now, though its runs were measured before" in p.stderr
+    assert p.stderr.count("build failed") < 20
+
+
 def test_a_run_stopped_by_the_timeout_after_printing_values_is_a_crash(tmp_path):
     slot = _slot(tmp_path)
     r = CommandProbe("echo '[a]'; echo avg_kl_div=0.02; sleep 30", timeout=1.0).run(

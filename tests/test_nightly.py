@@ -430,6 +430,8 @@ spec = json.load(open("kl.json"))
 scale = float(os.environ.get("KL_DRIVER_SCALE", "1"))
 rng = random.Random(os.urandom(16))
 time.sleep(float(os.environ.get("KL_PROBE_SLEEP", "0")))   # long enough to be killed mid-bisect
+if os.environ.get("KL_BROKEN"):
+    raise SystemExit("RuntimeError: CUDA error: no CUDA-capable device is detected")   # a broken machine
 print("probe sees GITHUB_TOKEN =", os.environ.get("GITHUB_TOKEN", "(unset)"))
 for label in ("logprobs_match", "prefill_cache_hit"):
     level = spec.get("labels", {}).get(label, spec["level"]) * scale
@@ -787,6 +789,25 @@ def _comments(reqs: list) -> list[str]:
     return [json.loads(q["body"])["body"] for q in reqs if q["path"].endswith("/comments")]
 
 
+def test_a_regression_that_returns_after_its_fix_is_blamed_on_the_new_change(tmp_path):
+    """Bad, fixed, bad again: the bisect went from the oldest baseline head,
+    from before the first regression, over a range that goes bad, good and
+    bad again, and named (and posted) the old, fixed culprit (a tester's)."""
+    lv, first = _regressed_levels(tmp_path)
+    assert tail_json(nightly(lv.path, "d4"))["culprit"] == first
+    fix = lv.commit("Revert \"Quantize the KV cache (#200)\" (#500)", 0.004)
+    assert json.loads(nightly(lv.path, "d5").stdout.strip().splitlines()[-1])["verdict"] == "good"
+    lv.commit("Docs (#501)")
+    again = lv.commit("Quantize the KV cache, take two (#502)", 0.008)
+    lv.commit("Docs (#503)")
+    p6 = nightly(lv.path, "d6")
+    r6 = tail_json(p6)
+    assert r6["regressed"] is True and r6["culprit"] == again and r6["pr"] == 502, p6.stderr
+    assert "and its fix" in p6.stderr
+    [(good,)] = db(lv.path, "SELECT good FROM sessions WHERE kind='run' ORDER BY id DESC LIMIT 1")
+    assert git(lv.path, "merge-base", "--is-ancestor", fix, good) == ""
+
+
 def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):
     """GitHub down (or a bad token) on the night of the regression: that
     night exits 158, and the next one, a new night on a moved branch, posts
@@ -839,6 +860,12 @@ def test_a_night_killed_in_its_bisect_is_finished_by_the_next(tmp_path, loopback
     [(rec,)] = db(lv.path, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d4\"%'")
     rec = json.loads(rec)
     assert rec["verdict"] == "regressed" and rec["state"] == "bisecting" and "complete" not in rec
+    assert _comments(reqs) == []
+    # a night on a broken machine: that bisect cannot be finished tonight, and is neither
+    # answered ("no culprit could be isolated") nor posted, but left for the next night
+    lv.commit("Docs d4b (#399)")
+    broken = nightly(lv.path, "d4b", *post, env={**up, "KL_BROKEN": "1"})
+    assert broken.returncode == 154 and "left for the next night" in broken.stderr, broken.stderr
     assert _comments(reqs) == []
     lv.commit("Docs d5 (#400)")
     p5 = nightly(lv.path, "d5", *post, env=up)
