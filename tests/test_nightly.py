@@ -835,11 +835,8 @@ def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):
     assert len(_comments(reqs)) == 1
 
 
-def test_a_night_killed_in_its_bisect_is_finished_by_the_next(tmp_path, loopback):
-    """kill -9 mid-bisect (an OOM killer, a preempted CI runner): the next
-    night said "still there (not bisected or posted again)" for ever and
-    nobody was told. It now finishes that bisect and posts it first."""
-    api, reqs = loopback
+def _killed_mid_bisect(tmp_path, api: str) -> tuple[Levels, str, tuple, dict]:
+    """Night d4 regressed and was killed (-9) in its bisect."""
     lv, culprit = _regressed_levels(tmp_path)
     post = ("--post-to", "acme/kvserve#7", "--offline")
     up = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api}
@@ -860,12 +857,15 @@ def test_a_night_killed_in_its_bisect_is_finished_by_the_next(tmp_path, loopback
     [(rec,)] = db(lv.path, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d4\"%'")
     rec = json.loads(rec)
     assert rec["verdict"] == "regressed" and rec["state"] == "bisecting" and "complete" not in rec
-    assert _comments(reqs) == []
-    # a night on a broken machine: that bisect cannot be finished tonight, and is neither
-    # answered ("no culprit could be isolated") nor posted, but left for the next night
-    lv.commit("Docs d4b (#399)")
-    broken = nightly(lv.path, "d4b", *post, env={**up, "KL_BROKEN": "1"})
-    assert broken.returncode == 154 and "left for the next night" in broken.stderr, broken.stderr
+    return lv, culprit, post, up
+
+
+def test_a_night_killed_in_its_bisect_is_finished_by_the_next(tmp_path, loopback):
+    """kill -9 mid-bisect (an OOM killer, a preempted CI runner): the next
+    night said "still there (not bisected or posted again)" for ever and
+    nobody was told. It now finishes that bisect and posts it first."""
+    api, reqs = loopback
+    lv, culprit, post, up = _killed_mid_bisect(tmp_path, api)
     assert _comments(reqs) == []
     lv.commit("Docs d5 (#400)")
     p5 = nightly(lv.path, "d5", *post, env=up)
@@ -880,6 +880,22 @@ def test_a_night_killed_in_its_bisect_is_finished_by_the_next(tmp_path, loopback
     lv.commit("Docs d6 (#401)")
     p6 = nightly(lv.path, "d6", *post, env=up)
     assert "earlier" not in json.loads(p6.stdout.strip().splitlines()[-1]) and len(_comments(reqs)) == 1
+
+
+def test_an_earlier_bisect_a_broken_machine_cannot_finish_is_left_unposted(tmp_path, loopback):
+    """A night on a broken machine (every run crashes) cannot finish the
+    killed night's bisect: it posted "no culprit could be isolated" or a
+    block of commits that were only untestable that night (a tester's). The
+    bisect is left, unposted, for the next night, and the night exits 154."""
+    api, reqs = loopback
+    lv, _, post, up = _killed_mid_bisect(tmp_path, api)
+    lv.commit("Docs d4b (#399)")
+    broken = nightly(lv.path, "d4b", *post, env={**up, "KL_BROKEN": "1"})
+    assert broken.returncode == 154 and "left for the next night" in broken.stderr, broken.stderr
+    assert _comments(reqs) == []
+    [(rec,)] = db(lv.path, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d4\"%'")
+    rec = json.loads(rec)
+    assert rec["state"] == "bisecting" and "complete" not in rec and rec["culprit"] is None
 
 
 def test_two_jobs_of_one_night_post_once_while_github_is_slow(tmp_path):
