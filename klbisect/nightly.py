@@ -426,7 +426,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
 
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
-        probe, builder = make_probe(cfg), make_builder(cfg)
+        builder = make_builder(cfg)
         probe_key, build_key = probe.key, (builder.key if builder else None)
         with ws.locked():
             rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
@@ -1035,12 +1035,14 @@ def _good_heads(ws, probe_key: str, head: str, sid: int, trend: bool = False):
 def _earlier_culprits(ws, probe_key: str, head: str, sid: int) -> list[str]:
     """The culprits earlier nights' bisects named that are in ``head``'s
     history: a regression that was fixed since (or is still open)."""
-    out = []
+    out, seen = [], set()
     for s in _nightly_sessions(ws.store, probe_key):
         r = s.result or {}
         c = r.get("culprit")
-        if s.id != sid and c and r.get("complete") is not False and c not in out \
-                and gitrepo.is_ancestor(ws.repo, c, head):
+        if s.id == sid or not c or r.get("complete") is False or c in seen:
+            continue
+        seen.add(c)     # the known nights after a regression repeat its culprit: one git call each
+        if gitrepo.is_ancestor(ws.repo, c, head):
             out.append(c)
     return out
 

@@ -1225,7 +1225,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     failures: dict[str, int] = {}
     streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
     label_sets: dict[frozenset, int] = {}   # the label sets runs printed: _usual_labels, as they come
-    searching: list[bool] = []   # set once the endpoints are calibrated
+    searching = False   # set once the endpoints are calibrated (handle reads it when called)
 
     def handle(results) -> None:
         for r in results:
@@ -1311,7 +1311,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                                         width=ex.slots)
             st.update_session(sid, model=model.to_dict(), state="bisecting")
         before = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
-        searching.append(True)
+        searching = True
         while True:
             runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout, failed_since=started)
             commits = [since(runs[s], before[s]) for s in shas]
