@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -116,11 +117,16 @@ def test_probe_exit_codes(history, tmp_path):
     h = history(n_commits=60, seed=5, merges=3, noise=SEPARATED, culprit_index=45, crash_before=1,
                 build_broken_before=1)
     repo = h.path
-    # commit 20 alternates between a good and a bad value: never decided
+    # commit 20 alternates between a typical good and a typical bad value
+    # (the medians of the endpoint runs the first probe measured, read from
+    # files written before the flip is probed): never decided. A fixed bad value could fall above
+    # every bad endpoint run, where it counts for little, and the flip would
+    # be judged good.
     flip, counter = h.shas[20], tmp_path / "flip.count"
+    lo, hi = tmp_path / "flip.good", tmp_path / "flip.bad"
     cmd = (f'if [ "$(git rev-parse HEAD)" = {flip} ]; then n=$(cat {counter} 2>/dev/null || echo 0); '
-           f'echo $((n + 1)) > {counter}; if [ $((n % 2)) -eq 0 ]; then echo avg_kl_div=0.0035; '
-           f'else echo avg_kl_div=0.013; fi; else {probe_cmd()}; fi')
+           f'echo $((n + 1)) > {counter}; if [ $((n % 2)) -eq 0 ]; then echo avg_kl_div=$(cat {lo}); '
+           f'else echo avg_kl_div=$(cat {hi}); fi; else {probe_cmd()}; fi')
     # six runs: even a good commit whose runs all land just past every good endpoint run
     # (each then counts at most GAP_LR = 3:1) reaches the 500:1 of a verdict; four might not
     st = klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--max-runs", "6",
@@ -129,6 +135,11 @@ def test_probe_exit_codes(history, tmp_path):
     cases = [(h.shas[10], 0, "GOOD"), (h.culprit, 1, "BAD"), (flip, 125, "SKIP"),
              (h.crashing[0], 125, "SKIP"), (h.build_broken[0], 125, "SKIP")]
     for sha, code, word in cases:
+        if sha == flip:
+            for path, end in ((lo, h.good), (hi, h.bad)):
+                vals = [r["value"] for r in db_query(repo, "SELECT value FROM runs WHERE sha = ? AND value IS NOT NULL",
+                                                      (end,))]
+                path.write_text(f"{statistics.median(vals)!r}\n")
         git(repo, "checkout", "-q", sha)
         p = klb("probe", cwd=repo)
         assert "Traceback" not in p.stderr
