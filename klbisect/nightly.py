@@ -415,7 +415,7 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         head = gitrepo.resolve(ws.repo, opts.branch, "branch")
         probe = make_probe(cfg)
         with ws.locked():
-            unfinished = _unfinished_nights(ws, probe.key, head, night, target, opts.dry_run)
+            unfinished = _unfinished_nights(ws, probe.key, head, night, target)
     finally:
         ws.close()
     # A night killed mid-bisect, or whose post failed, is finished first: the next
@@ -447,8 +447,13 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
                 else "its bisect is saved: the next nightly finishes it")
         stop = Interrupted(f"{said.split(';')[0]}; night {night} was judged REGRESSED and {what} (or run this "
                            "night again)")
-        stop.json_partial = summary(rec)    # so a --json reader still sees the regression
+        # so a --json reader still sees the regression, and what earlier nights' work was done
+        stop.json_partial = summary(_with_earlier(dict(rec), earlier))
         raise stop from None
+    return _with_earlier(rec, earlier)
+
+
+def _with_earlier(rec: dict, earlier: list[dict]) -> dict:
     if earlier:
         rec["earlier"] = [summary(r) | {"night": r["night"]} for r in earlier]
     return rec
@@ -483,11 +488,12 @@ def _finish(path, cfg, opts: NightlyOptions, rec: dict, target, progress: Progre
     return rec
 
 
-def _unfinished_nights(ws, probe_key: str, head: str, night: str, target, dry_run: bool) -> list[tuple[dict, str]]:
+def _unfinished_nights(ws, probe_key: str, head: str, night: str, target) -> list[tuple[dict, str]]:
     """Earlier nights a kill or a failed post left owing something, oldest
     first, each with why: the open regression's night when its bisect never
     returned, and nights whose report (or fix) was to be posted and was
-    not. Tonight's own night, run again, finishes in the usual way."""
+    not. Tonight's own night, run again, finishes in the usual way. A
+    --dry-run night shows what it would post for them and marks nothing."""
     st = ws.store
     tonight = _find_night(st, probe_key, night, head)
     sid = tonight.id if tonight else -1
@@ -496,7 +502,7 @@ def _unfinished_nights(ws, probe_key: str, head: str, night: str, target, dry_ru
     if found and found.get("verdict") == "regressed" and found.get("state") == "bisecting" \
             and "complete" not in found:
         out[found["session"]] = (found, "its bisect was interrupted")
-    if target is not None and not dry_run:
+    if target is not None:
         for s in _nightly_sessions(st, probe_key)[-POST_RETRY_NIGHTS:]:
             r = s.result or {}
             if s.id == sid or s.id in out or not r.get("post_to") or not _to_post(r) \
@@ -1408,7 +1414,8 @@ def format_night(rec: dict) -> str:
         what = (f"culprit {e['culprit'][:12]}" + (f" (#{e['pr']})" if e.get("pr") else "") if e.get("culprit")
                 else f"verdict {e.get('verdict')}")
         told = (f"posted {e['posted']}" if isinstance(e.get("posted"), str) else "posted" if e.get("posted")
-                else f"NOT posted: {e['error']}" if e.get("error") else "nothing to post")
+                else f"NOT posted: {e['error']}" if e.get("error")
+                else "not posted (--dry-run)" if e.get("posted") is False else "nothing to post")
         lines.append(f"  earlier:  night {e['night']} finished tonight: {what}; {told}")
     return "\n".join(lines)
 

@@ -821,6 +821,12 @@ def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):
     assert "could not reach GitHub at http://127.0.0.1:9" in down.stderr and "refused" in down.stderr, down.stderr
     lv.commit("Docs d5 (#400)")
     up = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api}
+    # a --dry-run shows what the night would post for d4, and sends and marks nothing
+    dry = nightly(lv.path, "d5", *post, "--dry-run", env=up)
+    assert dry.returncode == 0, dry.stderr
+    assert "would POST" in dry.stdout and "nightly d4" in dry.stdout and culprit[:12] in dry.stdout, dry.stdout
+    assert TOKEN not in dry.stdout + dry.stderr and _comments(reqs) == []
+    assert json.loads(dry.stdout.strip().splitlines()[-1])["earlier"][0]["posted"] is False
     p5 = nightly(lv.path, "d5", *post, env=up)
     assert p5.returncode == 0, p5.stderr
     assert "nightly d4" in p5.stderr and "failed" in p5.stderr and "finishing it first" in p5.stderr
