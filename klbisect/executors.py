@@ -10,6 +10,7 @@ outside the commit went wrong: the caller may submit the commit again; a
 """
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import shutil
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from .errors import EXIT_STORAGE, KlbisectError
 from .measure import Outcome
 from .probe import STATUS_CRASH, Slot
 from .proc import kill_all_active
@@ -217,7 +219,13 @@ class LocalExecutor:
                 result = out
         except BaseException as e:  # noqa: BLE001 - infrastructure, reported, never a verdict
             self._forget_build(slot)
-            result = Failure(sha, slot.index, f"{type(e).__name__}: {e}", errno=getattr(e, "errno", None))
+            if isinstance(e, KlbisectError):
+                # klbisect's own line without its advice: the caller says what to do
+                why = e.message.split("; ")[0]
+                result = Failure(sha, slot.index, why, errno=errno.ENOSPC if e.code == EXIT_STORAGE
+                                 and "disk is full" in why else None)
+            else:
+                result = Failure(sha, slot.index, f"{type(e).__name__}: {e}", errno=getattr(e, "errno", None))
         finally:
             self._done.put(result)   # exactly one result per job, whatever happened
 

@@ -1179,3 +1179,48 @@ def make_history(path: Path, n_commits: int = 1000, culprit_index: int | None = 
         prs={sha_of[m]: pr for m, pr in gen.pr_of.items()},
         side_commits=[sha_of[m] for m in gen.side_marks],
         noise=noise, seed=seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m klbisect.histgen PATH``: a history to try klbisect on.
+    Prints the endpoints and commands; the answer goes to ``--answer FILE``
+    so a trial can stay blind."""
+    import argparse  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    ap = argparse.ArgumentParser(prog="python -m klbisect.histgen",
+                                 description="Make a git repository with a planted KL regression, a probe.py "
+                                             "that prints its noisy KL and a build.py.")
+    ap.add_argument("path", help="where to create it (absent or empty)")
+    ap.add_argument("--commits", type=int, default=200, help="first-parent commits, good endpoint included")
+    ap.add_argument("--culprit", type=int, default=None, help="index of the first bad commit (default: random)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--merges", type=int, default=10, help="merged side branches")
+    ap.add_argument("--lognormal", action="store_true",
+                    help="overlapping log-normal values (issue 3's model b) instead of the seed case's uniform")
+    ap.add_argument("--outliers", type=float, default=0.0, help="share of runs 3-10x larger")
+    ap.add_argument("--crashes", type=float, default=0.0, help="share of runs that crash before a value")
+    ap.add_argument("--broken-builds", type=int, default=0, help="commits right before the culprit that do not build")
+    ap.add_argument("--answer", help="write the ground truth (culprit, block) here as JSON instead of printing it")
+    a = ap.parse_args(argv)
+    shape = dict(kind="lognormal", good=(0.002, 0.26), bad=(0.0025, 0.26)) if a.lognormal else {}
+    try:
+        noise = NoiseModel(outlier_rate=a.outliers, crash_rate=a.crashes, **shape)
+        h = make_history(Path(a.path), n_commits=a.commits, culprit_index=a.culprit, seed=a.seed,
+                         noise=noise, merges=a.merges, build_broken_before=a.broken_builds)
+    except ValueError as e:
+        ap.error(str(e))
+    answer = {"culprit": h.culprit, "culprit_index": h.culprit_index, "block": h.expected_block,
+              "pr": h.prs.get(h.culprit)}
+    info = {"path": str(h.path), "good": h.good, "bad": h.bad, "probe_cmd": h.probe_cmd,
+            "build_cmd": h.build_cmd, "try": f"cd {h.path} && klbisect run --good {h.good[:12]} --bad main "
+                                            f"--probe-cmd '{h.probe_cmd}' --build-cmd '{h.build_cmd}'"}
+    if a.answer:
+        Path(a.answer).write_text(json.dumps(answer, indent=1) + "\n")
+    else:
+        info["answer"] = answer
+    print(json.dumps(info, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

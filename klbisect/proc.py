@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -665,4 +666,9 @@ def log_tail(path: str | Path, lines: int = 15) -> str:
         # the first line starts mid-line: a secret whose name was cut off
         # would pass redaction, and half a line explains nothing
         got = got[1:]
-    return "\n".join(got[-lines:])
+    # a probe's escape sequences (a title, a clear screen, binary junk) are
+    # shown, not played on the user's terminal
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "\n".join(got[-lines:]))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")

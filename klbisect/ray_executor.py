@@ -329,8 +329,15 @@ class RayExecutor:
             raise KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE) from None
         owns = False
         if not ray.is_initialized():
+            # ray.init installs its own SIGTERM handlers (the driver's, and a C++ one that
+            # dumps stacks and aborts): a cancelled CI job must still unwind to exit 130
+            import signal  # noqa: PLC0415
+            ours = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
             ray.init(address=cfg.ray_address or None, ignore_reinit_error=True,
                      log_to_driver=False, configure_logging=False)
+            for s, handler in ours.items():
+                if handler is not None:
+                    signal.signal(s, handler)
             owns = True
         gpus = float(ray.cluster_resources().get("GPU", 0))
         if cfg.gpus_per_probe > gpus:

@@ -9,6 +9,7 @@ log is kept as written.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -96,14 +97,41 @@ class RedactingStream:
     command wraps stdout and stderr in it, so no line of any command (a
     progress line, an error's log tail, a result) can print a token. A
     JSON object written whole is redacted string by string, so it stays
-    valid JSON."""
+    valid JSON.
+
+    Output is best effort: once its reader is gone (``| head``, a closed
+    ``tee``) writes are dropped. A BrokenPipeError let through became
+    click's exit 1, which ``git bisect run`` records as a bad commit; the
+    exit code is the verdict and must not depend on who reads the lines."""
 
     def __init__(self, stream):
         self._stream = stream
 
     def write(self, text: str) -> int:
-        self._stream.write(redact_text(text))
+        self._guarded(self._stream.write, redact_text(text))
         return len(text)
+
+    def flush(self) -> None:
+        self._guarded(self._stream.flush)
+
+    def _guarded(self, op, *args) -> None:
+        try:
+            op(*args)
+        except OSError as e:
+            if e.errno not in (errno.EPIPE, errno.EBADF):
+                raise
+            self._to_devnull()
+
+    def _to_devnull(self) -> None:
+        # the fd itself goes to /dev/null: buffered bytes and the interpreter's
+        # own flush at exit then succeed instead of raising again
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def writelines(self, lines) -> None:
         for line in lines:

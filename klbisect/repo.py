@@ -51,16 +51,28 @@ def _git(repo: git.Repo, *args: str, cwd: str | Path | None = None) -> str:
     try:
         return g.execute(["git", *args])
     except git.GitCommandError as e:
-        msg = (e.stderr or "").strip().splitlines()
-        said = msg[-1] if msg else str(e)
-        if _DISK_FULL.search(e.stderr or ""):
-            raise KlbisectError(f"git {args[0]} failed: the disk is full ({said.strip()}); free space and rerun "
+        err = (e.stderr or "").strip()
+        # GitPython hands stderr back wrapped as "stderr: '...'"
+        m = re.fullmatch(r"stderr: '(.*)'", err, re.S)
+        msg = (m.group(1) if m else err).strip().splitlines()
+        said = msg[-1].strip() if msg else str(e)
+        if _DISK_FULL.search(err) or (_WRITE_FAILED.search(err) and _nearly_full(cwd or repo.common_dir)):
+            raise KlbisectError(f"git {args[0]} failed: the disk is full ({said}); free space and rerun "
                                 "the same command: recorded runs are kept", EXIT_STORAGE) from None
         raise KlbisectError(f"git {args[0]} failed: {said}", EXIT_REVISION) from None
 
 
 # git's words for ENOSPC/EDQUOT differ by command ("Out of diskspace", strerror's own)
 _DISK_FULL = re.compile(r"No space left on device|Out of diskspace|Disk quota exceeded", re.I)
+# ... and a checkout on a full disk often names only the file it could not write
+_WRITE_FAILED = re.compile(r"unable to write|Could not reset index file|short write", re.I)
+
+
+def _nearly_full(where: str | Path, floor: int = 32 << 20) -> bool:
+    try:
+        return shutil.disk_usage(where).free < floor
+    except OSError:
+        return False
 
 
 def toplevel(repo: git.Repo) -> Path:

@@ -697,7 +697,8 @@ NEVER_BUILT_LIMIT = 3  # failed builds, none ever good under this --build-cmd: t
 def _infrastructure_error(f: Failure) -> KlbisectError:
     """Three failures outside the probe at one commit: a full disk or a log
     folder klbisect may not write is storage (156), with what to do about it."""
-    full = f.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left on device" in f.error
+    full = f.errno in (errno.ENOSPC, errno.EDQUOT) or any(
+        t in f.error for t in ("No space left on device", "the disk is full"))
     denied = f.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or any(
         t in f.error for t in ("Permission denied", "Read-only file system", "Operation not permitted"))
     fix = "free disk space, then " if full else "make the folder it names writable, then " if denied else ""

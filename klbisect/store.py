@@ -177,6 +177,11 @@ class Store:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
+            # a damaged page the next command's queries skip would let `run` answer from
+            # it while `status` calls it damaged: every command checks the whole file
+            bad = self.db.execute("PRAGMA quick_check(1)").fetchone()
+            if bad and bad[0] != "ok":
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {bad[0]}")
         except (sqlite3.Error, OSError) as e:
             err = storage_error(e, self.path)
             if not (self.path.is_file() and "read-only" in err.message):

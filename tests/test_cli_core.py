@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import sqlite3
 import signal
 import subprocess
 import time
@@ -1701,6 +1702,23 @@ def test_damage_a_query_finds_names_the_database(history):
     line = error_line(klb("status", cwd=h.path), 156)
     assert f"klbisect state {db.resolve()} is damaged" in line or f"klbisect state {db} is damaged" in line, line
 
+
+def test_a_run_does_not_answer_from_a_damaged_database(history):
+    """One damaged page that a finished session's rerun never reads: `run`
+    answered from it (exit 0) while `status` called it damaged (a tester's)."""
+    h = history(n_commits=60, seed=151)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd())
+    assert klb(*args, cwd=h.path).returncode == 0
+    db = state_dir(h.path) / "state.db"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    with open(db, "r+b") as f:
+        f.seek(4096 * 3)
+        f.write(b"\xff" * 4096)
+    for cmd in (args, ("status",)):
+        assert "is damaged" in error_line(klb(*cmd, cwd=h.path), 156)
+
 @pytest.mark.parametrize("damage", ["file", "dangling link", "db is a directory"])
 def test_a_state_path_in_the_way_says_so(history, damage):
     h = history(n_commits=10, seed=35)
@@ -1847,6 +1865,34 @@ def test_git_failing_on_a_full_disk_is_a_storage_error(tmp_path):
         with pytest.raises(gitrepo.KlbisectError) as e:
             gitrepo._git(gitrepo.open_repo(repo), "add", "a.txt")
         assert e.value.code == 156 and "the disk is full" in e.value.message, e.value.message
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+def test_a_worktree_checkout_on_a_full_disk_is_a_storage_error(tmp_path):
+    """With room for git's own files but not the checkout's, `git worktree
+    add` says only "unable to write file" and "Could not reset index file"
+    (a tester's 20 MB disk): that was 152, "a dirty tree", with GitPython's
+    quote wrapper. It is 156, the disk is full, in git's own words."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        repo = small / "r"
+        git(tmp_path, "init", "-q", str(repo))
+        (repo / "a.txt").write_text("b" * 40000)
+        git(repo, "add", "a.txt")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+        free_kb = shutil.disk_usage(small).free // 1024
+        subprocess.run(["dd", "if=/dev/zero", f"of={small / 'fill'}", "bs=1k", f"count={free_kb - 36}"],
+                       capture_output=True)
+        with pytest.raises(gitrepo.KlbisectError) as e:
+            gitrepo._git(gitrepo.open_repo(repo), "worktree", "add", "--detach", str(repo / ".git" / "wt"), "HEAD")
+        msg = e.value.message
+        assert e.value.code == 156 and "the disk is full" in msg and "free space" in msg, msg
+        assert "stderr:" not in msg and not msg.split(";")[0].endswith("'"), msg
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
 

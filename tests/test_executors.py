@@ -3,8 +3,10 @@ mid-probe, and Ray tasks on a local CPU cluster with declared GPUs."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -276,6 +278,36 @@ def test_ray_worker_death_is_retried_and_counted_once(ray_cluster, history, stat
         assert ex.wait() == [] and ex.free() == 1
     finally:
         ex.close()
+
+
+def test_sigterm_to_a_ray_bisect_exits_130_with_its_json(history, tmp_path):
+    """A cancelled CI job sends SIGTERM: ray.init had replaced klbisect's
+    handler with its own (a C++ stack dump, then abort), so the job ended
+    on -6 or 15 with no line saying what was saved and no JSON."""
+    pytest.importorskip("ray")
+    from conftest import child_env, klbisect_script  # noqa: PLC0415
+    err = tmp_path / "err"
+    cmd = klbisect_script() + ["run", "--good", history.good, "--bad", history.bad,
+                               "--probe-cmd", f"sleep 1; {sys.executable} probe.py", "--executor", "ray",
+                               "--parallel", "2", "--json"]
+    with open(err, "w") as errf:
+        p = subprocess.Popen(cmd, cwd=history.path, env=child_env(), stdout=subprocess.PIPE, stderr=errf,
+                             text=True)
+        try:
+            deadline = time.monotonic() + 240
+            while "probing " not in err.read_text():
+                assert p.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.2)
+            p.send_signal(signal.SIGTERM)
+            out, _ = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    said = err.read_text()
+    assert p.returncode == 130, said[-2000:]
+    assert "SIGTERM received" not in said and "klbisect: interrupted" in said, said[-2000:]
+    assert json.loads(out.strip().splitlines()[-1])["exit_code"] == 130
 
 
 def test_a_repeat_run_goes_back_to_the_slot_that_has_the_commit(tmp_path):

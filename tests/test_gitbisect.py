@@ -157,6 +157,27 @@ def test_probe_exit_codes(history, tmp_path):
     assert git(repo, "rev-parse", "HEAD").strip() == h.bad
 
 
+def test_a_probe_whose_output_nobody_reads_answers_by_its_exit_code(history):
+    """`git bisect run klbisect probe 2>&1 | head -n 2`: once head exits,
+    each progress line hits a closed pipe. That was click's exit 1, which
+    git records as bad, for a good commit. The verdict is the exit code,
+    whoever reads the lines."""
+    h = history(n_commits=40, seed=31, noise=SEPARATED, culprit_index=35)
+    repo = h.path
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=repo).returncode == 0
+    for sha, code in ((h.shas[19], 0), (h.culprit, 1)):
+        git(repo, "checkout", "-q", sha)
+        r, w = os.pipe()
+        os.close(r)     # the reader is gone before the first line
+        try:
+            p = subprocess.run(klbisect_script() + ["probe"], cwd=repo, env=child_env(), stdout=w, stderr=w,
+                               timeout=300)
+        finally:
+            os.close(w)
+        assert p.returncode == code, (h.index(sha), p.returncode)
+    assert klb("reset", cwd=repo).returncode == 0
+
+
 def test_probe_refuses_a_checkout_with_uncommitted_changes(history):
     """Under git bisect the probe runs in the user's checkout: an edited
     tracked file would be measured and stored as HEAD's runs. 152, so git

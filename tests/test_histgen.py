@@ -1,6 +1,7 @@
 """The synthetic histories are the ground truth of every other test: check them."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -210,3 +211,19 @@ def test_large_history(tmp_path):
     # the window rule: everything untestable sits within 10 commits before the culprit
     for sha in h.build_broken + h.crashing:
         assert h.culprit_index - 10 <= h.index(sha) <= h.culprit_index - 2
+
+
+def test_the_generator_is_a_command_a_new_user_can_run(tmp_path):
+    """`python -m klbisect.histgen --help` printed nothing: a new user had
+    to write their own wrapper to make a history to try klbisect on."""
+    repo, answer = tmp_path / "r", tmp_path / "answer.json"
+    p = subprocess.run([sys.executable, "-m", "klbisect.histgen", str(repo), "--commits", "30", "--seed", "4",
+                        "--answer", str(answer)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    info, truth = json.loads(p.stdout), json.loads(answer.read_text())
+    assert "answer" not in info and "klbisect run --good" in info["try"]
+    log = subprocess.run(["git", "rev-list", "--first-parent", "main"], cwd=repo, capture_output=True,
+                         text=True).stdout.split()
+    assert len(log) == 30 and log[0] == info["bad"] and log[-1] == info["good"] and truth["culprit"] in log
+    again = subprocess.run([sys.executable, "-m", "klbisect.histgen", str(repo)], capture_output=True, text=True)
+    assert again.returncode == 2 and "exists and is not empty" in again.stderr and "Traceback" not in again.stderr

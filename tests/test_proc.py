@@ -585,3 +585,16 @@ def test_a_log_tail_cut_mid_line_leaves_the_cut_line_out(tmp_path):
     short = tmp_path / "short.log"
     short.write_text("first\nsecond\n")
     assert log_tail(short) == "first\nsecond"
+
+
+def test_a_probes_escape_sequences_are_shown_not_played(history):
+    """A probe that printed no value but a terminal title and a clear-screen:
+    the error's log tail sent them raw to the user's terminal (a tester's;
+    `head -c 3000 /dev/urandom` as the probe filled it with binary)."""
+    from conftest import error_line, klb  # noqa: PLC0415
+    h = history(n_commits=10, seed=35)
+    noise = "printf '\\033]0;PWNED\\007\\033[2Jno metric here\\n'"
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", noise, cwd=h.path)
+    assert "no metric here" in p.stderr and "\\x1b]0;PWNED\\x07" in p.stderr, p.stderr
+    assert "\x1b" not in p.stderr and "\x07" not in p.stderr
+    error_line(p, 154)
