@@ -27,16 +27,18 @@ every node it used back.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
+import signal
 import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .executors import Failure, infrastructure_failure, port_bases
 from .measure import Measurer, Outcome
@@ -293,6 +295,25 @@ def restore_node(cache_dir: str | None, repo_url: str, builder) -> list[str]:
 
 # ---- on the driver -----------------------------------------------------------------
 
+@contextlib.contextmanager
+def _keeping_signals() -> Iterator[None]:
+    """ray.init installs its own SIGTERM handlers (the driver's, and a C++
+    one that dumps stacks and aborts) and ray.shutdown resets them to the
+    default: klbisect's are put back, so a cancelled CI job still unwinds to
+    exit 130 with what it saved. (A SIGTERM while ray.init itself runs, a
+    few seconds, still meets Ray's.)"""
+    ours = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in ours.items():
+            if handler is not None:
+                try:
+                    signal.signal(s, handler)
+                except ValueError:    # not the main thread: nothing of ours was there to put back
+                    pass
+
+
 class RayExecutor:
     """The executor interface (``slots``, ``free``, ``submit``, ``wait``,
     ``in_flight``, ``close``) over Ray tasks."""
@@ -329,15 +350,9 @@ class RayExecutor:
             raise KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE) from None
         owns = False
         if not ray.is_initialized():
-            # ray.init installs its own SIGTERM handlers (the driver's, and a C++ one that
-            # dumps stacks and aborts): a cancelled CI job must still unwind to exit 130
-            import signal  # noqa: PLC0415
-            ours = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
-            ray.init(address=cfg.ray_address or None, ignore_reinit_error=True,
-                     log_to_driver=False, configure_logging=False)
-            for s, handler in ours.items():
-                if handler is not None:
-                    signal.signal(s, handler)
+            with _keeping_signals():
+                ray.init(address=cfg.ray_address or None, ignore_reinit_error=True,
+                         log_to_driver=False, configure_logging=False)
             owns = True
         gpus = float(ray.cluster_resources().get("GPU", 0))
         if cfg.gpus_per_probe > gpus:
@@ -433,7 +448,8 @@ class RayExecutor:
         self._refs.clear()
         self._restore_nodes()
         if self._owns_ray and ray.is_initialized():
-            ray.shutdown()
+            with _keeping_signals():
+                ray.shutdown()
             self._owns_ray = False
 
     def _restore_nodes(self) -> None:
