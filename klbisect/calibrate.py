@@ -23,8 +23,9 @@ from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval,
                      runs_lower_bound, sample_bits, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value
-from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, close_builder, commit_runs,
-                      ended_on_errors, hold_env, make_builder, make_probe, since, valued_runs)
+from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _usual_labels, close_builder,
+                      commit_runs, ended_on_errors, hold_env, make_builder, make_probe, run_shown, since,
+                      valued_runs)
 from .simulate import simulate_bisect
 
 
@@ -325,10 +326,13 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
 
             def measure(values: int) -> None:
                 r = meter.measure(target)[1]
-                got = r is not None and r.value is not None
-                progress(f"{which}{target[:12]} run: "
-                         + ("build failed" if r is None else "no value" if r.value is None else fmt_value(r.value))
-                         + f" ({values + got}/{runs} values)")
+                if r is None:
+                    shown, crashed = "build failed", True
+                else:
+                    # as `run` shows it: a value printed before a timeout is a crash, not one of the values
+                    usual = _usual_labels(ws.store.runs(probe.key, [target])) if cfg.metric is None else frozenset()
+                    shown, crashed = run_shown(r, usual, cfg.metric)
+                progress(f"{which}{target[:12]} run: {shown} ({values + (not crashed)}/{runs} values)")
 
             before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
             if before.build_failed:        # in an earlier command: build it once more

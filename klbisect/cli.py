@@ -380,12 +380,14 @@ def probe(repo):
 
 @cli.command()
 @repo_option
+@click.option("--session", "session_id", type=int, default=None,
+              help="An earlier session (its number, as `history` and `report` show it).")
 @click.option("--json", "as_json", is_flag=True)
-def status(repo, as_json):
+def status(repo, session_id, as_json):
     """Commits probed, their values and verdicts, the most likely culprit."""
     from .report import format_status
     from .session import status as get_status
-    st = get_status(repo)
+    st = get_status(repo, session_id)
     if as_json:
         _emit_json(st)
     else:

@@ -95,7 +95,10 @@ class CommandProbe:
 
     @property
     def key(self) -> str:
-        return config_key("cmd", cmd=self.cmd, regex=self.metric_regex)
+        # the checkout first on PYTHONPATH (--build sglang) changes which code the
+        # command imports: runs with and without it are not one probe's
+        extra = {"pythonpath": list(self.pythonpath)} if self.pythonpath else {}
+        return config_key("cmd", cmd=self.cmd, regex=self.metric_regex, **extra)
 
     def describe(self) -> str:
         return self.cmd

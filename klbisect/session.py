@@ -198,9 +198,41 @@ def hold_env(ws: "Workspace", sid: int, builder, log_dir: Path) -> None:
     remember = getattr(builder, "remember_origin", None)
     if remember is None:
         return
+    if not ws.store.get(_env_key(sid)):
+        _take_over_env(ws, sid, builder)
     _adopt_env(ws, sid, builder)
     remember(log_dir)
     _keep_env(ws, sid, builder)
+
+
+def _unbuilt_sglang_hint(ws: "Workspace", cfg: BisectConfig) -> str:
+    """Endpoints alike in an SGLang checkout probed with no build: each
+    commit's test most likely imported the one sglang installed (a tester
+    bisected their own editable checkout, the same code at every commit)."""
+    if cfg.build or cfg.build_cmd or cfg.probe == "sglang" or not (ws.top / "python" / "sglang").is_dir():
+        return ""
+    return ("; this is an SGLang checkout probed with no build: every commit's test may have imported the "
+            "same installed sglang; add --build sglang (each probe then imports its own checkout)")
+
+
+def _take_over_env(ws: "Workspace", sid: int, builder) -> None:
+    """An earlier session that a Ctrl-C or a kill stopped before it put the
+    same interpreter back: what that one found is this one's "before" (not
+    the half-built state it left, which the next session ended by
+    "restoring"), and its record moves here, so it is put back once. A git
+    bisect session still under way keeps its own: its probes need it."""
+    python = getattr(builder, "python", None)
+    for key in ws.store.keys("env_before:"):
+        other, raw = int(key.rsplit(":", 1)[1]), ws.store.get(key)
+        sess = ws.store.session(other) if raw and other != sid else None
+        if sess is None or (sess.kind == "gitbisect" and sess.state != "ended"):
+            continue
+        theirs = make_builder(BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad}))
+        if getattr(theirs, "python", None) == python:
+            builder.adopt_origin(json.loads(raw))
+            ws.store.put(_env_key(sid), raw)
+            ws.store.put(key, "")
+            return
 
 
 def close_builder(builder, progress: Progress, ws: "Workspace | None" = None, sid: int | None = None) -> None:
@@ -645,7 +677,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                     "commit must be copied outside the repository and --probe-cmd pointed at the copy; a package "
                     "must be installed in the probe's Python")
         elif probe_key.startswith("cmd:") and re.search(
-                r"can't open file|No such file or directory|ERROR: file or directory not found", tail):
+                r"can't open file|No such file or directory|ERROR: file or directory not found|can't cd to", tail):
             # the usual cause: a KL test added after --good is not in that commit's checkout
             hint = ("the probe's own file is missing at both endpoints: check its path in --probe-cmd (it runs "
                     "from the checkout's root); a test newer than the good commit must be copied outside the "
@@ -845,6 +877,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
                     "(--max-endpoint-runs)" + _one_label_hint(ws, probe_key, good, bad, cfg)
+                    + _unbuilt_sglang_hint(ws, cfg)
                     + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
                                                  for sha, end in ((good, "good"), (bad, "bad"))) if n))
             # Spare slots measure the endpoints in parallel; alternate them so an
@@ -1339,7 +1372,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
                     "these endpoints to find, or it is too small to bisect; runs are kept"
-                    + _one_label_hint(ws, probe_key, good, bad, cfg))
+                    + _one_label_hint(ws, probe_key, good, bad, cfg) + _unbuilt_sglang_hint(ws, cfg))
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
@@ -1465,6 +1498,8 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 say_reused(ws, probe.key, [c[0] for c in cands], cfg.timeout, progress)
             meter = WorktreeMeter(ws, sid, probe, builder, progress)
             build_key = meter.build_key
+            # what --build sglang finds before its first build, kept where a Ctrl-C cannot lose it
+            hold_env(ws, sid, builder, ws.logs / f"s{sid}")
 
             def execute(batch, stop=None):
                 for sha in batch:
@@ -1483,7 +1518,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 raise
             finally:
                 meter.close()
-                close_builder(builder, progress)
+                close_builder(builder, progress, ws, sid)
             ws.store.update_session(sid, model=model.to_dict(), state="bisecting")
             if isinstance(model, Model) and not model.decisive:
                 how = ("overlap" if not model.disjoint else "sit close for their spread" if not model.separates
@@ -1916,17 +1951,17 @@ def _shown_session(ws: Workspace, session_id: int | None = None):
     return sess
 
 
-def status(path: str | Path | None) -> dict:
+def status(path: str | Path | None, session_id: int | None = None) -> dict:
     ws = Workspace(path)
     try:
-        sess = _shown_session(ws)
+        sess = _shown_session(ws, session_id)
         ws.use_session(sess)
         st = ws.store
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
                      "stopped": None if sess.state == "done" else stop_reason(st, sess.id)}
         out["running"] = ws.busy()
-        later = st.latest_session(("calibrate",))
+        later = st.latest_session(("calibrate",)) if session_id is None else None
         if later is not None and later.id > sess.id and later.result is None:
             # hidden from status (nothing to show yet), but the user who just pressed
             # Ctrl-C must not read an older calibration as this one

@@ -1218,7 +1218,12 @@ class SGLangBuilder:
             with open(log_path, "wb") as log:
                 failed = self._run(cmds, before.log_dir, log, log_path)
         except KeyboardInterrupt:
-            _say_stderr(self._not_restored(before, cmds, log_path, "interrupted"))
+            # the pip commands stop at the Ctrl-C too; what was found is kept (close() keeps
+            # ``before``), so the line says which command puts it back, not a pip recipe
+            now = read_origin(py, cwd=before.log_dir)
+            _say_stderr(f"klbisect: interrupted before {py} was put back to {before.origin.describe()} (it now "
+                        f"has {now.describe() if now else 'an unknown sglang'}): `klbisect reset`, or the "
+                        "command that resumes this session when it ends, puts it back")
             raise
         except Exception as e:  # noqa: BLE001 - the session is ending: say what to do, never mask its error
             failed = f"{type(e).__name__}: {e}"

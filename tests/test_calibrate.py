@@ -367,3 +367,26 @@ def test_calibrate_is_as_patient_with_crashes_as_run_and_counts_them_beside_its_
     line = error_line(p, 154)                                          # EXIT_NO_SIGNAL
     assert f"the calibrated commit {h.bad[:12]} crashed before printing a metric value in 6 runs" in line, line
     assert "endpoint" not in line
+
+
+def test_calibrate_progress_counts_a_run_that_timed_out_as_a_crash(history):
+    """A run that printed a value and then hung past --timeout is a crash
+    (its later labels are missing): calibrate's progress said "0.0037 (1/2
+    values)" for each, then stopped with "no value" (a tester's)."""
+    h = history(n_commits=10, seed=35)
+    hang = f"{PY} -c \"import time; print('avg_kl_div=0.0037', flush=True); time.sleep(30)\""
+    p = klb("calibrate", "--rev", h.good, "--runs", "2", "--timeout", "2", "--probe-cmd", hang, cwd=h.path)
+    error_line(p, 154)
+    assert "then timed out: counted as a crash (0/2 values)" in p.stderr, p.stderr
+    assert "(1/2 values)" not in p.stderr
+
+
+def test_status_shows_an_earlier_session_asked_for(history):
+    """`log` and `report` took --session, `status` did not (a tester's)."""
+    h = history(n_commits=20, seed=12, noise=SEPARATED)
+    assert klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    assert klb("calibrate", "--rev", h.good, "--runs", "2", "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    assert klb("status", cwd=h.path).stdout.startswith("Session 2 (calibrate")
+    first = klb("status", "--session", "1", cwd=h.path)
+    assert first.returncode == 0 and first.stdout.startswith("Session 1 (run"), first.stdout
+    assert "no klbisect session 9" in error_line(klb("status", "--session", "9", cwd=h.path), 150)

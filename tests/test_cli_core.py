@@ -1653,6 +1653,10 @@ def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} test/test_kl_new.py", cwd=h.path)
     line = error_line(p, 154)
     assert "missing at both endpoints: check its path" in line and "copied outside the repository" in line
+    # ... and so for a probe that starts with a `cd` into a folder neither has (sh: "can't cd to")
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"cd test/kl && {PY} test_kl_new.py",
+            cwd=h.path)
+    assert "missing at both endpoints: check its path" in error_line(p, 154)
 
 
 def test_a_metric_regex_that_cannot_work_is_refused_before_any_run(history):

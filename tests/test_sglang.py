@@ -534,7 +534,37 @@ def test_an_interrupted_run_with_build_sglang_puts_back_what_it_first_found(venv
     worktree, and the run that resumed took that for the original (a
     tester's: their "no sglang" was lost). What the first command found is
     in the session's store: the rerun puts that back, and so would `reset`."""
-    from conftest import klb, klb_popen, reaped
+    from conftest import klb
+    user = _levelled_sglang(tmp_path)
+    args = ("run", "--good", "HEAD~5", "--bad", "HEAD", "--probe-cmd", "python probe.py", *_build_args(venv))
+    _killed_after_a_build(args, user, venv, tmp_path)
+    again = klb(*args, cwd=user, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "is back to no sglang" in again.stderr and "no longer exists" not in again.stderr, again.stderr
+    assert _where(venv, tmp_path) is None
+
+
+@pytest.mark.parametrize("then", ["start again", "a run with another probe command"])
+def test_what_an_interrupted_session_found_is_put_back_by_the_next(venv, tmp_path, then):
+    """Two ways a tester lost their sglang after a Ctrl-C: `start` kept
+    nothing of what it found before its endpoint builds (`run` did), and a
+    new session (the probe command fixed and run again) took the half-built
+    state for the original and "restored" that."""
+    from conftest import klb
+    user = _levelled_sglang(tmp_path)
+    ends = ("--good", "HEAD~5", "--bad", "HEAD")
+    first = (("start", *ends, "--probe-cmd", "python probe.py") if then == "start again"
+             else ("run", *ends, "--probe-cmd", "python probe.py"))
+    _killed_after_a_build((*first, *_build_args(venv)), user, venv, tmp_path)
+    nxt = first if then == "start again" else ("run", *ends, "--probe-cmd", "python ./probe.py")
+    again = klb(*nxt, *_build_args(venv), cwd=user, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "is back to no sglang" in again.stderr and "no longer exists" not in again.stderr, again.stderr
+    assert _where(venv, tmp_path) is None
+
+
+def _levelled_sglang(tmp_path: Path) -> Path:
+    """A user's sglang checkout with six commits; the probe reads bad from the fourth on."""
     user = _sglang_project(tmp_path / "mine", "user checkout")
     (user / "probe.py").write_text(
         "import os, pathlib, time\n"
@@ -547,19 +577,23 @@ def test_an_interrupted_run_with_build_sglang_puts_back_what_it_first_found(venv
         (user / "python" / "sglang" / "__init__.py").write_text(f"WHERE = 'commit {i}'\n")
         for args in (("add", "-A"), ("commit", "-q", "-m", f"change {i} (#{100 + i})")):
             subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", *args], cwd=user, check=True)
-    args = ("run", "--good", "HEAD~5", "--bad", "HEAD", "--probe-cmd", "python probe.py", "--build", "sglang",
-            "--sglang-python", str(venv), "--pip-args", "--no-build-isolation")
+    return user
+
+
+def _build_args(venv: Path) -> tuple[str, ...]:
+    return ("--build", "sglang", "--sglang-python", str(venv), "--pip-args", "--no-build-isolation")
+
+
+def _killed_after_a_build(args: tuple, user: Path, venv: Path, tmp_path: Path) -> None:
+    """``klbisect ARGS`` killed -9 once a build has installed a checkout: no chance to put anything back."""
+    from conftest import klb_popen, reaped
     with reaped(klb_popen(*args, cwd=user)) as first:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not _where_or_none(venv, tmp_path):
             time.sleep(0.2)
         assert _where_or_none(venv, tmp_path), "no build happened"
-        first.send_signal(signal.SIGKILL)      # no chance to put anything back
+        first.send_signal(signal.SIGKILL)
         first.wait()
-    again = klb(*args, cwd=user, timeout=600)
-    assert again.returncode == 0, again.stderr
-    assert "is back to no sglang" in again.stderr and "no longer exists" not in again.stderr, again.stderr
-    assert _where(venv, tmp_path) is None
 
 
 def _where_or_none(py: Path, cwd: Path) -> str | None:
@@ -954,3 +988,26 @@ def test_a_probe_command_under_build_sglang_imports_its_own_checkout(tmp_path, m
         probe = make_probe(BisectConfig(probe_cmd=cmd, build=build))
         res = probe.run(checkout, tmp_path / f"run-{build}.log", slot)
         assert res.values == {"value": kl}, (build, Path(res.log_path).read_text())
+    # so the two measure different code: their runs are not one probe's (a tester's runs
+    # without --build measured the installed checkout at every commit, and were reused with it)
+    keys = {make_probe(BisectConfig(probe_cmd=cmd, build=b)).key for b in ("sglang", None)}
+    assert len(keys) == 2
+
+
+def test_alike_endpoints_in_an_sglang_checkout_probed_without_a_build_say_so(tmp_path):
+    """A tester's probe imported their installed sglang at every commit (no
+    --build): the endpoints looked alike, and nothing said why."""
+    from conftest import error_line, klb
+    user = _sglang_project(tmp_path / "mine", "user checkout")
+    (user / "probe.py").write_text("print('avg_kl_div=0.004')\n")
+    for i in range(4):
+        (user / "level.txt").write_text(f"{i}\n")
+        for args in (("add", "-A"), ("commit", "-q", "-m", f"change {i}")):
+            subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", *args], cwd=user, check=True)
+    args = ("run", "--good", "HEAD~3", "--bad", "HEAD", "--probe-cmd", f"{sys.executable} probe.py",
+            "--max-endpoint-runs", "4")
+    line = error_line(klb(*args, cwd=user), 154)
+    assert "do not separate" in line and "add --build sglang" in line, line
+    # a build given: not this hint
+    line = error_line(klb(*args, "--build-cmd", "true", cwd=user), 154)
+    assert "do not separate" in line and "--build sglang" not in line, line
