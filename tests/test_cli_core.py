@@ -1849,56 +1849,54 @@ def test_a_dirty_file_whose_mode_or_line_endings_alone_changed_says_so(tmp_path)
     assert "real.py" in shown and "real.py (" not in shown
 
 
-def test_git_failing_on_a_full_disk_is_a_storage_error(tmp_path):
-    """A rerun while the disk is still full failed in `git status` with
-    git's own words and 151 (a tester's): it is 156, with what to do. On a
-    real full file system (a small tmpfs; skipped where mounting is not allowed)."""
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs holding a one-commit repository ``r`` with a file of
+    ``size`` bytes, filled but for ``free_kb``: a real full file system
+    (skipped where mounting is not allowed)."""
     small = tmp_path / "small"
     small.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
                       capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
-    try:
+
+    def make(size: int, free_kb: int) -> Path:
         repo = small / "r"
         git(tmp_path, "init", "-q", str(repo))
-        (repo / "a.txt").write_text("a\n")
+        (repo / "a.txt").write_text("b" * size)
         git(repo, "add", "a.txt")
         git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
-        subprocess.run(["dd", "if=/dev/zero", f"of={small / 'fill'}", "bs=4k"], capture_output=True)
-        (repo / "a.txt").write_text("b" * 3000)
-        with pytest.raises(gitrepo.KlbisectError) as e:
-            gitrepo._git(gitrepo.open_repo(repo), "add", "a.txt")
-        assert e.value.code == 156 and "the disk is full" in e.value.message, e.value.message
+        count = shutil.disk_usage(small).free // 1024 - free_kb
+        subprocess.run(["dd", "if=/dev/zero", f"of={small / 'fill'}", "bs=1k", f"count={count}"],
+                       capture_output=True)
+        return repo
+    try:
+        yield make
     finally:
         subprocess.run(["umount", "-l", str(small)], capture_output=True)
 
 
-def test_a_worktree_checkout_on_a_full_disk_is_a_storage_error(tmp_path):
+def test_git_failing_on_a_full_disk_is_a_storage_error(small_disk):
+    """A rerun while the disk is still full failed in `git status` with
+    git's own words and 151 (a tester's): it is 156, with what to do."""
+    repo = small_disk(2, 0)
+    (repo / "a.txt").write_text("b" * 3000)
+    with pytest.raises(gitrepo.KlbisectError) as e:
+        gitrepo._git(gitrepo.open_repo(repo), "add", "a.txt")
+    assert e.value.code == 156 and "the disk is full" in e.value.message, e.value.message
+
+
+def test_a_worktree_checkout_on_a_full_disk_is_a_storage_error(small_disk):
     """With room for git's own files but not the checkout's, `git worktree
     add` says only "unable to write file" and "Could not reset index file"
     (a tester's 20 MB disk): that was 152, "a dirty tree", with GitPython's
     quote wrapper. It is 156, the disk is full, in git's own words."""
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        repo = small / "r"
-        git(tmp_path, "init", "-q", str(repo))
-        (repo / "a.txt").write_text("b" * 40000)
-        git(repo, "add", "a.txt")
-        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
-        free_kb = shutil.disk_usage(small).free // 1024
-        subprocess.run(["dd", "if=/dev/zero", f"of={small / 'fill'}", "bs=1k", f"count={free_kb - 36}"],
-                       capture_output=True)
-        with pytest.raises(gitrepo.KlbisectError) as e:
-            gitrepo._git(gitrepo.open_repo(repo), "worktree", "add", "--detach", str(repo / ".git" / "wt"), "HEAD")
-        msg = e.value.message
-        assert e.value.code == 156 and "the disk is full" in msg and "free space" in msg, msg
-        assert "stderr:" not in msg and not msg.split(";")[0].endswith("'"), msg
-    finally:
-        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+    repo = small_disk(40000, 36)
+    with pytest.raises(gitrepo.KlbisectError) as e:
+        gitrepo._git(gitrepo.open_repo(repo), "worktree", "add", "--detach", str(repo / ".git" / "wt"), "HEAD")
+    msg = e.value.message
+    assert e.value.code == 156 and "the disk is full" in msg and "free space" in msg, msg
+    assert "stderr:" not in msg and not msg.split(";")[0].endswith("'"), msg
 
 
 OOM_WRAPPER = '''import os, signal, subprocess, sys
