@@ -20,7 +20,25 @@ def _interrupted(said: str) -> None:
     sys.exit(130)
 
 
+def _closed_to_devnull() -> None:
+    """``klbisect probe >&-``: Python sets a closed stream to None, and the
+    first line printed was an AttributeError and exit 120, which git bisect
+    records as bad. What nobody can read goes to /dev/null (also for the
+    probes, which would otherwise get fd 1 as their first open file)."""
+    import os
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", buffering=1, closefd=False))
+
+
 def run() -> None:
+    _closed_to_devnull()
     from .redact import RedactingStream
     # every line any command prints, tokens out (a probe command's HF_TOKEN=..., an --api-key)
     sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)

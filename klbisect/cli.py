@@ -120,6 +120,9 @@ def cli() -> None:
     """
 
 
+# a session number as sqlite stores it: a larger one was an OverflowError, exit 159
+SESSION_ID = click.IntRange(1, 2**63 - 1)
+
 repo_option = click.option("--repo", "repo", default=None, metavar="PATH",
                            help="Repository (default: the one of the current directory).")
 
@@ -380,7 +383,7 @@ def probe(repo):
 
 @cli.command()
 @repo_option
-@click.option("--session", "session_id", type=int, default=None,
+@click.option("--session", "session_id", type=SESSION_ID, default=None,
               help="An earlier session (its number, as `history` and `report` show it).")
 @click.option("--json", "as_json", is_flag=True)
 def status(repo, session_id, as_json):
@@ -397,7 +400,7 @@ def status(repo, session_id, as_json):
 
 @cli.command()
 @repo_option
-@click.option("--session", "session_id", type=int, default=None)
+@click.option("--session", "session_id", type=SESSION_ID, default=None)
 @click.option("--json", "as_json", is_flag=True)
 def log(repo, session_id, as_json):
     """Every probe run of the session, with its log file."""

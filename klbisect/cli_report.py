@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from .cli import _emit_json, make_config, probe_options, repo_option, search_options
+from .cli import SESSION_ID, _emit_json, make_config, probe_options, repo_option, search_options
 
 
 @click.command("report")
@@ -16,7 +16,7 @@ from .cli import _emit_json, make_config, probe_options, repo_option, search_opt
                    "(default: from -o's extension, .html or .json, else md).")
 @click.option("-o", "--output", "out", default=None, metavar="FILE",
               help="Write the report here (default: stdout); the plot goes next to it as .png.")
-@click.option("--session", "session_id", type=int, default=None,
+@click.option("--session", "session_id", type=SESSION_ID, default=None,
               help="Session id (default: the current or last bisect).")
 @click.option("--plot", default=None, metavar="PNG", help="Where to write the plot.")
 @click.option("--offline", is_flag=True, help="Do not ask GitHub for PR titles (cached ones are used).")

@@ -450,6 +450,13 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         # so a --json reader still sees the regression, and what earlier nights' work was done
         stop.json_partial = summary(_with_earlier(dict(rec), earlier))
         raise stop from None
+    post = rec.get("post") or {}
+    if opts.dry_run and post.get("error"):
+        # a night judged before, whose post failed then: this run posted nothing and the exit
+        # code is about this run (the next nightly that posts sends it)
+        rec = {**rec, "post": {"target": post.get("target"), "dry_run": True},
+               "notes": [*rec.get("notes", []), f"its post to {post.get('target')} failed when the night was "
+                         f"judged ({post['error']}); the next nightly with --post-to posts it"]}
     return _with_earlier(rec, earlier)
 
 

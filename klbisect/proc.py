@@ -668,7 +668,13 @@ def log_tail(path: str | Path, lines: int = 15) -> str:
         got = got[1:]
     # a probe's escape sequences (a title, a clear screen, binary junk) are
     # shown, not played on the user's terminal
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", "\n".join(got[-lines:]))
+    return _CONTROL.sub(_escaped, "\n".join(got[-lines:]))
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+def _escaped(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+# C0 and C1 controls, and the bidi overrides that reorder what a terminal shows
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

@@ -56,7 +56,7 @@ def _git(repo: git.Repo, *args: str, cwd: str | Path | None = None) -> str:
         m = re.fullmatch(r"stderr: '(.*)'", err, re.S)
         msg = (m.group(1) if m else err).strip().splitlines()
         said = msg[-1].strip() if msg else str(e)
-        if _DISK_FULL.search(err) or (_WRITE_FAILED.search(err) and _nearly_full(cwd or repo.common_dir)):
+        if _DISK_FULL.search(err) or (_WRITE_FAILED.search(err) and nearly_full(cwd or repo.common_dir)):
             raise KlbisectError(f"git {args[0]} failed: the disk is full ({said}); free space and rerun "
                                 "the same command: recorded runs are kept", EXIT_STORAGE) from None
         raise KlbisectError(f"git {args[0]} failed: {said}", EXIT_REVISION) from None
@@ -68,7 +68,9 @@ _DISK_FULL = re.compile(r"No space left on device|Out of diskspace|Disk quota ex
 _WRITE_FAILED = re.compile(r"unable to write|Could not reset index file|short write", re.I)
 
 
-def _nearly_full(where: str | Path, floor: int = 32 << 20) -> bool:
+def nearly_full(where: str | Path, floor: int = 32 << 20) -> bool:
+    """Less than ``floor`` bytes free where ``where`` lives: a failure there
+    is the disk's, whatever words the failing command found for it."""
     try:
         return shutil.disk_usage(where).free < floor
     except OSError:

@@ -637,6 +637,9 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  "them (or leave --metric out: the max over labels)", EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
+        full = _disk_full(ws, f"{where} {sha[:12]} does not build", b.get("log_path"))
+        if full:
+            return full
         hint = ("give it a longer --build-timeout" if b.get("note") == "build timed out"
                 else build_fix_hint(build_key))
         return KlbisectError(f"{where} {sha[:12]} does not build ({b.get('note', 'failed')}); "
@@ -739,6 +742,15 @@ def _infrastructure_error(f: Failure) -> KlbisectError:
                          EXIT_STORAGE if full or denied else EXIT_REPO_STATE)
 
 
+def _disk_full(ws: Workspace, what: str, log_path: str | None) -> KlbisectError | None:
+    """A build that failed on a full disk (its log often empty: it could not
+    be written either) is the disk's failure, not the build command's."""
+    if not gitrepo.nearly_full(ws.logs if ws.logs.exists() else ws.top):
+        return None
+    return KlbisectError(f"{what}: the disk is full (log: {log_path}); free disk space and rerun the same "
+                         "command: the build is tried again and recorded runs are kept", EXIT_STORAGE)
+
+
 def _never_built(ws: Workspace, build_key: str | None, log_path: str | None,
                  rerun: str = "rerun") -> KlbisectError | None:
     """A build command that has failed on every commit it was tried on.
@@ -750,6 +762,9 @@ def _never_built(ws: Workspace, build_key: str | None, log_path: str | None,
     builds = ws.store.builds(build_key)
     if any(b["ok"] for b in builds) or len(builds) < NEVER_BUILT_LIMIT:
         return None
+    full = _disk_full(ws, f"the build failed on all {len(builds)} commits it was tried on", log_path)
+    if full:
+        return full
     return KlbisectError(f"the build failed on all {len(builds)} commits it was tried on and has never "
                          f"succeeded here: {build_fix_hint(build_key)}, and {rerun}; log: {log_path}",
                          EXIT_NO_SIGNAL,
@@ -1960,7 +1975,8 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
         out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
                      "bad": sess.bad, "config": sess.config,
                      "stopped": None if sess.state == "done" else stop_reason(st, sess.id)}
-        out["running"] = ws.busy()
+        # a command holds the lock: working on the session shown by default, not an older one asked for
+        out["running"] = ws.busy() and (session_id is None or _shown_session(ws).id == sess.id)
         later = st.latest_session(("calibrate",)) if session_id is None else None
         if later is not None and later.id > sess.id and later.result is None:
             # hidden from status (nothing to show yet), but the user who just pressed

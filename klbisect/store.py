@@ -126,7 +126,7 @@ _TOUCHED = "MAX(s.created, COALESCE((SELECT MAX(r.started) FROM runs r WHERE r.s
 def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
     """What went wrong with the state, and the advice that fits it: a full
     disk, a read-only or foreign directory, or a damaged database."""
-    text = str(e)
+    text = " ".join(str(e).split())    # sqlite's quick_check reports span lines
     if getattr(e, "errno", None) in (errno.EEXIST, errno.ENOTDIR) and getattr(e, "filename", None):
         return KlbisectError(f"klbisect state: {e.filename} is in the way ({e.strerror}; a directory of "
                              "klbisect's belongs there): move it away and rerun", EXIT_STORAGE)
@@ -136,9 +136,13 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
     if "not a database" in text or "malformed" in text:
         # damage found by a query, not on opening: the store this command opened
         where = path or _opened or "$(git rev-parse --git-common-dir)/klbisect/state.db"
+        # the session of a `git bisect run` was in it: git's bisect must start over with it
+        bisecting = (isinstance(where, Path) and (where.parent.parent / "BISECT_LOG").exists())
+        again = ("; git's bisect in progress was klbisect's: `git bisect reset`, then `klbisect start` "
+                 "again" if bisecting else "")
         return KlbisectError(f"klbisect state {where} is damaged ({text}): move it away (e.g. to "
                              "state.db.bad) and rerun; the runs it held are lost, the repository "
-                             "is untouched", EXIT_STORAGE)
+                             f"is untouched{again}", EXIT_STORAGE)
     if "database is locked" in text:
         return KlbisectError("klbisect state is locked by another process (a klbisect on another machine "
                              "sharing this .git, or a sqlite tool left open): close it and rerun; runs "

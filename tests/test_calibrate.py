@@ -390,3 +390,12 @@ def test_status_shows_an_earlier_session_asked_for(history):
     first = klb("status", "--session", "1", cwd=h.path)
     assert first.returncode == 0 and first.stdout.startswith("Session 1 (run"), first.stdout
     assert "no klbisect session 9" in error_line(klb("status", "--session", "9", cwd=h.path), 150)
+    # while a command works on the repository, only the session it works on is "running"
+    from klbisect.session import Workspace  # noqa: PLC0415
+    ws = Workspace(h.path)
+    try:
+        with ws.locked():
+            assert json.loads(klb("status", "--json", cwd=h.path).stdout)["running"] is True
+            assert json.loads(klb("status", "--session", "1", "--json", cwd=h.path).stdout)["running"] is False
+    finally:
+        ws.close()

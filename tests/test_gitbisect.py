@@ -175,6 +175,10 @@ def test_a_probe_whose_output_nobody_reads_answers_by_its_exit_code(history):
         finally:
             os.close(w)
         assert p.returncode == code, (h.index(sha), p.returncode)
+        # stdout closed outright (`klbisect probe >&-`): Python's None stream was exit 120
+        closed = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *klbisect_script(), "probe"], cwd=repo,
+                                env=child_env(), stderr=subprocess.PIPE, text=True, timeout=300)
+        assert closed.returncode == code and "Exception ignored" not in closed.stderr, closed.stderr
     assert klb("reset", cwd=repo).returncode == 0
 
 

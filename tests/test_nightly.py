@@ -819,6 +819,9 @@ def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):
     assert down.returncode == 158, down.stderr
     # the cause a user can act on, not urllib3's wrappers cut at 300 characters
     assert "could not reach GitHub at http://127.0.0.1:9" in down.stderr and "refused" in down.stderr, down.stderr
+    # a dry rerun of that night posts nothing: its exit code is not the old post's 158
+    rerun = nightly(lv.path, "d4", "--dry-run", env={"GITHUB_TOKEN": TOKEN})
+    assert rerun.returncode == 0 and "the next nightly with --post-to posts it" in rerun.stderr, rerun.stderr
     lv.commit("Docs d5 (#400)")
     up = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api}
     # a --dry-run shows what the night would post for d4, and sends and marks nothing

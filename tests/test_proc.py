@@ -593,8 +593,10 @@ def test_a_probes_escape_sequences_are_shown_not_played(history):
     `head -c 3000 /dev/urandom` as the probe filled it with binary)."""
     from conftest import error_line, klb  # noqa: PLC0415
     h = history(n_commits=10, seed=35)
-    noise = "printf '\\033]0;PWNED\\007\\033[2Jno metric here\\n'"
+    # ... and a right-to-left override (U+202E, UTF-8 e2 80 ae), which reorders what is shown
+    noise = "printf '\\033]0;PWNED\\007\\033[2Jno metric here \\342\\200\\256desrever\\n'"
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", noise, cwd=h.path)
     assert "no metric here" in p.stderr and "\\x1b]0;PWNED\\x07" in p.stderr, p.stderr
-    assert "\x1b" not in p.stderr and "\x07" not in p.stderr
+    assert "\\u202edesrever" in p.stderr
+    assert "\x1b" not in p.stderr and "\x07" not in p.stderr and "\u202e" not in p.stderr
     error_line(p, 154)
