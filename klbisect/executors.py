@@ -10,7 +10,6 @@ outside the commit went wrong: the caller may submit the commit again; a
 """
 from __future__ import annotations
 
-import errno
 import os
 import queue
 import shutil
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from .errors import EXIT_STORAGE, KlbisectError
+from .errors import KlbisectError
 from .measure import Outcome
 from .probe import STATUS_CRASH, Slot
 from .proc import kill_all_active
@@ -219,13 +218,9 @@ class LocalExecutor:
                 result = out
         except BaseException as e:  # noqa: BLE001 - infrastructure, reported, never a verdict
             self._forget_build(slot)
-            if isinstance(e, KlbisectError):
-                # klbisect's own line without its advice: the caller says what to do
-                why = e.message.split("; ")[0]
-                result = Failure(sha, slot.index, why, errno=errno.ENOSPC if e.code == EXIT_STORAGE
-                                 and "disk is full" in why else None)
-            else:
-                result = Failure(sha, slot.index, f"{type(e).__name__}: {e}", errno=getattr(e, "errno", None))
+            # klbisect's own line without its advice (the caller says what to do), else the exception
+            why = e.message.split("; ")[0] if isinstance(e, KlbisectError) else f"{type(e).__name__}: {e}"
+            result = Failure(sha, slot.index, why, errno=getattr(e, "errno", None))
         finally:
             self._done.put(result)   # exactly one result per job, whatever happened
 

@@ -1909,6 +1909,20 @@ def test_a_worktree_checkout_on_a_full_disk_is_a_storage_error(small_disk):
     msg = e.value.message
     assert e.value.code == 156 and "the disk is full" in msg and "free space" in msg, msg
     assert "stderr:" not in msg and not msg.split(";")[0].endswith("'"), msg
+    # as a session meets it: a slot's worktree failing three times is the disk's 156, said once
+    from klbisect.executors import LocalExecutor  # noqa: PLC0415
+    from klbisect.session import _infrastructure_error  # noqa: PLC0415
+
+    def measure(sha, slot):
+        gitrepo._git(gitrepo.open_repo(repo), "worktree", "add", "--detach", str(repo / ".git" / "wt2"), sha)
+    ex = LocalExecutor([Slot(0, repo)], measure)
+    try:
+        ex.submit("HEAD")
+        [failure] = ex.wait(timeout=60)
+    finally:
+        ex.close()
+    err = _infrastructure_error(failure)
+    assert err.code == 156 and err.message.count("free") == 1 and "the disk is full" in err.message, err.message
 
 
 def test_a_build_that_fails_on_a_full_disk_is_a_storage_error(history, monkeypatch):
