@@ -29,10 +29,12 @@ _AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?avg_kl_div\s*[=:]\s*(?:np\.fl
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 JSON_PREFIX = "KLBISECT "  # JSON-lines form: KLBISECT {"label": "x", "value": 0.004}
 DEFAULT_LABEL = "value"
-# What a NaN or +inf stands as: a metric that broke is the worst value a run
-# can print (KL grows as numerics fail), larger than any real KL, and finite
-# so that medians, log space and sqlite take it. -inf carries no order: dropped.
+# What a NaN or +-inf stands as: a metric that broke is the worst value a run
+# can print (KL grows as numerics fail; no real KL is -inf), larger than any
+# real KL, and finite so that medians, log space and sqlite take it. For a
+# metric worse lower, ``scalar`` reads it as -NONFINITE, the low end.
 NONFINITE = 1e9
+BROKEN_MAGNITUDE = 1e30
 
 
 def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
@@ -48,9 +50,9 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     ``avg_kl_div`` lines before any label (older tests print none) are
     value, value2, ... in order, as with a regex without a label group, so
     a run's value is still the max over all of them. A label printed twice
-    keeps its last value. NaN and +inf (numerics that broke) stand as
-    NONFINITE, the worst value; -inf is dropped. ANSI colour codes are
-    ignored.
+    keeps its last value. NaN, +-inf and magnitudes of BROKEN_MAGNITUDE or
+    more (numerics that broke) stand as NONFINITE, the worst value. ANSI
+    colour codes are ignored.
     """
     values: dict[str, float] = {}
     if regex:
@@ -143,10 +145,9 @@ def _put(values: dict[str, float], label: str, raw) -> None:
         v = float(raw)
     except (TypeError, ValueError):
         return
-    if math.isnan(v) or v == math.inf:
-        values[label] = NONFINITE
-    elif math.isfinite(v):
-        values[label] = v
+    # a magnitude no real metric has (float32's overflow prints 3.4e38) broke too, and
+    # squaring 1e300 in a spread overflowed
+    values[label] = v if math.isfinite(v) and abs(v) < BROKEN_MAGNITUDE else NONFINITE
 
 
 def scalar(values: dict[str, float], metric: str | None = None, worse: str = "higher") -> float | None:
@@ -155,6 +156,10 @@ def scalar(values: dict[str, float], metric: str | None = None, worse: str = "hi
     label that got worse is the one judged)."""
     if not values:
         return None
+    if worse == "lower":
+        # a nan is the worst value whichever way is worse: the low end here, where the
+        # min over labels keeps it (stored as NONFINITE, the high end, it read as a fix)
+        values = {k: -NONFINITE if broke(v) else v for k, v in values.items()}
     if metric:
         return values.get(metric)
     return min(values.values()) if worse == "lower" else max(values.values())
@@ -162,8 +167,9 @@ def scalar(values: dict[str, float], metric: str | None = None, worse: str = "hi
 
 def broke(value: float) -> bool:
     """Does this value stand for a nan or inf the probe printed? (Half of
-    NONFINITE: a centre computed in log space comes back a hair under it.)"""
-    return value >= NONFINITE / 2
+    NONFINITE, or -NONFINITE for a metric worse lower: a centre computed in
+    log space comes back a hair under it.)"""
+    return abs(value) >= NONFINITE / 2
 
 
 def fmt_value(value: float) -> str:

@@ -9,7 +9,6 @@ log is kept as written.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -81,7 +80,7 @@ def redact_text(text: str) -> str:
     if stripped[:1] in ("{", "["):
         try:
             obj = json.loads(stripped)
-        except ValueError:
+        except (ValueError, RecursionError):   # a probe's log tail of '[[[[...'
             pass
         else:
             clean = redact_json(obj)
@@ -99,10 +98,11 @@ class RedactingStream:
     JSON object written whole is redacted string by string, so it stays
     valid JSON.
 
-    Output is best effort: once its reader is gone (``| head``, a closed
-    ``tee``) writes are dropped. A BrokenPipeError let through became
-    click's exit 1, which ``git bisect run`` records as a bad commit; the
-    exit code is the verdict and must not depend on who reads the lines."""
+    Output is best effort: once it cannot be written (``| head``, a closed
+    ``tee``, ``2>>log`` on a full disk) writes are dropped. A BrokenPipeError
+    let through became click's exit 1, and a full disk's error a traceback's
+    exit 1, which ``git bisect run`` records as a bad commit; the exit code
+    is the verdict and must not depend on where the lines go."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -117,9 +117,7 @@ class RedactingStream:
     def _guarded(self, op, *args) -> None:
         try:
             op(*args)
-        except OSError as e:
-            if e.errno not in (errno.EPIPE, errno.EBADF):
-                raise
+        except OSError:
             self._to_devnull()
 
     def _to_devnull(self) -> None:

@@ -952,7 +952,8 @@ def _one_label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: Bis
     if not apart:
         return ""
     lab, p = apart[0]
-    return (f"; but label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' max): "
+    over = "min" if ws.worse == "lower" else "max"
+    return (f"; but label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' {over}): "
             f"rerun with --metric {shlex.quote(lab)}, which reuses these runs")
 
 
@@ -1510,6 +1511,11 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             else:
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
                 ws.use_session(ws.store.session(sid))
+                # the checkout may have been rebuilt, cleaned or switched since an earlier
+                # session's last build: this session's first probe builds
+                for key in ws.store.keys("last_build:"):
+                    if key.endswith(f":{ws.top}"):
+                        ws.store.put(key, "")
                 say_reused(ws, probe.key, [c[0] for c in cands], cfg.timeout, progress)
             meter = WorktreeMeter(ws, sid, probe, builder, progress)
             build_key = meter.build_key
@@ -1584,9 +1590,17 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                          "judging it anyway")
             model = _refined_model(ws, sess, cfg, probe.key, build_key)
             slot = Slot(0, ws.top, {}, port_bases(1)[0], ws.pids)  # the user's own checkout
+            built_key = f"last_build:{build_key}:{ws.top}"
+            say = say_building(progress)
+
+            def on_build(sha_: str, log: Path) -> None:
+                # a Ctrl-C or kill mid-build or mid-run leaves this checkout holding
+                # another commit's build: forgotten before it starts, not after
+                ws.store.put(built_key, "")
+                say(sha_, log)
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False,
-                                on_build=say_building(progress))
-            last = ws.store.get(f"last_build:{build_key}:{ws.top}") if build_key else None
+                                on_build=on_build)
+            last = ws.store.get(built_key) if build_key else None
             measurer.last_built[0] = last or None
             # a build that failed in an earlier command is tried once more (the README's promise):
             # the environment may have been fixed since
@@ -1623,9 +1637,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 out = measurer.measure(sha, slot)
                 _keep_env(ws, sess.id, builder)
                 if out.build is not None and out.build.ok and build_key:
-                    ws.store.put(f"last_build:{build_key}:{ws.top}", sha)
-                elif out.build is not None and build_key:
-                    ws.store.put(f"last_build:{build_key}:{ws.top}", "")
+                    ws.store.put(built_key, sha)
                 run = record(ws, sess.id, probe.key, build_key, out, ws.top)
                 if run is not None:
                     usual = _usual_labels(ws.store.runs(probe.key, [sess.good, sess.bad, sha]))

@@ -808,6 +808,24 @@ def test_a_range_whose_values_fell_is_a_fix_not_a_regression(history):
     assert "min over labels" in klb("report", cwd=h.path).stdout
 
 
+NAN_MOSTLY_LOW = ("import random, sys\n"
+                "for ln in sys.stdin:\n"
+                "    low = ln.startswith('avg_kl_div=') and float(ln.split('=')[1]) < 0.005\n"
+                "    print('avg_kl_div=nan' if low and random.random() < 0.8 else ln.rstrip())\n")
+
+
+def test_an_accuracy_that_broke_to_nan_is_worse_not_a_fix(history, tmp_path):
+    """--worse lower: most bad runs print nan on the label that fell. A
+    nan stood as the highest value, so the bad endpoint read as better and
+    the range as a fix (154); under the min over labels it was hidden."""
+    h = history(n_commits=30, seed=8, noise=NoiseModel(good=(0.012, 0.014), bad=(0.003, 0.004)))
+    (tmp_path / "nan_half.py").write_text(NAN_MOSTLY_LOW)
+    cmd = f"{probe_cmd()} | {PY} {tmp_path / 'nan_half.py'}"
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--worse", "lower", "--json", cwd=h.path)
+    assert json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
+    assert "nan" in klb("status", cwd=h.path).stdout
+
+
 def test_votes_without_a_threshold_and_a_regex_that_matches_nothing_say_so(history):
     h = history(n_commits=8, seed=3, merges=0, noise=SEPARATED)
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--votes", "5", cwd=h.path)
@@ -1077,6 +1095,15 @@ def test_a_token_in_the_probe_command_is_never_printed(history):
         assert secret not in p.stdout + p.stderr and "OTHERsecret" not in p.stdout + p.stderr
     logs = [f for f in (state_dir(h.path) / "logs").rglob("*") if f.is_file()]
     assert logs and not [f for f in logs if secret in f.read_text(errors="replace")]
+
+
+def test_a_log_tail_of_brackets_is_text_not_a_crash():
+    """A probe that died printing '[[[[...' (a nested list's repr): its log
+    tail in the error line was parsed as JSON to redact it string by
+    string, and the parser's RecursionError was a traceback and exit 1."""
+    from klbisect.redact import redact_text
+    tail = "[" * 3000 + " token=abc123"
+    assert redact_text(tail) == "[" * 3000 + " token=<redacted>"
 
 
 def test_redaction_leaves_labels_numbers_and_json_alone():

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import time
@@ -179,6 +180,12 @@ def test_a_probe_whose_output_nobody_reads_answers_by_its_exit_code(history):
         closed = subprocess.run(["sh", "-c", 'exec "$@" >&-', "sh", *klbisect_script(), "probe"], cwd=repo,
                                 env=child_env(), stderr=subprocess.PIPE, text=True, timeout=300)
         assert closed.returncode == code and "Exception ignored" not in closed.stderr, closed.stderr
+        # `2>>bisect.log` on a full disk: the error line about the failed write failed
+        # too, and its traceback was exit 1
+        with open("/dev/full", "w") as full:
+            p = subprocess.run(klbisect_script() + ["probe"], cwd=repo, env=child_env(), stdout=full, stderr=full,
+                               timeout=300)
+        assert p.returncode == code, (h.index(sha), p.returncode)
     assert klb("reset", cwd=repo).returncode == 0
 
 
@@ -787,3 +794,72 @@ def test_a_git_answer_doubted_only_by_earlier_sessions_runs_says_so(history, dri
     assert f"earlier sessions recorded at {old_bad[:12]}, which read good and which git never checked out" in status
     assert "`klbisect start --fresh`" in status
     klb("reset", cwd=h.path)
+
+
+def built_level_repo(root: Path, n: int = 16, culprit: int = 9) -> Path:
+    """The regression lives in setup.py; the build copies it to built.txt
+    (ignored), and the probe measures what was built, not what is checked
+    out: a skipped build shows as the other commit's level."""
+    repo = root / "built"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "probe.py").write_text(
+        "import os, random, time\n"
+        "if os.path.exists(os.environ.get('SLOW_FLAG', '-')):\n    time.sleep(30)\n"
+        "bad = 'bad' in open('built.txt').read()\n"
+        "print(f'avg_kl_div={(0.010 if bad else 0.004) + random.uniform(-0.0005, 0.0005):.6f}')\n")
+    (repo / ".gitignore").write_text("built.txt\n")
+    for i in range(n + 1):
+        (repo / "setup.py").write_text(f"LEVEL = {'bad' if i >= culprit else 'good'!r}\n")
+        (repo / "notes.txt").write_text(f"{i}\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", f"Change {i} (#{100 + i})")
+    return repo
+
+
+BUILT_OPTS = ("--probe-cmd", f"{PY} probe.py", "--build-cmd", "cp setup.py built.txt", "--build-paths", "setup.py")
+
+
+def test_a_build_a_ctrl_c_cut_short_is_not_taken_for_the_last_good_one(tmp_path):
+    """Ctrl-C in a probe's run, after its build, left the record saying the
+    checkout held the build before it: the next commit whose build files
+    matched that one skipped its build and measured the other commit's."""
+    repo = built_level_repo(tmp_path)
+    shas = git(repo, "rev-list", "--reverse", "HEAD").split()
+    assert klb("start", "--good", shas[0], "--bad", shas[-1], *BUILT_OPTS, cwd=repo).returncode == 0
+    git(repo, "checkout", "-q", shas[8])
+    assert klb("probe", cwd=repo).returncode == 0          # built: good
+    git(repo, "checkout", "-q", shas[12])
+    flag = tmp_path / "slow"
+    flag.write_text("")
+    p = subprocess.Popen(klbisect_script() + ["probe"], cwd=repo, env=child_env({"SLOW_FLAG": str(flag)}),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while "bad" not in (repo / "built.txt").read_text() or not list((repo / ".git/klbisect/logs").rglob("run-*")):
+        assert time.time() < deadline and p.poll() is None
+        time.sleep(0.2)
+    time.sleep(1)     # the run has started: Ctrl-C it
+    p.send_signal(signal.SIGINT)
+    assert p.wait(timeout=60) == 130, p.stderr.read()
+    flag.unlink()
+    git(repo, "checkout", "-q", shas[7])      # same setup.py as the last commit built whole
+    p = klb("probe", cwd=repo)
+    assert p.returncode == 0 and "building" in p.stderr, p.stderr
+    assert klb("reset", cwd=repo).returncode == 0
+
+
+def test_a_new_session_builds_before_its_first_probe(tmp_path):
+    """The checkout may have been rebuilt, cleaned or switched since an
+    earlier session's last build: the new session does not trust it."""
+    repo = built_level_repo(tmp_path)
+    shas = git(repo, "rev-list", "--reverse", "HEAD").split()
+    assert klb("start", "--good", shas[0], "--bad", shas[-1], *BUILT_OPTS, cwd=repo).returncode == 0
+    git(repo, "checkout", "-q", shas[8])
+    assert klb("probe", cwd=repo).returncode == 0
+    assert klb("reset", cwd=repo).returncode == 0
+    (repo / "built.txt").write_text("LEVEL = 'bad'\n")     # the user built another commit by hand
+    assert klb("start", "--good", shas[0], "--bad", shas[-1], "--fresh", *BUILT_OPTS, cwd=repo).returncode == 0
+    git(repo, "checkout", "-q", shas[7])
+    p = klb("probe", cwd=repo)
+    assert p.returncode == 0 and "building" in p.stderr, p.stderr
+    assert klb("reset", cwd=repo).returncode == 0

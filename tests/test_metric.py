@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from klbisect.metric import DEFAULT_LABEL, JSON_PREFIX, NONFINITE, parse_values, scalar
+from klbisect.metric import DEFAULT_LABEL, JSON_PREFIX, NONFINITE, broke, fmt_value, parse_values, scalar
 
 SGLANG = """\
 [server] launching on 127.0.0.1:30000
@@ -53,13 +53,22 @@ def test_older_tests_without_labels_keep_every_value():
     assert parse_values("[a]\navg_kl_div=0.1\navg_kl_div=0.2\n") == {"a": 0.2}
 
 
-def test_nan_and_inf_are_the_worst_value_and_minus_inf_is_dropped():
+def test_nan_and_inf_are_the_worst_value_whichever_way_is_worse():
     """NaN logprobs (an FP8 overflow, say) are the clearest regression there
-    is: SGLang's assertLess fails on them, and so must the bisect's value."""
+    is: SGLang's assertLess fails on them, and so must the bisect's value.
+    For an accuracy (--worse lower) the worst is the lowest: read as the
+    highest, a nan made the bad endpoint look better and the bisect was
+    refused as a fix; under the min over labels it was hidden."""
     text = "[a]\navg_kl_div=nan\n[b]\navg_kl_div=inf\n[c]\navg_kl_div=0.003\n[d]\navg_kl_div=-inf\n"
-    assert parse_values(text) == {"a": NONFINITE, "b": NONFINITE, "c": 0.003}
+    assert parse_values(text) == {"a": NONFINITE, "b": NONFINITE, "c": 0.003, "d": NONFINITE}
     assert scalar(parse_values(text)) == NONFINITE > 1e6
     assert parse_values("avg_kl_div=NaN") == {DEFAULT_LABEL: NONFINITE}
+    # float32's overflow, or a value whose square overflows a spread: broken too
+    assert parse_values("[a]\navg_kl_div=3.4e38\n[b]\navg_kl_div=-1e300\n") == {"a": NONFINITE, "b": NONFINITE}
+    acc = parse_values("[gsm8k]\navg_kl_div=0.85\n[mmlu]\navg_kl_div=nan\n")
+    assert scalar(acc, worse="lower") == -NONFINITE
+    assert scalar(acc, "mmlu", worse="lower") == -NONFINITE and scalar(acc, "gsm8k", worse="lower") == 0.85
+    assert broke(scalar(acc, worse="lower")) and not broke(0.85) and fmt_value(-NONFINITE) == "nan"
 
 
 def test_colour_codes_and_numpy_scalars_are_read():
