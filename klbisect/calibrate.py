@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from decimal import ROUND_CEILING, Decimal
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -22,7 +24,7 @@ from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval,
                      exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
                      runs_lower_bound, sample_bits, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
-from .metric import broke, fmt_value
+from .metric import broke, fmt_value, scalar
 from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _usual_labels, close_builder,
                       commit_runs, ended_on_errors, hold_env, make_builder, make_probe, run_shown, since,
                       valued_runs)
@@ -73,6 +75,7 @@ class Calibration:
     bad_crashes: int = 0
     notes: list[str] = field(default_factory=list)
     bad_runs: int = 0             # the bad commit's runs with values counted (0: stored before it was kept)
+    worse: str = "higher"         # lower: an accuracy, failing at or below its threshold
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -101,9 +104,68 @@ def default_thresholds(values: list[float]) -> list[float]:
 
 
 MAX_LABEL = "(max over labels)"
+MIN_LABEL = "(min over labels)"
 
 
-def round_up(x: float, digits: int = 4) -> float:
+def low_thresholds(values: list[float]) -> list[float]:
+    """Round numbers in the lower tail, for a metric that fails low (an
+    accuracy): steps of the spread's order of magnitude (0.005 for runs
+    from 0.79 to 0.81), up to the 75th percentile."""
+    if not values:
+        return []
+    lo, hi = min(values), float(np.percentile(values, 75))
+    spread = hi - lo
+    if not spread > 0:
+        return [lo]
+    step = 10 ** math.floor(math.log10(spread)) / 2
+    top = math.floor(hi / step)
+    cands = [round(k * step, 12) for k in range(top - 20, top + 1)]
+    return [c for c in cands if c >= lo - 3 * spread][-8:]
+
+
+def turner(values: list[float]) -> Callable[[float], float]:
+    """How a metric worse lower is turned so that worse is higher (the
+    statistics here count runs at or above a threshold): 1/x when every
+    value is above 0, so the log-normal tail fit reads x's lower tail,
+    else -x. Either is its own inverse; a nan stays the worst value, now
+    the highest."""
+    pos = all(v > 0 for v in values if not broke(v))
+    f = (lambda v: 1.0 / v) if pos else (lambda v: -v)
+    return lambda v: v if broke(v) else f(v)
+
+
+def turned_back(ls: LabelStats, turn: Callable[[float], float], summary: dict) -> LabelStats:
+    """``label_stats`` of turned values, read back in the metric's own terms
+    (``summary`` from its own values): thresholds turned back, "at or
+    above" now meaning at or below."""
+    def back(t: float) -> float:
+        return float(f"{turn(t):.12g}")     # 1/(1/0.013) is 0.013000000000000001
+    ex = sorted(({**e, "threshold": back(e["threshold"])} for e in ls.exceedances), key=lambda e: e["threshold"])
+    catch = {**ls.catch, "threshold": back(ls.catch["threshold"])} if ls.catch else None
+    label = MIN_LABEL if ls.label == MAX_LABEL else ls.label
+    how = ls.recommended_how.replace(f"[{MAX_LABEL}]", f"[{MIN_LABEL}]")
+    # the tail fit's point estimate, written in the turned terms
+    how = re.sub(r"(estimate of the level is )([-+0-9.eE]+)", lambda m: m.group(1) + fmt_value(turn(float(m.group(2)))),
+                 how)
+    # a metric failing at or below it: rounded down where it is printed, as a KL's is up
+    rec = None if ls.recommended is None else round_up(turn(ls.recommended), down=True)
+    return LabelStats(label, summary, ex, rec, how, catch, ls.recommended_bound)
+
+
+def own_summaries(values_by_run: list[dict]) -> dict[str, dict]:
+    """Per label, and for the min over labels, the summary of a metric worse
+    lower in its own terms."""
+    def one(vals: list[float]) -> dict:
+        finite = [v for v in vals if not broke(v)]
+        return {**summarize(finite), "nan": len(vals) - len(finite)}
+    labels = sorted({k for d in values_by_run for k in d})
+    out = {lab: one([d[lab] for d in values_by_run if lab in d]) for lab in labels}
+    if len(labels) > 1:
+        out[MIN_LABEL] = one([scalar(d, worse="lower") for d in values_by_run if d])
+    return out
+
+
+def round_up(x: float, digits: int = 4, down: bool = False) -> float:
     """``x`` rounded up to the ``digits`` significant digits fmt_value prints: a
     threshold printed rounded down could fall below the run it must clear, and
     CI fails at or above the number it is given."""
@@ -111,7 +173,8 @@ def round_up(x: float, digits: int = 4) -> float:
     if not d.is_finite() or d == 0:
         return x
     # the nearest float to a decimal at or above x is still at or above x (x is a float)
-    return float(d.quantize(Decimal(1).scaleb(d.adjusted() - digits + 1), rounding=ROUND_CEILING))
+    return float(d.quantize(Decimal(1).scaleb(d.adjusted() - digits + 1),
+                            rounding=ROUND_FLOOR if down else ROUND_CEILING))
 
 
 def runs_for_bound(rate: float, confidence: float) -> int:
@@ -158,7 +221,8 @@ def raise_to_labels(max_rec: float | None, label_recs: dict[str, float | None]) 
 
 
 def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate: float,
-                confidence: float, good: list[LabelStats] | None = None) -> list[LabelStats]:
+                confidence: float, good: list[LabelStats] | None = None,
+                candidates: Callable[[list[float]], list[float]] = default_thresholds) -> list[LabelStats]:
     """Per label: percentiles, exceedances and a recommended threshold; with
     ``good`` (the good commit's labels) these are a bad commit's runs, so
     instead of a threshold of their own they get how often they fail the
@@ -183,7 +247,7 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
         # would drag percentiles and candidate thresholds up to 1e9: those use the rest
         finite = [v for v in vals if not broke(v)]
         summary = {**summarize(finite), "nan": len(vals) - len(finite)}
-        ths = thresholds or good_lines.get(lab) or default_thresholds(finite or vals)
+        ths = thresholds or good_lines.get(lab) or candidates(finite or vals)
         ex = [{"threshold": t, "above": k, "runs": n,
                "rate_upper_bound": exceedance_upper_bound(k, n, confidence),
                "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
@@ -352,22 +416,36 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
     finally:
         meter.close()
         close_builder(builder, progress, ws, sid)
-    def shown(r) -> dict:
+    low = cfg.worse == "lower"
+
+    def own(r) -> dict:
         # with --metric, that label is the one a bisect judges: the others would only distract
         return {cfg.metric: r.values[cfg.metric]} if cfg.metric and cfg.metric in r.values else r.values
 
     all_runs = ws.store.runs(probe.key, [sha])
     measured = valued_runs(all_runs, cfg.metric)   # a run cut off short of its labels is a crash
     with_values = measured[-runs:] if runs else []
+    bad_all = ws.store.runs(probe.key, [bad_sha]) if bad_sha else []
+    bad_counted = valued_runs(bad_all, cfg.metric)
+    bad_runs = bad_counted[-runs:]
+    # the statistics count runs at or above a threshold: a metric that fails low is turned
+    turn = turner([v for r in with_values + bad_runs for v in own(r).values()]) if low else (lambda v: v)
+
+    def shown(r) -> dict:
+        return {k: turn(v) for k, v in own(r).items()}
+
+    if low and thresholds:
+        thresholds = sorted(turn(t) for t in thresholds)
+    # a label's candidate thresholds: round numbers around the tail where it fails
+    cands = (lambda vals: sorted(turn(t) for t in low_thresholds([turn(v) for v in vals]) if t)) if low \
+        else default_thresholds
     res = Calibration(rev, sha, len(with_values), crashes_among(all_runs, measured, runs),
-                      label_stats([shown(r) for r in with_values], thresholds, false_fail_rate,
-                                  confidence), false_fail_rate, confidence)
+                      label_stats([shown(r) for r in with_values], thresholds, false_fail_rate, confidence,
+                                  candidates=cands), false_fail_rate, confidence,
+                      worse="lower" if low else "higher")
     res.notes += [n for n in [ended_on_errors(all_runs, f"{rev} ({sha[:12]})")] if n]
     if bad_sha:
-        bad_all = ws.store.runs(probe.key, [bad_sha])
         res.notes += [n for n in [ended_on_errors(bad_all, f"the bad rev ({bad_sha[:12]})")] if n]
-        bad_counted = valued_runs(bad_all, cfg.metric)
-        bad_runs = bad_counted[-runs:]
         res.bad_sha = bad_sha
         res.bad_crashes = crashes_among(bad_all, bad_counted, runs)
         res.bad_runs = len(bad_runs)
@@ -379,15 +457,22 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
             raise KlbisectError("need at least 2 runs with values at each commit to estimate "
                                 "bisect cost", EXIT_NO_SIGNAL)
         sep = separation(gv, bv)
-        if sep.separated and sep.direction != "up":
-            res.notes.append(f"the bad rev's runs are LOWER than --rev's (median {fmt_value(float(np.median(bv)))} "
-                             f"against {fmt_value(float(np.median(gv)))}): the revisions are swapped, or the "
-                             "range holds a fix; a bisect from --rev to --bad-rev looks for a metric that got "
-                             "higher and stops on this range with 154 (the cost below is for finding the change "
-                             "whichever way it went)")
+        if sep.separated and sep.direction != ("down" if low else "up"):
+            res.notes.append(f"the bad rev's runs are {'HIGHER' if low else 'LOWER'} than --rev's (median "
+                             f"{fmt_value(float(np.median(bv)))} against {fmt_value(float(np.median(gv)))}): the "
+                             "revisions are swapped, or the range holds a fix; a bisect from --rev to --bad-rev "
+                             f"looks for a metric that got {'lower' if low else 'higher'} and stops on this range "
+                             "with 154 (the cost below is for finding the change whichever way it went)")
         progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
                  "(40 simulated bisects)...")
         res.cost = simulate_cost(gv, bv, commits)
+    if low:
+        mine = own_summaries([own(r) for r in with_values])
+        res.labels = [turned_back(ls, turn, mine[MIN_LABEL if ls.label == MAX_LABEL else ls.label])
+                      for ls in res.labels]
+        theirs = own_summaries([own(r) for r in bad_runs])
+        res.bad_labels = [turned_back(ls, turn, theirs[MIN_LABEL if ls.label == MAX_LABEL else ls.label])
+                          for ls in res.bad_labels]
     ws.store.update_session(sid, state="done", result=res.to_json())
     return res
 
@@ -408,14 +493,14 @@ def needs_runs(rate: float, confidence: float) -> str:
             f"needs at least {n} runs (--runs {n})")
 
 
-def recommendation_lines(ls: LabelStats, rate: float, confidence: float) -> list[str]:
+def recommendation_lines(ls: LabelStats, rate: float, confidence: float, side: str = "above") -> list[str]:
     """The recommendation with the bound it carries: a tail fit aims at
     ``rate`` but only the runs bound it, so it must not read as a bound."""
     b = ls.recommended_bound
     if b is None:        # stored before calibrate said what bounds it
         return [f"      recommended threshold for <= {rate:g} false failures: "
                 f"{fmt_value(ls.recommended)} ({ls.recommended_how})"]
-    seen = (f"{b['above']}/{b['runs']} runs at or above it, so true rate <= {b['rate_upper_bound']:.3g} "
+    seen = (f"{b['above']}/{b['runs']} runs at or {side} it, so true rate <= {b['rate_upper_bound']:.3g} "
             f"at {confidence:.0%} confidence")
     if b["distribution_free"]:
         return [f"      recommended threshold for <= {rate:g} false failures: {fmt_value(ls.recommended)} "
@@ -432,7 +517,10 @@ def recommendation_lines(ls: LabelStats, rate: float, confidence: float) -> list
 
 def format_calibration(c: Calibration) -> str:
     bad = (f"; bad rev {c.bad_sha[:12]}: {c.bad_crashes} without a value" if c.bad_sha else "")
-    lines = [f"Calibration of {c.rev} ({c.sha[:12]}): {c.runs} runs with values, {c.crashes} without{bad}"]
+    lines = [f"Calibration of {c.rev} ({c.sha[:12]}): {c.runs} runs with values, {c.crashes} without{bad}"
+             + ("; the metric fails low (--worse lower): runs are counted at or below each threshold"
+                if c.worse == "lower" else "")]
+    side = "below" if c.worse == "lower" else "above"
 
     def block(title: str, labs: list[LabelStats], bad: bool = False) -> None:
         lines.append(title)
@@ -444,7 +532,7 @@ def format_calibration(c: Calibration) -> str:
             for e in ls.exceedances:
                 bound = (f">= {e['rate_lower_bound']:.3g}" if bad and "rate_lower_bound" in e
                          else f"<= {e['rate_upper_bound']:.3g}")
-                lines.append(f"      {e['above']}/{e['runs']} runs at or above {e['threshold']:g} "
+                lines.append(f"      {e['above']}/{e['runs']} runs at or {side} {e['threshold']:g} "
                              f"(true rate {bound} at {c.confidence:.0%} confidence)")
             k = ls.catch
             if bad and k is not None:
@@ -455,7 +543,7 @@ def format_calibration(c: Calibration) -> str:
             elif bad and ls.recommended is None:
                 lines.append("      no recommended threshold to try: the good commit had none for this label")
             elif ls.recommended is not None:
-                lines.extend(recommendation_lines(ls, c.false_fail_rate, c.confidence))
+                lines.extend(recommendation_lines(ls, c.false_fail_rate, c.confidence, side))
             elif NO_THRESHOLD_REACHES in ls.recommended_how:     # more runs would not help
                 lines.append(f"      no threshold recommended: {ls.recommended_how}")
             else:

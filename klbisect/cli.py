@@ -445,6 +445,9 @@ def reset(repo, purge):
 @click.option("--false-fail-rate", type=float, default=0.01, show_default=True)
 @click.option("--confidence", "conf", type=float, default=0.95, show_default=True,
               help="Confidence of the threshold bound.")
+@click.option("--worse", type=click.Choice(["higher", "lower"]), default="higher", show_default=True,
+              help="Which way the metric fails: a KL test fails at or above its threshold, an accuracy "
+                   "at or below; runs are counted, and thresholds recommended, on that side.")
 @probe_options
 @click.option("--fresh", is_flag=True,
               help="Count only runs from now on (after a new driver, wheel or machine); the same command "

@@ -103,7 +103,8 @@ def _request(method: str, url: str, token: str | None, session: requests.Session
             last = _redact(_cause(e), token)
             log.debug("%s %s failed: %s", method, url, last)
             if once and (isinstance(e, requests.ReadTimeout) or not isinstance(e, requests.ConnectionError)):
-                break   # it may have arrived
+                last = f"no answer in time, so it may have arrived ({last})"
+                break
             continue
         if r.status_code >= 500 and not once:
             last = f"HTTP {r.status_code}"
@@ -159,6 +160,9 @@ def post_comment(slug: str, issue_number: int, body: str, token: str, session: r
     url = f"{api_base()}/repos/{slug}/issues/{int(issue_number)}/comments"
     why: list[str] = []
     r = _request("POST", url, token, session, timeout, retries, backoff, json_body={"body": body}, why=why)
+    if r is None and why and "may have arrived" in why[-1]:
+        raise GitHubError(f"GitHub at {api_base()} took the comment on {slug}#{issue_number} but gave "
+                          f"{why[-1]}: the next nightly run looks for it before posting again", EXIT_USAGE)
     if r is None:
         raise GitHubError(f"could not reach GitHub at {api_base()} to comment on {slug}#{issue_number}: "
                           f"{why[-1] if why else '?'}", EXIT_USAGE)
@@ -171,3 +175,30 @@ def post_comment(slug: str, issue_number: int, body: str, token: str, session: r
         return str(r.json().get("html_url", ""))
     except ValueError:
         return ""
+
+
+def find_comment(slug: str, issue_number: int, marker: str, token: str, since: float | None = None,
+                 session: requests.Session | None = None, timeout: float = 10, retries: int = 2,
+                 backoff: float = 0.5, pages: int = 10) -> str | None:
+    """The URL of a comment on the issue whose body holds ``marker`` (made
+    since ``since``, a time), "" for one without a URL, None when there is
+    none or the comments cannot be read: a POST that got no answer in time
+    or a 5xx may have made its comment all the same."""
+    url = f"{api_base()}/repos/{slug}/issues/{int(issue_number)}/comments?per_page=100"
+    if since is not None:
+        url += "&since=" + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since))
+    for _ in range(pages):
+        r = _request("GET", url, token, session, timeout, retries, backoff)
+        if r is None or r.status_code != 200:
+            return None
+        try:
+            items = r.json()
+        except ValueError:
+            return None
+        for c in items if isinstance(items, list) else []:
+            if isinstance(c, dict) and marker in str(c.get("body") or ""):
+                return str(c.get("html_url") or "")
+        url = (r.links.get("next") or {}).get("url")
+        if not url:
+            return None
+    return None

@@ -1296,6 +1296,9 @@ def _post_locked(ws, path, opts: NightlyOptions, rec: dict, target: tuple[str, i
         except KlbisectError as e:
             rec["notes"].append(f"no report: {e.message}")
     body = comment_body(rec, data) if rec.get("verdict") == "regressed" else fixed_body(rec)
+    # hidden in the rendered comment: how a retry finds a post whose answer was lost
+    marker = f"<!-- klbisect nightly: night {rec['night']}, session {rec['session']}, {rec.get('verdict')} -->"
+    body = f"{body.rstrip()}\n\n{marker}\n"
     from .github import api_base  # noqa: PLC0415
     api = api_base()
     if opts.dry_run:
@@ -1312,7 +1315,14 @@ def _post_locked(ws, path, opts: NightlyOptions, rec: dict, target: tuple[str, i
     else:
         try:
             from . import github  # noqa: PLC0415
-            got = github.post_comment(slug, issue, body, token)
+            earlier = rec.get("post") or {}
+            # an earlier attempt that got no answer in time, or a 5xx, may have made the comment
+            found = github.find_comment(slug, issue, marker, token, since=earlier["at"] - 600) \
+                if earlier.get("error") and earlier.get("at") else None
+            if found is not None:
+                progress(f"the earlier post of night {rec['night']} to {slug}#{issue} arrived after all "
+                         "(its answer was lost): not posting again")
+            got = found if found is not None else github.post_comment(slug, issue, body, token)
             url = _comment_url(got)
             ws.store.put(key, json.dumps({"target": f"{slug}#{issue}", "url": url, "at": time.time()}))
             rec["post"] = {"target": f"{slug}#{issue}", "url": url}
@@ -1323,7 +1333,7 @@ def _post_locked(ws, path, opts: NightlyOptions, rec: dict, target: tuple[str, i
             progress("not posting: klbisect.github is not available")
         except Exception as e:  # noqa: BLE001 - posting must not lose the night's answer
             msg = str(e).replace(token, "***")
-            rec["post"] = {"target": f"{slug}#{issue}", "error": msg[:400]}
+            rec["post"] = {"target": f"{slug}#{issue}", "error": msg[:400], "at": time.time()}
             progress(f"posting to {slug}#{issue} failed: {msg[:400]}")
     ws.store.update_session(rec["session"], result=rec)
     return rec

@@ -437,7 +437,11 @@ def write_pid_file(pid_dir: Path, pgid: int) -> Path:
     killed hard: "owner pgid owner-marker" (older files lack the marker)."""
     pid_dir.mkdir(parents=True, exist_ok=True)
     path = pid_dir / f"{pgid}.pid"
-    path.write_text(f"{os.getpid()} {pgid} {owner_marker()}\n")
+    try:
+        path.write_text(f"{os.getpid()} {pgid} {owner_marker()}\n")
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -619,10 +623,13 @@ def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: fl
         )
         _STOPPED.discard(proc.pid)   # left by an earlier process with this pid
         _ACTIVE.add(proc.pid)
-        pid_file = write_pid_file(pid_dir, proc.pid) if pid_dir is not None else None
+        pid_file = None
         timed_out = False
         code: int | None = None
         try:
+            # inside the try: a pid file that cannot be written (a full disk) must not
+            # leave the probe running with no timeout until klbisect exits
+            pid_file = write_pid_file(pid_dir, proc.pid) if pid_dir is not None else None
             if threading.current_thread() is threading.main_thread():
                 raise_if_signalled()   # a Ctrl-C lost in the fork
             if _halted():   # kill_all_active ran while we forked

@@ -242,6 +242,12 @@ def changed_files(repo: git.Repo, a: str, b: str) -> list[str]:
     return [p for p in _git(repo, "diff", "--name-only", "--no-renames", a, b).splitlines() if p]
 
 
+def touching(repo: git.Repo, good: str, bad: str, path: str) -> list[str]:
+    """The commits after ``good`` up to ``bad`` that change ``path``, side
+    branches' included, oldest first."""
+    return _git(repo, "log", "--reverse", "--format=%H", f"{good}..{bad}", "--", path).split()
+
+
 def show_file(repo: git.Repo, rev: str, path: str) -> str:
     """A file's text at a revision; empty when it does not exist there."""
     try:

@@ -1268,8 +1268,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
                         on_build=say_building(progress))
     # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally
-    slots = make_slots(ws.worktrees, cfg.parallel, cfg.gpus_per_probe if cfg.executor == "local" else 0,
-                       pid_dir=ws.pids)
+    slots = make_slots(ws.worktrees, slots_for_pins(ws.repo, cfg, builder, good, bad, progress),
+                       cfg.gpus_per_probe if cfg.executor == "local" else 0, pid_dir=ws.pids)
     ex = executor_factory(cfg, slots, measurer, ws) if executor_factory else _default_executor(cfg, slots, measurer, ws)
     slot_by_index = {s.index: s for s in slots}
     failures: dict[str, int] = {}
@@ -1453,6 +1453,28 @@ def _note_stop(st: Store, sid: int, why: str) -> None:
         st.put(_stop_key(sid), why)
     except KlbisectError:
         pass    # the state itself failed (a full disk): the error being raised says so
+
+
+def slots_for_pins(repo, cfg: BisectConfig, builder, good: str, bad: str, progress: Progress) -> int:
+    """--parallel's slots, or one where --build sglang meets a range whose
+    commits pin different kernel wheels: the wheels go into the one Python
+    the local slots share, and a slot whose own checkout needs no build
+    probed with the wheel another slot had just installed."""
+    if cfg.parallel <= 1 or cfg.executor != "local" or not getattr(builder, "install_pins", False):
+        return cfg.parallel
+    from .sglang import PYPROJECT, parse_pins  # noqa: PLC0415
+    first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT))
+    for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
+        pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT))
+        if pins != first:
+            moved = ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
+                              for n in sorted(set(first) | set(pins)) if first.get(n) != pins.get(n))
+            progress(f"note: --parallel {cfg.parallel} with --build sglang, but the range's pinned wheels change "
+                     f"at {sha[:12]} ({moved}) and the slots share one Python, so one slot could probe with "
+                     "another's wheel: running one slot (bisect each side of that commit in parallel, or give "
+                     "each its own interpreter)")
+            return 1
+    return cfg.parallel
 
 
 def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace):

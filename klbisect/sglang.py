@@ -740,8 +740,11 @@ class SGLangProbe:
                 raise
             finally:
                 self._count_run(slot.index, held)
-            if values and status != STATUS_OK:
-                status = STATUS_OK   # values printed before a later failure still count
+            if values and status not in (STATUS_OK, STATUS_TIMEOUT):
+                # values printed before a server failure still count; a run stopped at
+                # --timeout is a crash whatever it printed, as for --probe-cmd (a longer
+                # --timeout runs it again)
+                status = STATUS_OK
         return RunResult(values, exit_code, status, time.monotonic() - start, str(log_path))
 
     def _count_run(self, slot_index: int, held: _Held | None) -> None:
@@ -775,6 +778,7 @@ class SGLangProbe:
 # Builder
 # ---------------------------------------------------------------------------
 
+PYPROJECT = "python/pyproject.toml"   # where a commit pins its kernel wheels
 KERNEL_PACKAGES = ("sgl-kernel", "sglang-kernel")
 PINNED_PACKAGES = KERNEL_PACKAGES + ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
 PACKAGING_PATHS = (
@@ -1040,8 +1044,8 @@ class SGLangBuilder:
     the checkout's last build, and the pinned kernel (``sgl-kernel`` /
     ``sglang-kernel``) and flashinfer wheels whenever ``python/pyproject.toml``
     pins a version other than the one installed in ``python``'s environment.
-    One environment is shared by all slots, so run parallel slots only over
-    commits with the same pins (or give each slot its own ``python``).
+    One environment is shared by all slots: ``run`` keeps to one slot where
+    the range's pins change (``session.slots_for_pins``).
 
     That environment is the user's: the first build records where its
     sglang (and each pinned wheel it changes) came from, and ``close()``
@@ -1091,7 +1095,7 @@ class SGLangBuilder:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.remember_origin(log_path.parent)
-        pyproject = Path(checkout) / "python" / "pyproject.toml"
+        pyproject = Path(checkout) / PYPROJECT
         try:
             pins = parse_pins(pyproject.read_text()) if self.install_pins else {}
         except OSError:

@@ -248,3 +248,30 @@ def probe_cmd(extra: str = "") -> str:
 def build_cmd(marker: Path) -> str:
     """The generated repository's build, logging each invocation to ``marker``."""
     return f"echo built >> {marker} && {PY} build.py"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MB tmpfs holding a one-commit repository ``r`` with a file of
+    ``size`` bytes, filled but for ``free_kb``: a real full file system
+    (skipped where mounting is not allowed)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+
+    def make(size: int, free_kb: int) -> Path:
+        repo = small / "r"
+        git(tmp_path, "init", "-q", str(repo))
+        (repo / "a.txt").write_text("b" * size)
+        git(repo, "add", "a.txt")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
+        count = shutil.disk_usage(small).free // 1024 - free_kb
+        subprocess.run(["dd", "if=/dev/zero", f"of={small / 'fill'}", "bs=1k", f"count={count}"],
+                       capture_output=True)
+        return repo
+    try:
+        yield make
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)

@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 
 from conftest import PY, SEPARATED, calibrate_wrapped, db_query, error_line, klb, probe_cmd
+from klbisect.histgen import NoiseModel
 from klbisect.calibrate import (MAX_LABEL, Calibration, format_calibration, label_stats, raise_to_labels,
                                 runs_for_bound)
 from klbisect.decide import recommend_threshold
@@ -399,3 +400,34 @@ def test_status_shows_an_earlier_session_asked_for(history):
             assert json.loads(klb("status", "--session", "1", "--json", cwd=h.path).stdout)["running"] is False
     finally:
         ws.close()
+
+
+def test_calibrate_of_an_accuracy_counts_runs_at_or_below(history):
+    """An accuracy fails low: calibrate had no --worse, counted runs at or
+    above thresholds, recommended one above every good run, and called the
+    bad commit's lower accuracy a swap (a reviewer's)."""
+    h = history(n_commits=30, seed=8, noise=NoiseModel(good=(0.012, 0.014), bad=(0.003, 0.004)))
+    args = ("calibrate", "--rev", h.good, "--runs", "12", "--bad-rev", h.bad, "--commits", "100", "--probe-cmd",
+            probe_cmd(), "--worse", "lower", "--json")
+    p = klb(*args, cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    assert res["worse"] == "lower" and not any("swapped" in n for n in res["notes"]), res["notes"]
+    runs = [json.loads(r["vals"]) for r in db_query(h.path, "SELECT vals FROM runs WHERE sha = ?", (h.good,))]
+    moving = next(ls for ls in res["labels"] if ls["label"] == "prefill_cache_hit")
+    assert moving["summary"]["min"] == min(v["prefill_cache_hit"] for v in runs)
+    for e in moving["exceedances"]:
+        assert e["above"] == sum(v["prefill_cache_hit"] <= e["threshold"] for v in runs), e
+    assert moving["recommended"] <= moving["summary"]["min"]      # below every good run
+    # the test fails when any label does: its last row is the min over labels
+    whole = res["labels"][-1]
+    assert whole["label"] == "(min over labels)" and whole["summary"]["min"] == min(min(v.values()) for v in runs)
+    bad = next(ls for ls in res["bad_labels"] if ls["label"] == "prefill_cache_hit")
+    assert bad["catch"]["above"] == bad["catch"]["runs"] == 12         # every bad run fails it
+    assert "12/12 runs at or below" in p.stderr and "at or above" not in p.stderr, p.stderr
+    # --thresholds in the metric's own terms
+    res = json.loads(klb(*args, "--thresholds", "0.012,0.013", cwd=h.path).stdout)
+    moving = next(ls for ls in res["labels"] if ls["label"] == "prefill_cache_hit")
+    assert [e["threshold"] for e in moving["exceedances"]] == [0.012, 0.013]
+    assert [e["above"] for e in moving["exceedances"]] == [
+        sum(v["prefill_cache_hit"] <= t for v in runs) for t in (0.012, 0.013)]

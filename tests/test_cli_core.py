@@ -1888,33 +1888,6 @@ def test_a_dirty_file_whose_mode_or_line_endings_alone_changed_says_so(tmp_path)
     assert "real.py" in shown and "real.py (" not in shown
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 1 MB tmpfs holding a one-commit repository ``r`` with a file of
-    ``size`` bytes, filled but for ``free_kb``: a real full file system
-    (skipped where mounting is not allowed)."""
-    small = tmp_path / "small"
-    small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-
-    def make(size: int, free_kb: int) -> Path:
-        repo = small / "r"
-        git(tmp_path, "init", "-q", str(repo))
-        (repo / "a.txt").write_text("b" * size)
-        git(repo, "add", "a.txt")
-        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "a")
-        count = shutil.disk_usage(small).free // 1024 - free_kb
-        subprocess.run(["dd", "if=/dev/zero", f"of={small / 'fill'}", "bs=1k", f"count={count}"],
-                       capture_output=True)
-        return repo
-    try:
-        yield make
-    finally:
-        subprocess.run(["umount", "-l", str(small)], capture_output=True)
-
-
 def test_git_failing_on_a_full_disk_is_a_storage_error(small_disk):
     """A rerun while the disk is still full failed in `git status` with
     git's own words and 151 (a tester's): it is 156, with what to do."""

@@ -1151,3 +1151,59 @@ def test_a_bisect_stopped_short_of_its_confidence_is_not_a_nightly_answer(tmp_pa
     [(rec,)] = db(repo, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d4\"%'")
     notes = json.loads(rec)["notes"]
     assert len(notes) == len(set(notes)) and not any("stopped before --confidence" in n for n in notes), notes
+
+
+class _SlowIssue(BaseHTTPRequestHandler):
+    """An issue whose POST makes the comment, then answers after ``delay``."""
+    delay = 0.0
+    comments: list = []
+    posts = 0
+
+    def _answer(self, code: int, out: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))["body"]
+        _SlowIssue.posts += 1
+        url = f"https://github.com/acme/kvserve/issues/7#issuecomment-{len(_SlowIssue.comments) + 1}"
+        _SlowIssue.comments.append({"body": body, "html_url": url})
+        time.sleep(_SlowIssue.delay)
+        try:
+            self._answer(201, json.dumps({"html_url": url}).encode())
+        except OSError:
+            pass    # the client gave up waiting
+
+    def do_GET(self):  # noqa: N802
+        self._answer(200, json.dumps(_SlowIssue.comments).encode())
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_post_whose_answer_came_too_late_is_not_posted_again(tmp_path):
+    """GitHub made the comment but answered after the 10 s timeout: the
+    night was 'could not reach GitHub' (158), and the next night posted the
+    same report again."""
+    lv, culprit = _regressed_levels(tmp_path)
+    _SlowIssue.comments, _SlowIssue.posts, _SlowIssue.delay = [], 0, 12.0
+    srv = HTTPServer(("127.0.0.1", 0), _SlowIssue)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    env = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": f"http://127.0.0.1:{srv.server_address[1]}"}
+    post = ("--post-to", "acme/kvserve#7", "--offline")
+    try:
+        d4 = nightly(lv.path, "d4", *post, env=env)
+        assert d4.returncode == 158 and "may have arrived" in d4.stderr and "could not reach" not in d4.stderr, \
+            d4.stderr
+        _SlowIssue.delay = 0.0
+        lv.commit("Docs d5 (#400)")
+        d5 = nightly(lv.path, "d5", *post, env=env)
+        assert d5.returncode == 0 and "arrived after all" in d5.stderr, d5.stderr
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert _SlowIssue.posts == 1 and len(_SlowIssue.comments) == 1
+    assert f"{culprit[:12]}" in _SlowIssue.comments[0]["body"] and TOKEN not in d4.stderr + d5.stderr

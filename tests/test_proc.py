@@ -600,3 +600,15 @@ def test_a_probes_escape_sequences_are_shown_not_played(history):
     assert "\\u202edesrever" in p.stderr
     assert "\x1b" not in p.stderr and "\x07" not in p.stderr and "\u202e" not in p.stderr
     error_line(p, 154)
+
+
+def test_a_pid_file_the_full_disk_refuses_does_not_leave_the_probe_running(small_disk, tmp_path):
+    """The pid file was written after the probe started and outside the
+    cleanup: on a full disk its error left the probe running with no
+    --timeout until klbisect exited, holding its slot's GPU."""
+    pids = small_disk(2, 0).parent / "pids"
+    tag = uuid.uuid4().hex
+    with pytest.raises(OSError):
+        run_logged(_sleeper(tag), cwd=tmp_path, log_path=tmp_path / "run.log", timeout=60, pid_dir=pids)
+    assert not wait_gone(tag)
+    assert not list(pids.glob("*.pid"))

@@ -827,6 +827,23 @@ def test_request_timeout_kills_the_tree(repo, tmp_path):
     _assert_nothing_left(pidfile, port)
 
 
+def test_a_run_cut_off_by_timeout_after_one_label_is_a_timeout(repo, tmp_path):
+    """A run that hit --timeout after its first label was stored as a full
+    measurement: a longer --timeout did not run it again, and its max
+    missed the label it never reached."""
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    slot = Slot(0, wt, env={"FAKE_SGLANG_GENERATE_DELAY": "2"})
+    probe = _probe(repo, max_new_tokens=8, labels=("logprobs_match", "prefill_cache_hit"), timeout=300)
+    try:
+        full = probe.run(wt, tmp_path / "r1.log", slot)     # launches the server: both labels
+        assert full.status == "ok" and sorted(full.values) == ["logprobs_match", "prefill_cache_hit"]
+        probe.timeout = 6.0    # the server is reused: the first label fits, the second does not
+        cut = probe.run(wt, tmp_path / "r2.log", slot)
+        assert cut.status == "timeout" and list(cut.values) == ["logprobs_match"], Path(cut.log_path).read_text()
+    finally:
+        probe.close()
+
+
 # ---------------------------------------------------------------------------
 # (f) GitHub, against a loopback server
 # ---------------------------------------------------------------------------
@@ -992,6 +1009,35 @@ def test_a_probe_command_under_build_sglang_imports_its_own_checkout(tmp_path, m
     # without --build measured the installed checkout at every commit, and were reused with it)
     keys = {make_probe(BisectConfig(probe_cmd=cmd, build=b)).key for b in ("sglang", None)}
     assert len(keys) == 2
+
+
+def test_parallel_slots_share_one_python_so_a_pin_change_runs_one_slot(tmp_path):
+    """--parallel with --build sglang: the pinned kernel wheel goes into the
+    Python every slot shares, and a slot whose own checkout needed no build
+    probed with the wheel another slot had just installed (a reviewer's
+    slot saw sgl-kernel 0.3.2 at a commit pinning 0.3.1)."""
+    import git as gitpython
+    from klbisect.session import BisectConfig, make_builder, slots_for_pins
+    repo = tmp_path / "pins"
+    (repo / "python").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    shas = []
+    for i, pin in enumerate(["0.3.1", "0.3.1", "0.3.2", "0.3.2"]):
+        (repo / "python" / "pyproject.toml").write_text(
+            f'[project]\nname = "sglang"\ndependencies = ["sgl-kernel=={pin}", "torch"]\n')
+        (repo / "notes.txt").write_text(f"{i}\n")
+        for args in (("add", "-A"), ("commit", "-q", "-m", f"change {i}")):
+            subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", *args], cwd=repo, check=True)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                   check=True).stdout.strip())
+    said: list[str] = []
+    cfg = BisectConfig(good=shas[0], bad=shas[3], probe_cmd="true", build="sglang", parallel=4)
+    r = gitpython.Repo(repo)
+    assert slots_for_pins(r, cfg, make_builder(cfg), shas[0], shas[3], said.append) == 1
+    assert shas[2][:12] in said[0] and "sgl-kernel 0.3.1 -> 0.3.2" in said[0], said
+    # one pin across the range: all four slots
+    assert slots_for_pins(r, cfg, make_builder(cfg), shas[0], shas[1], said.append) == 4
+    assert slots_for_pins(r, cfg, make_builder(cfg), shas[2], shas[3], said.append) == 4 and len(said) == 1
 
 
 def test_alike_endpoints_in_an_sglang_checkout_probed_without_a_build_say_so(tmp_path):
