@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 
 from .errors import EXIT_USAGE, KlbisectError
 
@@ -133,11 +134,16 @@ def check_regex(regex: str) -> None:
     try:
         pattern = re.compile(regex)
     except re.error as e:
-        raise KlbisectError(f"--metric-regex {regex!r} is not a valid regular expression ({e})",
+        raise KlbisectError(f"--metric-regex {shlex.quote(regex)} is not a valid regular expression ({e})",
                             EXIT_USAGE) from None
+    shown = shlex.quote(regex)
     if not pattern.groups:
-        raise KlbisectError(f"--metric-regex {regex!r} has no group for the number: write it as "
+        raise KlbisectError(f"--metric-regex {shown} has no group for the number: write it as "
                             "(?P<value>...), e.g. 'avg_kl_div=(?P<value>[0-9.eE+-]+)'", EXIT_USAGE)
+    if "value" not in pattern.groupindex and (pattern.groups > 1 or "label" in pattern.groupindex):
+        # the first group would be read as the number: a label, as often as not
+        raise KlbisectError(f"--metric-regex {shown} has {pattern.groups} groups and none named value: name the "
+                            "number's group (?P<value>...) (and the label's (?P<label>...))", EXIT_USAGE)
 
 
 def _put(values: dict[str, float], label: str, raw) -> None:

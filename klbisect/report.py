@@ -62,7 +62,8 @@ def format_result(res: Result | dict) -> str:
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {fmt_count(r['n_commits'], 'candidate commit')}")
     if r.get("labels"):
-        lines.append("KL before -> after (median [min, max] n):")
+        noun = "Metric" if (r.get("judged") or {}).get("name", "").startswith("min") else "KL"
+        lines.append(f"{noun} before -> after (median [min, max] n):")
         for lab, s in label_rows(r):
             lines.append(f"  {lab:<20} {_range(s['before'])}  ->  {_range(s['after'])}")
     for note in r.get("notes", []):
@@ -359,7 +360,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
                 "model": model.to_dict(),
                 "session": {"id": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
                             "probe": cfg.probe_cmd if cfg.probe == "cmd" else cfg.probe,
-                            "repo": str(ws.top)}}
+                            "repo": str(ws.top), "worse": cfg.worse}}
     finally:
         ws.close()
 
@@ -410,11 +411,18 @@ def _pr_suffix(c: dict, prs: dict, slug: str | None) -> str:
     return f" ({_pr_link(c['pr'], slug)})"
 
 
+def _noun(data: dict) -> str:
+    """What the report calls the metric: a KL divergence unless the session
+    bisected one that is worse lower (an accuracy) or either way."""
+    return "KL" if (data.get("session") or {}).get("worse", "higher") == "higher" else "Metric"
+
+
 def _headline(data: dict) -> str:
     r = data["result"]
+    kl = _noun(data)
     if data.get("no_signal"):
         # a search that stopped because good and bad no longer differ names no one
-        return (f"KL regression: none shown between good {r['good'][:12]} and bad {r['bad'][:12]} "
+        return (f"{kl} regression: none shown between good {r['good'][:12]} and bad {r['bad'][:12]} "
                 "(their runs do not differ)")
     if r["culprit"]:
         pr = f" (#{r['pr']})" if r.get("pr") else ""
@@ -422,17 +430,17 @@ def _headline(data: dict) -> str:
             # pasted into an issue, a title names the PR to blame: not on a weak guess, and
             # never with its confidence rounded up to the mark it missed (0.9883 is not 0.99)
             if r["confidence"] < 0.5:
-                return (f"KL regression: not found yet (best guess {r['culprit'][:12]} at "
+                return (f"{kl} regression: not found yet (best guess {r['culprit'][:12]} at "
                         f"{fmt_confidence(r['confidence'])})")
-            return (f"KL regression: most likely first bad commit {r['culprit'][:12]}{pr} "
+            return (f"{kl} regression: most likely first bad commit {r['culprit'][:12]}{pr} "
                     f"(confidence {fmt_confidence(r['confidence'])}, not reached)")
-        return f"KL regression: first bad commit {r['culprit'][:12]}{pr}"
-    return f"KL regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
+        return f"{kl} regression: first bad commit {r['culprit'][:12]}{pr}"
+    return f"{kl} regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
 
 def _commit_rows_md(data: dict, rows: list[dict]) -> list[str]:
     slug = data.get("slug")
-    out = ["| # | commit | subject | PR | KL values | verdict | P(bad) |",
+    out = [f"| # | commit | subject | PR | {_noun(data)} values | verdict | P(bad) |",
            "|---:|---|---|---|---|---|---:|"]
     starred = False
     for c in rows:
@@ -544,7 +552,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     labels = _labels_md(r)
     if labels:
         where = "at the good → the bad end" if data.get("no_signal") else "before → after the culprit"
-        head += [f"**KL {where}, per label:**", ""] + labels + [""]
+        head += [f"**{_noun(data)} {where}, per label:**", ""] + labels + [""]
     for note in r.get("notes", []):
         # a blank line after each: a line that follows a quote joins it
         head += [f"> Note: {_md_cell(note, 500)}", ""]
@@ -651,7 +659,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
                  + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "") + "</p>")
     if r.get("labels"):
-        parts.append(f"<h3>KL {'at the good → the bad end' if data.get('no_signal') else 'before → after'}, "
+        parts.append(f"<h3>{_noun(data)} {'at the good → the bad end' if data.get('no_signal') else 'before → after'}, "
                      "per label</h3><table><tr><th>label</th>"
                      "<th>before: median [min, max] (n)</th><th>after: median [min, max] (n)</th></tr>")
         for lab, s in label_rows(r):
@@ -663,10 +671,10 @@ def render_html(data: dict, png: bytes | None = None) -> str:
         parts.append(f"<p class='muted'>Note: {e(note)}</p>")
     if png:
         b64 = base64.b64encode(png).decode("ascii")
-        parts.append(f'<h3>Every run, in history order</h3><img alt="KL value of every run by candidate '
+        parts.append(f'<h3>Every run, in history order</h3><img alt="{_noun(data)} value of every run by candidate '
                      f'index" src="data:image/png;base64,{b64}">')
     parts.append(f"<h3>Probed commits ({len(data.get('commits', []))})</h3><table><tr><th>#</th>"
-                 "<th>commit</th><th>subject</th><th>PR</th><th>KL values</th><th>verdict</th>"
+                 f"<th>commit</th><th>subject</th><th>PR</th><th>{_noun(data)} values</th><th>verdict</th>"
                  "<th>P(bad)</th></tr>")
     starred = False
     for c in data.get("commits", []):

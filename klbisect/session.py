@@ -13,6 +13,7 @@ import math
 import re
 import shlex
 import shutil
+import statistics
 import sys
 import time
 from contextlib import contextmanager
@@ -24,8 +25,9 @@ import filelock
 
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
-from .decide import (BAD, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS, SEPARATION_P,
-                     SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR,
+from .decide import (BAD, DECISIVE_RUNS, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS,
+                     OVERLAP_P, SEPARATION_P, SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED,
+                     UNDECIDED_LIMIT, VERDICT_LR,
                      Model, ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
                      is_undecided_skip, judge, labels_apart, separation, summarize, verdict_model)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
@@ -527,11 +529,13 @@ def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "
             f"{fmt_summary(sep.bad)}), and the little difference there is goes the better way ({moved}): most "
             f"likely there is no regression between these endpoints; check that --bad fails the test (pass "
             f"--worse {moved} if {moved} values are worse for this metric)" + hint())
+    label = hint()
     raise NoDifference(
         f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
         f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
         f"a fix, or --good and --bad are swapped; pass --worse {moved} (or either) if {moved} values are worse "
-        "here")
+        # a label that moved the worse way under a max that moved the better way
+        "here" + (label if "alone differs" in label else ""))
 
 
 def _question_of(config: dict) -> dict:
@@ -634,7 +638,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
             seen = sorted({k for r in finished for k in r.values})
             return KlbisectError(f"--metric {metric}: {where} {sha[:12]} printed the labels "
                                  f"{', '.join(seen)} in {len(finished)} finished runs, never {metric}; pick one of "
-                                 "them (or leave --metric out: the max over labels)", EXIT_USAGE)
+                                 f"them (or leave --metric out: the {_over(ws)} over labels)", EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
         full = _disk_full(ws, f"{where} {sha[:12]} does not build", b.get("log_path"))
@@ -697,7 +701,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  f"printing {metric} in {cr.crashes} runs (it printed "
                                  f"{', '.join(sorted({k for r in recent for k in r.values}))}): there that label "
                                  "cannot be measured; pick a label the test prints before it asserts, or leave "
-                                 f"--metric out (the max over labels); log: {last.log_path if last else '?'}",
+                                 f"--metric out (the {_over(ws)} over labels); log: {last.log_path if last else '?'}",
                                  EXIT_NO_SIGNAL, detail=tail)
         if any(r.values for r in recent):
             # values, then a crash short of the labels the other runs print: said as such
@@ -880,12 +884,26 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     raise NoDifference(
                         f"good and bad only hint at a difference over the max of labels (p={sep.p_value:.2g}): "
                         f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
+                silent = _silent_when_passing(ws, probe_key, [good, bad])
+                if silent:
+                    progress(f"warning: {silent}")
                 model = Model.fit(g.values, b.values)
                 progress(f"endpoints {model.contact}: "
                          f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
                          f"(p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
                          f"{'' if model.decisive else '; ' + model.regime})")
                 return model
+            if step.action == "more" and min(len(g.values), len(b.values)) >= DECISIVE_RUNS \
+                    and sep is not None and sep.p_value > OVERLAP_P:
+                # one label plain while the max (or min) over labels shows nothing: the runs up
+                # to --max-endpoint-runs would not change what to do (rerun with --metric)
+                hint = _one_label_hint(ws, probe_key, good, bad, cfg)
+                if hint:
+                    over = _over(ws)
+                    raise NoDifference(
+                        f"good and bad do not differ over the {over} of labels after {len(g.values)}+"
+                        f"{len(b.values)} runs (p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad "
+                        f"{fmt_summary(sep.bad)}" + hint)
             if step.action == "fail":
                 raise NoDifference(
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
@@ -934,10 +952,33 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         execute(need, lambda: problem() is not None)
 
 
+def _over(ws: Workspace) -> str:
+    """What a run's value is over its labels without --metric."""
+    return "min" if ws.worse == "lower" else "max"
+
+
+def _silent_when_passing(ws: Workspace, probe_key: str, shas: list[str]) -> str:
+    """Runs that passed (exit 0) printed nothing while every run with a
+    value failed: pytest without -s shows a test's prints only when it
+    fails, so only the high runs are measured (a tester's good endpoint
+    read 0.0105 where its runs lay around 0.0075)."""
+    runs = ws.store.runs(probe_key, shas)
+    quiet = [r for r in runs if r.exit_code == 0 and not r.values]
+    if len(quiet) < 2 or any(r.exit_code == 0 for r in runs if r.values):
+        return ""
+    return (f"{len(quiet)} endpoint runs passed (exit 0) and printed no value, while every run with a value "
+            "failed: only failing runs are measured, and they are not the typical ones (pytest shows a test's "
+            "prints only when it fails: add -s to the pytest command)")
+
+
 def _one_label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig) -> str:
-    """When the max over labels shows nothing: a label whose own runs
-    separate the endpoints, named with the --metric that bisects it."""
-    if ws.metric is not None or cfg.metric_regex is not None:
+    """When the max (or min) over labels shows nothing: a label whose own
+    runs separate the endpoints, named with the --metric that bisects it,
+    and with --worse when it moved the way this session calls better (an
+    accuracy bisected as if higher were worse)."""
+    # a regex without a label group names its matches by position: no --metric to offer
+    if ws.metric is not None or (cfg.metric_regex is not None
+                                 and "label" not in re.compile(cfg.metric_regex).groupindex):
         return ""
 
     def by_label(sha: str) -> dict[str, list[float]]:
@@ -947,12 +988,16 @@ def _one_label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: Bis
                 out.setdefault(k, []).append(v)
         return out
 
-    on_good = by_label(good)
-    apart = labels_apart(on_good, by_label(bad)) if len(on_good) > 1 else []
+    on_good, on_bad = by_label(good), by_label(bad)
+    apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
     if not apart:
         return ""
     lab, p = apart[0]
-    over = "min" if ws.worse == "lower" else "max"
+    moved = "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
+    over = _over(ws)
+    if cfg.worse not in ("either", moved):
+        return (f"; but label {lab} alone moved {moved} (p={p:.2g}): if {moved} values are worse for this "
+                f"metric, rerun with --worse {moved} --metric {shlex.quote(lab)}, which reuses these runs")
     return (f"; but label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' {over}): "
             f"rerun with --metric {shlex.quote(lab)}, which reuses these runs")
 

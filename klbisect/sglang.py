@@ -17,6 +17,7 @@ so the executor's Ctrl-C handling kills it with everything else.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
 import math
@@ -40,6 +41,7 @@ import requests
 from . import proc
 from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
 from .errors import EXIT_USAGE, KlbisectError
+from .metric import JSON_PREFIX
 from .probe import DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot, config_key
 from .proc import child_environ, kill_tree, log_tail, run_logged
 from .redact import redact
@@ -1021,9 +1023,24 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
     if probe_key and probe_key.startswith("sglang:"):
         return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "
                 "the server's own log lies beside it; check --model-path, --server-args and --sglang-python")
+    if re.search(r"^=*\s*\d+ passed\b", log, re.MULTILINE) and not re.search(r"\d+ failed", log):
+        return ("pytest passed and printed nothing: it keeps a passing test's output to itself; add -s (or "
+                "--capture=no) to the pytest command, so every run shows its value, not only failing ones")
     if metric_regex:
-        return (f"--metric-regex {metric_regex!r} matched no line of its output: compare it with the log, "
+        shown = shlex.quote(metric_regex)
+        m = None
+        with contextlib.suppress(re.error):
+            m = re.search(metric_regex, log)
+        if m is not None:
+            raw = m.groupdict().get("value") if "value" in m.re.groupindex else (m.group(1) if m.re.groups else m[0])
+            return (f"--metric-regex {shown} matched {m[0][:80]!r}, but its value {raw!r} is not a number: "
+                    "make the group match the number alone, e.g. (?P<value>[0-9.eE+-]+)")
+        return (f"--metric-regex {shown} matched no line of its output: compare it with the log, "
                 "and give the number a group named value")
+    bad_json = next((ln.strip() for ln in log.splitlines() if ln.startswith(JSON_PREFIX)), "")
+    if bad_json:
+        return (f"its log has {bad_json[:80]!r}, which is not read: a KLBISECT line is a JSON object with a "
+                'number "value" and a "label", e.g. KLBISECT {"label": "kl", "value": 0.004}')
     near = next((ln.strip() for ln in log.splitlines() if "avg_kl_div" in ln), "")
     if near:
         return (f"its log has {near[:80]!r}, which is not read: a value line starts with avg_kl_div=, after an "

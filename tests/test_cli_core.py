@@ -837,6 +837,46 @@ def test_votes_without_a_threshold_and_a_regex_that_matches_nothing_say_so(histo
     assert "--metric-regex 'kl is (?P<value>[0-9.]+)' matched no line" in line, line
 
 
+def test_a_regex_or_a_line_that_reads_no_number_says_what_it_read(history, tmp_path):
+    """A vLLM tester's: a regex that matched '0.51%', or a KLBISECT line
+    that is not JSON, was "matched no line" / "expected avg_kl_div=";
+    a regex whose first of two groups is a label ran six probes first; a
+    pytest that passes prints nothing without -s, and nothing said so."""
+    h = history(n_commits=8, seed=3, merges=0, noise=SEPARATED)
+    run = ("run", "--good", h.good, "--bad", h.bad)
+    for regex in (r"(KL) divergence = ([0-9.]+)", r"(?P<label>KL) divergence = ([0-9.]+)"):
+        line = error_line(klb(*run, "--probe-cmd", probe_cmd(), "--metric-regex", regex, cwd=h.path), 150)
+        assert "none named value" in line and shlex.quote(regex) in line, line
+    assert not state_dir(h.path).exists() or not db_query(h.path, "SELECT id FROM runs")
+    percent = f"{PY} -c \"print('KL divergence = 0.51%')\""
+    line = error_line(klb(*run, "--probe-cmd", percent, "--metric-regex", r"divergence = (?P<value>\S+)",
+                          cwd=h.path), 154)
+    assert "matched 'divergence = 0.51%', but its value '0.51%' is not a number" in line, line
+    single = f"{PY} -c \"print(\\\"KLBISECT {{'label': 'kl', 'value': 0.004}}\\\")\""
+    line = error_line(klb(*run, "--probe-cmd", single, cwd=h.path), 154)
+    assert "a KLBISECT line is a JSON object" in line, line
+    (tmp_path / "test_kl.py").write_text("def test_kl():\n    print('kl_div: 0.004')\n")
+    quiet = f"{PY} -m pytest -q -p no:cacheprovider {tmp_path / 'test_kl.py'}"
+    line = error_line(klb(*run, "--probe-cmd", quiet, "--metric-regex", r"kl_div: (?P<value>[0-9.]+)",
+                          cwd=h.path), 154)
+    assert "add -s" in line, line
+    # a good commit that fails now and then: only its failing (high) runs show a value
+    (tmp_path / "test_kl2.py").write_text(
+        "import pathlib, subprocess, sys\n"
+        "def test_kl():\n"
+        "    out = subprocess.run([sys.executable, 'probe.py'], capture_output=True, text=True).stdout\n"
+        "    kl = max(float(x.split('=')[1]) for x in out.splitlines() if x.startswith('avg_kl_div='))\n"
+        "    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip()\n"
+        f"    c = pathlib.Path({str(tmp_path)!r}) / sha\n"
+        "    n = int(c.read_text()) if c.exists() else 0\n"
+        "    c.write_text(str(n + 1))\n"
+        "    print(f'kl_div: {kl}')\n"
+        "    assert kl < 0.01 and n % 2    # every other run of a good commit fails\n")
+    flaky = f"{PY} -m pytest -q -p no:cacheprovider {tmp_path / 'test_kl2.py'}"
+    p = klb(*run, "--probe-cmd", flaky, "--metric-regex", r"kl_div: (?P<value>[0-9.]+)", cwd=h.path)
+    assert "printed no value, while every run with a value failed" in p.stderr and "add -s" in p.stderr, p.stderr
+
+
 def test_a_probe_that_cannot_import_its_module_names_it(tmp_path):
     """The tail of a probe's log says which import failed: the hint names
     the module (a --probe-cmd test) or the --sglang-python that lacks sglang."""
@@ -943,8 +983,41 @@ def test_a_regression_the_max_over_labels_hides_is_named_with_its_metric(history
     wrapper.write_text(HIDDEN_LABEL_PROBE)
     args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}", "--max-endpoint-runs", "20")
     line = error_line(klb(*args, cwd=h.path), 154)
-    assert "do not separate" in line and "label steady alone differs" in line and "--metric steady" in line, line
+    assert "do not differ over the max of labels" in line and "label steady alone differs" in line \
+        and "--metric steady" in line, line
+    # said once six runs a side show it: more would not change what to do
+    assert "after 6+6 runs" in line, line
     p = klb(*args, "--metric", "steady", "--json", cwd=h.path)
+    assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
+
+
+ACCURACY_PROBE = r"""import random, subprocess, sys
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
+# mmlu and arc never move, always the lowest and the highest; gsm8k fell
+print(f"[mmlu] accuracy={random.uniform(0.68, 0.71):.4f}")
+print(f"[arc] accuracy={random.uniform(0.90, 0.93):.4f}")
+print(f"[gsm8k] accuracy={random.uniform(0.76, 0.81) if bad else random.uniform(0.82, 0.86):.4f}")
+"""
+
+
+def test_an_accuracy_that_fell_under_another_labels_min_is_named(history, tmp_path):
+    """A vLLM tester's: gsm8k fell while mmlu, always lower, set every
+    run's min; with a --metric-regex (no hint was given for a regex) the
+    session ran 520 runs and said "no regression". With --worse left out
+    (arc sets the max), the hint says --worse too."""
+    h = history(n_commits=30, seed=5, noise=SEPARATED)
+    wrapper = tmp_path / "acc.py"
+    wrapper.write_text(ACCURACY_PROBE)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}",
+            "--metric-regex", r"\[(?P<label>\w+)\] accuracy=(?P<value>[0-9.]+)")
+    line = error_line(klb(*args, "--worse", "lower", cwd=h.path), 154)
+    assert "label gsm8k alone differs" in line and "--metric gsm8k" in line, line
+    # well before --max-endpoint-runs (40 a side): by 20 a side, where a hint of p <= 0.2 stops too
+    assert len(db_query(h.path, "SELECT id FROM runs")) <= 40
+    line = error_line(klb(*args, cwd=h.path), 154)
+    assert "--worse lower --metric gsm8k" in line, line
+    p = klb(*args, "--worse", "lower", "--metric", "gsm8k", "--json", cwd=h.path)
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
 
 
