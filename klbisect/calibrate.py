@@ -21,13 +21,13 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval, endpoint_crash_limit,
-                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
-                     runs_lower_bound, sample_bits, separation, summarize)
+                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, labels_apart,
+                     recommend_threshold, runs_lower_bound, sample_bits, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value, scalar
-from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _usual_labels, close_builder,
-                      commit_runs, ended_on_errors, hold_env, make_builder, make_probe, run_shown, since,
-                      valued_runs)
+from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _silent_when_passing,
+                      _usual_labels, close_builder, commit_runs, ended_on_errors, hold_env, make_builder, make_probe,
+                      run_shown, since, valued_runs)
 from .simulate import simulate_bisect
 
 
@@ -466,6 +466,18 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
         progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
                  "(40 simulated bisects)...")
         res.cost = simulate_cost(gv, bv, commits)
+        if res.cost is None and not cfg.metric:
+            # as `run` says it: one label plain under the max (or min) over the others
+            per = [{k: [own(r)[k] for r in rs if k in own(r)] for k in {k for r in rs for k in own(r)}}
+                   for rs in (with_values, bad_runs)]
+            apart = labels_apart(*per) if len(per[0]) > 1 else []
+            if apart:
+                res.notes.append(f"label {apart[0][0]} alone differs (p={apart[0][1]:.2g}), hidden under the other "
+                                 f"labels' {'min' if low else 'max'}: rerun with --metric {apart[0][0]}, which "
+                                 "reuses these runs")
+    silent = _silent_when_passing(ws, probe.key, [sha] + ([bad_sha] if bad_sha else []))
+    if silent:
+        res.notes.append(silent)
     if low:
         mine = own_summaries([own(r) for r in with_values])
         res.labels = [turned_back(ls, turn, mine[MIN_LABEL if ls.label == MAX_LABEL else ls.label])
@@ -556,7 +568,7 @@ def format_calibration(c: Calibration) -> str:
         sides = (f"{c.runs} runs a side" if c.bad_runs in (0, c.runs)
                  else f"{c.runs} and {c.bad_runs} runs")
         lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: these {sides} do not show a "
-                     "difference; more runs may")
+                     "difference; more runs may show one")
     lines.extend(f"Note: {n}" for n in c.notes)
     if c.cost:
         lines.append(cost_line(c.cost))

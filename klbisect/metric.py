@@ -142,7 +142,8 @@ def check_regex(regex: str) -> None:
                             "(?P<value>...), e.g. 'avg_kl_div=(?P<value>[0-9.eE+-]+)'", EXIT_USAGE)
     if "value" not in pattern.groupindex and (pattern.groups > 1 or "label" in pattern.groupindex):
         # the first group would be read as the number: a label, as often as not
-        raise KlbisectError(f"--metric-regex {shown} has {pattern.groups} groups and none named value: name the "
+        raise KlbisectError(f"--metric-regex {shown} has {fmt_count(pattern.groups, 'group')} and none named "
+                            "value: name the "
                             "number's group (?P<value>...) (and the label's (?P<label>...))", EXIT_USAGE)
 
 

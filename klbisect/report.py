@@ -62,8 +62,8 @@ def format_result(res: Result | dict) -> str:
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {fmt_count(r['n_commits'], 'candidate commit')}")
     if r.get("labels"):
-        noun = "Metric" if (r.get("judged") or {}).get("name", "").startswith("min") else "KL"
-        lines.append(f"{noun} before -> after (median [min, max] n):")
+        lines.append(f"{'KL' if r.get('worse', 'higher') == 'higher' else 'Metric'} before -> after "
+                     "(median [min, max] n):")
         for lab, s in label_rows(r):
             lines.append(f"  {lab:<20} {_range(s['before'])}  ->  {_range(s['after'])}")
     for note in r.get("notes", []):

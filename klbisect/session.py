@@ -875,9 +875,12 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         else:
             step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
             sep = step.separation
+
+            def label_hint() -> str:
+                return _one_label_hint(ws, probe_key, good, bad, cfg) or _vanished_label_hint(ws, probe_key, good, bad)
             if step.action == "ready":
-                _check_direction(cfg, sep, lambda: _one_label_hint(ws, probe_key, good, bad, cfg))
-                hint = _one_label_hint(ws, probe_key, good, bad, cfg) if sep.p_value > SEPARATION_P else ""
+                _check_direction(cfg, sep, label_hint)
+                hint = label_hint() if sep.p_value > SEPARATION_P else ""
                 if hint:
                     # the max only hints, one label is plain: a search on the max would be long, and
                     # on a move that small it named a wrong commit once in 13 (a tester's)
@@ -897,7 +900,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     and sep is not None and sep.p_value > OVERLAP_P:
                 # one label plain while the max (or min) over labels shows nothing: the runs up
                 # to --max-endpoint-runs would not change what to do (rerun with --metric)
-                hint = _one_label_hint(ws, probe_key, good, bad, cfg)
+                hint = label_hint()
                 if hint:
                     over = _over(ws)
                     raise NoDifference(
@@ -909,7 +912,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
                     f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
-                    "(--max-endpoint-runs)" + _one_label_hint(ws, probe_key, good, bad, cfg)
+                    "(--max-endpoint-runs)" + label_hint()
                     + _unbuilt_sglang_hint(ws, cfg)
                     + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
                                                  for sha, end in ((good, "good"), (bad, "bad"))) if n))
@@ -955,6 +958,25 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
 def _over(ws: Workspace) -> str:
     """What a run's value is over its labels without --metric."""
     return "min" if ws.worse == "lower" else "max"
+
+
+def _vanished_label_hint(ws: Workspace, probe_key: str, good: str, bad: str) -> str:
+    """A label every run of one endpoint prints and no run of the other:
+    its line changed form there (a nan a --metric-regex does not read), and
+    the max or min over the rest cannot show what happened to it."""
+    def sets(sha: str) -> list[set]:
+        return [set(r.values) for r in valued_runs(ws.store.runs(probe_key, [sha]), None)]
+    g, b = sets(good), sets(bad)
+    if len(g) < 2 or len(b) < 2:
+        return ""
+    for side, mine, theirs in (("good", g, b), ("bad", b, g)):
+        gone = sorted(set.intersection(*mine) - set.union(*theirs))
+        if gone:
+            other = "bad" if side == "good" else "good"
+            return (f"; label {gone[0]} is in every {side} endpoint run and in no {other} one: its line reads "
+                    f"differently there (a nan or inf your --metric-regex does not match?); compare the two "
+                    "endpoints' logs (`klbisect log`)")
+    return ""
 
 
 def _silent_when_passing(ws: Workspace, probe_key: str, shas: list[str]) -> str:
@@ -1046,6 +1068,7 @@ class Result:
     model: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     reused_runs: int = 0          # runs of earlier sessions (same probe) the answer also rests on
+    worse: str = "higher"         # which way the metric got worse: KL is higher, an accuracy lower
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -1135,6 +1158,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         build_seconds=float(sum(b["duration"] or 0 for b in builds if b["started"] >= session_start)),
         model=pl.model.to_dict(), notes=notes,
         reused_runs=max(len(runs) - sum(1 for r in sess_runs if r.sha in idx), 0),
+        worse=ws.worse,
     )
 
 
@@ -1310,6 +1334,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
 
     log_dir = ws.logs / f"s{sid}"
     hold_env(ws, sid, builder, log_dir)
+    warn_build_paths(ws.repo, builder, good, bad, progress)
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
                         on_build=say_building(progress))
     # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally
@@ -1433,7 +1458,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
                     "these endpoints to find, or it is too small to bisect; runs are kept"
-                    + _one_label_hint(ws, probe_key, good, bad, cfg) + _unbuilt_sglang_hint(ws, cfg))
+                    + (_one_label_hint(ws, probe_key, good, bad, cfg) or _vanished_label_hint(ws, probe_key, good, bad))
+                    + _unbuilt_sglang_hint(ws, cfg))
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
@@ -1498,6 +1524,21 @@ def _note_stop(st: Store, sid: int, why: str) -> None:
         st.put(_stop_key(sid), why)
     except KlbisectError:
         pass    # the state itself failed (a full disk): the error being raised says so
+
+
+def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> None:
+    """A --build-cmd whose --build-paths match no file that differs between
+    the endpoints builds once per checkout and measures every commit on
+    that build: said before the first run, not after 80 runs that 'do not
+    separate' (a tester's build copied a file the default paths miss)."""
+    if not isinstance(builder, CommandBuilder):
+        return
+    changed = gitrepo.changed_files(repo, good, bad)
+    if changed and not builder.needs_build(changed):
+        progress(f"warning: --build-cmd runs only where a file matching --build-paths ({', '.join(builder.paths)}) "
+                 f"changed, and none differs between the endpoints ({fmt_count(len(changed), 'file')} do, e.g. "
+                 f"{changed[0]}): every commit will be measured on the first build; if the build reads other "
+                 "files, add them to --build-paths")
 
 
 def slots_for_pins(repo, cfg: BisectConfig, builder, good: str, bad: str, progress: Progress) -> int:
@@ -1588,6 +1629,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             build_key = meter.build_key
             # what --build sglang finds before its first build, kept where a Ctrl-C cannot lose it
             hold_env(ws, sid, builder, ws.logs / f"s{sid}")
+            warn_build_paths(ws.repo, builder, good, bad, progress)
 
             def execute(batch, stop=None):
                 for sha in batch:

@@ -1016,6 +1016,19 @@ def build_fix_hint(build_key: str | None) -> str:
     return "fix --build-cmd"
 
 
+_PYTEST_CHROME = re.compile(r"^(?:[.sxX]+\s*(?:\[\s*\d+%\])?|=+.*=+|.*\b\d+ (?:passed|skipped|warnings?)\b.*"
+                            r"|platform .*|rootdir: .*|configfile: .*|plugins: .*|collected \d+ items?|\S+\.py [.sxX]+.*)$")
+
+
+def _pytest_kept_quiet(log: str) -> bool:
+    """Did pytest pass with nothing but its own lines: a test's prints
+    kept to itself (no -s), not a test that printed a value in another
+    form?"""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip() and not ln.startswith("$ ")]
+    return (any(re.search(r"\b\d+ passed\b", ln) for ln in lines) and not any("failed" in ln for ln in lines)
+            and all(_PYTEST_CHROME.match(ln) for ln in lines))
+
+
 def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: str = "") -> str:
     """What to check when a commit printed no value: --metric-regex applies to
     --probe-cmd output only, the SGLang probe writes its own lines. ``log``:
@@ -1023,7 +1036,7 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
     if probe_key and probe_key.startswith("sglang:"):
         return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "
                 "the server's own log lies beside it; check --model-path, --server-args and --sglang-python")
-    if re.search(r"^=*\s*\d+ passed\b", log, re.MULTILINE) and not re.search(r"\d+ failed", log):
+    if _pytest_kept_quiet(log):
         return ("pytest passed and printed nothing: it keeps a passing test's output to itself; add -s (or "
                 "--capture=no) to the pytest command, so every run shows its value, not only failing ones")
     if metric_regex:

@@ -431,3 +431,18 @@ def test_calibrate_of_an_accuracy_counts_runs_at_or_below(history):
     assert [e["threshold"] for e in moving["exceedances"]] == [0.012, 0.013]
     assert [e["above"] for e in moving["exceedances"]] == [
         sum(v["prefill_cache_hit"] <= t for v in runs) for t in (0.012, 0.013)]
+
+
+def test_calibrate_names_a_label_the_max_hides(history, tmp_path):
+    """A re-tester's: one label fell at the bad commit while the others set
+    every run's min; calibrate said only "do not separate", where `run`
+    names the label and its --metric."""
+    from test_cli_core import HIDDEN_LABEL_PROBE
+    h = history(n_commits=20, seed=5, noise=SEPARATED)
+    wrapper = tmp_path / "hidden.py"
+    wrapper.write_text(HIDDEN_LABEL_PROBE)
+    p = klb("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "8", "--commits", "50", "--probe-cmd",
+            f"{PY} {wrapper}", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert "do not separate" in p.stdout and "label steady alone differs" in p.stdout \
+        and "--metric steady" in p.stdout, p.stdout

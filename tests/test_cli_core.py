@@ -823,7 +823,9 @@ def test_an_accuracy_that_broke_to_nan_is_worse_not_a_fix(history, tmp_path):
     cmd = f"{probe_cmd()} | {PY} {tmp_path / 'nan_half.py'}"
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--worse", "lower", "--json", cwd=h.path)
     assert json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
+    assert json_tail(p.stdout)["worse"] == "lower" and "Metric before -> after" in p.stderr, p.stderr
     assert "nan" in klb("status", cwd=h.path).stdout
+    assert klb("report", cwd=h.path).stdout.startswith("### Metric regression: first bad commit")
 
 
 def test_votes_without_a_threshold_and_a_regex_that_matches_nothing_say_so(history):
@@ -844,22 +846,24 @@ def test_a_regex_or_a_line_that_reads_no_number_says_what_it_read(history, tmp_p
     pytest that passes prints nothing without -s, and nothing said so."""
     h = history(n_commits=8, seed=3, merges=0, noise=SEPARATED)
     run = ("run", "--good", h.good, "--bad", h.bad)
+
+    def said(cmd: str, *extra: str, code: int = 154) -> str:
+        return error_line(klb(*run, "--probe-cmd", cmd, *extra, cwd=h.path), code)
     for regex in (r"(KL) divergence = ([0-9.]+)", r"(?P<label>KL) divergence = ([0-9.]+)"):
-        line = error_line(klb(*run, "--probe-cmd", probe_cmd(), "--metric-regex", regex, cwd=h.path), 150)
+        line = said(probe_cmd(), "--metric-regex", regex, code=150)
         assert "none named value" in line and shlex.quote(regex) in line, line
     assert not state_dir(h.path).exists() or not db_query(h.path, "SELECT id FROM runs")
-    percent = f"{PY} -c \"print('KL divergence = 0.51%')\""
-    line = error_line(klb(*run, "--probe-cmd", percent, "--metric-regex", r"divergence = (?P<value>\S+)",
-                          cwd=h.path), 154)
+    line = said(f"{PY} -c \"print('KL divergence = 0.51%')\"", "--metric-regex", r"divergence = (?P<value>\S+)")
     assert "matched 'divergence = 0.51%', but its value '0.51%' is not a number" in line, line
-    single = f"{PY} -c \"print(\\\"KLBISECT {{'label': 'kl', 'value': 0.004}}\\\")\""
-    line = error_line(klb(*run, "--probe-cmd", single, cwd=h.path), 154)
+    line = said(f"{PY} -c \"print(\\\"KLBISECT {{'label': 'kl', 'value': 0.004}}\\\")\"")
     assert "a KLBISECT line is a JSON object" in line, line
     (tmp_path / "test_kl.py").write_text("def test_kl():\n    print('kl_div: 0.004')\n")
     quiet = f"{PY} -m pytest -q -p no:cacheprovider {tmp_path / 'test_kl.py'}"
-    line = error_line(klb(*run, "--probe-cmd", quiet, "--metric-regex", r"kl_div: (?P<value>[0-9.]+)",
-                          cwd=h.path), 154)
+    line = said(quiet, "--metric-regex", r"kl_div: (?P<value>[0-9.]+)")
     assert "add -s" in line, line
+    # with -s the test's own line shows: the advice is about the line's form, not -s
+    line = said(quiet.replace(" -q ", " -q -s "))
+    assert "add -s" not in line and "set --metric-regex" in line, line
     # a good commit that fails now and then: only its failing (high) runs show a value
     (tmp_path / "test_kl2.py").write_text(
         "import pathlib, subprocess, sys\n"
@@ -999,6 +1003,23 @@ print(f"[mmlu] accuracy={random.uniform(0.68, 0.71):.4f}")
 print(f"[arc] accuracy={random.uniform(0.90, 0.93):.4f}")
 print(f"[gsm8k] accuracy={random.uniform(0.76, 0.81) if bad else random.uniform(0.82, 0.86):.4f}")
 """
+
+
+def test_a_label_whose_line_the_regex_stops_reading_is_named(history, tmp_path):
+    """A re-tester's: gsm8k printed nan at the bad commit, which the regex
+    (digits only) does not read, so the label vanished from every bad run,
+    and 2,000 runs later the answer was a wrong commit, NOT sure."""
+    h = history(n_commits=30, seed=5, noise=SEPARATED)
+    wrapper = tmp_path / "acc_nan.py"
+    wrapper.write_text(ACCURACY_PROBE.replace(
+        'print(f"[gsm8k] accuracy={random.uniform(0.76, 0.81) if bad else random.uniform(0.82, 0.86):.4f}")',
+        'print("[gsm8k] accuracy=nan" if bad else f"[gsm8k] accuracy={random.uniform(0.82, 0.86):.4f}")'))
+    assert "nan" in wrapper.read_text()
+    line = error_line(klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}", "--worse",
+                          "lower", "--metric-regex", r"\[(?P<label>\w+)\] accuracy=(?P<value>[0-9.]+)",
+                          cwd=h.path), 154)
+    assert "label gsm8k is in every good endpoint run and in no bad one" in line, line
+    assert len(db_query(h.path, "SELECT id FROM runs")) <= 40
 
 
 def test_an_accuracy_that_fell_under_another_labels_min_is_named(history, tmp_path):

@@ -863,3 +863,17 @@ def test_a_new_session_builds_before_its_first_probe(tmp_path):
     p = klb("probe", cwd=repo)
     assert p.returncode == 0 and "building" in p.stderr, p.stderr
     assert klb("reset", cwd=repo).returncode == 0
+
+
+def test_a_build_cmd_whose_paths_miss_every_change_is_warned_of(tmp_path):
+    """A re-tester's build copied a file the --build-paths did not match:
+    only the first checkout was ever built, and 80 runs later the endpoints
+    'did not separate'. Said before the first run."""
+    repo = built_level_repo(tmp_path)
+    shas = git(repo, "rev-list", "--reverse", "HEAD").split()
+    opts = ("--probe-cmd", f"{PY} probe.py", "--build-cmd", "cp setup.py built.txt")
+    p = klb("run", "--good", shas[0], "--bad", shas[-1], *opts, "--build-paths", "*.toml", "--max-total-runs", "1",
+            cwd=repo)
+    assert "warning: --build-cmd runs only where a file matching --build-paths (*.toml) changed" in p.stderr, p.stderr
+    p = klb("run", "--good", shas[0], "--bad", shas[-1], *opts, "--max-total-runs", "1", cwd=repo)
+    assert "warning: --build-cmd" not in p.stderr, p.stderr     # setup.py is among the defaults
