@@ -538,9 +538,9 @@ def format_calibration(c: Calibration) -> str:
         lines.append(title)
         for ls in labs:
             s = ls.summary
-            lines.append(f"  [{ls.label}] n={s['n']}" + (f" and {s['nan']} nan" if s.get("nan") else "")
-                         + "  " + "  ".join(f"{k} {fmt_value(s[k])}" for k in
-                                            ("min", "p5", "p25", "median", "p75", "p95", "max") if k in s))
+            lines.append((f"  [{ls.label}] n={s['n']}" + (f" and {s['nan']} nan" if s.get("nan") else "")
+                          + "  " + "  ".join(f"{k} {fmt_value(s[k])}" for k in
+                                             ("min", "p5", "p25", "median", "p75", "p95", "max") if k in s)).rstrip())
             for e in ls.exceedances:
                 bound = (f">= {e['rate_lower_bound']:.3g}" if bad and "rate_lower_bound" in e
                          else f"<= {e['rate_upper_bound']:.3g}")
