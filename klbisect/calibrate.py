@@ -21,13 +21,13 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval, endpoint_crash_limit,
-                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, labels_apart,
+                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run,
                      recommend_threshold, runs_lower_bound, sample_bits, separation, summarize)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value, scalar
 from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _silent_when_passing,
-                      _usual_labels, close_builder, commit_runs, ended_on_errors, hold_env, make_builder, make_probe,
-                      run_shown, since, valued_runs)
+                      _usual_labels, close_builder, commit_runs, ended_on_errors, hold_env, label_hint, make_builder,
+                      make_probe, run_shown, since, valued_runs)
 from .simulate import simulate_bisect
 
 
@@ -466,15 +466,10 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
         progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
                  "(40 simulated bisects)...")
         res.cost = simulate_cost(gv, bv, commits)
-        if res.cost is None and not cfg.metric:
+        hint = label_hint(ws, probe.key, sha, bad_sha, cfg) if res.cost is None else ""
+        if hint:
             # as `run` says it: one label plain under the max (or min) over the others
-            per = [{k: [own(r)[k] for r in rs if k in own(r)] for k in {k for r in rs for k in own(r)}}
-                   for rs in (with_values, bad_runs)]
-            apart = labels_apart(*per) if len(per[0]) > 1 else []
-            if apart:
-                res.notes.append(f"label {apart[0][0]} alone differs (p={apart[0][1]:.2g}), hidden under the other "
-                                 f"labels' {'min' if low else 'max'}: rerun with --metric {apart[0][0]}, which "
-                                 "reuses these runs")
+            res.notes.append(hint[2:])
     silent = _silent_when_passing(ws, probe.key, [sha] + ([bad_sha] if bad_sha else []))
     if silent:
         res.notes.append(silent)

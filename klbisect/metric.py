@@ -172,6 +172,11 @@ def scalar(values: dict[str, float], metric: str | None = None, worse: str = "hi
     return min(values.values()) if worse == "lower" else max(values.values())
 
 
+def over_labels(worse: str = "higher") -> str:
+    """What ``scalar`` takes over a run's labels without --metric, in words."""
+    return "min" if worse == "lower" else "max"
+
+
 def broke(value: float) -> bool:
     """Does this value stand for a nan or inf the probe printed? (Half of
     NONFINITE, or -NONFINITE for a metric worse lower: a centre computed in

@@ -18,6 +18,7 @@ import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -34,7 +35,8 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSIN
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
-from .metric import check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception, scalar
+from .metric import (check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception, over_labels,
+                     scalar)
 from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT, CommandProbe,
                     Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
@@ -638,7 +640,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
             seen = sorted({k for r in finished for k in r.values})
             return KlbisectError(f"--metric {metric}: {where} {sha[:12]} printed the labels "
                                  f"{', '.join(seen)} in {len(finished)} finished runs, never {metric}; pick one of "
-                                 f"them (or leave --metric out: the {_over(ws)} over labels)", EXIT_USAGE)
+                                 f"them (or leave --metric out: the {over_labels(ws.worse)} over labels)", EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
         full = _disk_full(ws, f"{where} {sha[:12]} does not build", b.get("log_path"))
@@ -701,7 +703,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  f"printing {metric} in {cr.crashes} runs (it printed "
                                  f"{', '.join(sorted({k for r in recent for k in r.values}))}): there that label "
                                  "cannot be measured; pick a label the test prints before it asserts, or leave "
-                                 f"--metric out (the {_over(ws)} over labels); log: {last.log_path if last else '?'}",
+                                 f"--metric out (the {over_labels(ws.worse)} over labels); log: {last.log_path if last else '?'}",
                                  EXIT_NO_SIGNAL, detail=tail)
         if any(r.values for r in recent):
             # values, then a crash short of the labels the other runs print: said as such
@@ -876,16 +878,16 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
             sep = step.separation
 
-            def label_hint() -> str:
-                return _one_label_hint(ws, probe_key, good, bad, cfg) or _vanished_label_hint(ws, probe_key, good, bad)
+            hint_of_labels = partial(label_hint, ws, probe_key, good, bad, cfg)
             if step.action == "ready":
-                _check_direction(cfg, sep, label_hint)
-                hint = label_hint() if sep.p_value > SEPARATION_P else ""
+                _check_direction(cfg, sep, hint_of_labels)
+                hint = hint_of_labels() if sep.p_value > SEPARATION_P else ""
                 if hint:
                     # the max only hints, one label is plain: a search on the max would be long, and
                     # on a move that small it named a wrong commit once in 13 (a tester's)
                     raise NoDifference(
-                        f"good and bad only hint at a difference over the max of labels (p={sep.p_value:.2g}): "
+                        f"good and bad only hint at a difference over the {over_labels(ws.worse)} of labels "
+                        f"(p={sep.p_value:.2g}): "
                         f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
                 silent = _silent_when_passing(ws, probe_key, [good, bad])
                 if silent:
@@ -900,9 +902,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     and sep is not None and sep.p_value > OVERLAP_P:
                 # one label plain while the max (or min) over labels shows nothing: the runs up
                 # to --max-endpoint-runs would not change what to do (rerun with --metric)
-                hint = label_hint()
+                hint = hint_of_labels()
                 if hint:
-                    over = _over(ws)
+                    over = over_labels(ws.worse)
                     raise NoDifference(
                         f"good and bad do not differ over the {over} of labels after {len(g.values)}+"
                         f"{len(b.values)} runs (p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad "
@@ -912,7 +914,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
                     f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
-                    "(--max-endpoint-runs)" + label_hint()
+                    "(--max-endpoint-runs)" + hint_of_labels()
                     + _unbuilt_sglang_hint(ws, cfg)
                     + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
                                                  for sha, end in ((good, "good"), (bad, "bad"))) if n))
@@ -955,25 +957,17 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         execute(need, lambda: problem() is not None)
 
 
-def _over(ws: Workspace) -> str:
-    """What a run's value is over its labels without --metric."""
-    return "min" if ws.worse == "lower" else "max"
-
-
-def _vanished_label_hint(ws: Workspace, probe_key: str, good: str, bad: str) -> str:
+def _vanished_label(good: list[set], bad: list[set]) -> str:
     """A label every run of one endpoint prints and no run of the other:
     its line changed form there (a nan a --metric-regex does not read), and
     the max or min over the rest cannot show what happened to it."""
-    def sets(sha: str) -> list[set]:
-        return [set(r.values) for r in valued_runs(ws.store.runs(probe_key, [sha]), None)]
-    g, b = sets(good), sets(bad)
-    if len(g) < 2 or len(b) < 2:
+    if len(good) < 2 or len(bad) < 2:
         return ""
-    for side, mine, theirs in (("good", g, b), ("bad", b, g)):
+    for side, mine, theirs in (("good", good, bad), ("bad", bad, good)):
         gone = sorted(set.intersection(*mine) - set.union(*theirs))
         if gone:
             other = "bad" if side == "good" else "good"
-            return (f"; label {gone[0]} is in every {side} endpoint run and in no {other} one: its line reads "
+            return (f"label {gone[0]} is in every {side} endpoint run and in no {other} one: its line reads "
                     f"differently there (a nan or inf your --metric-regex does not match?); compare the two "
                     "endpoints' logs (`klbisect log`)")
     return ""
@@ -993,7 +987,8 @@ def _silent_when_passing(ws: Workspace, probe_key: str, shas: list[str]) -> str:
             "prints only when it fails: add -s to the pytest command)")
 
 
-def _one_label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig) -> str:
+def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]],
+               on_bad: dict[str, list[float]]) -> str:
     """When the max (or min) over labels shows nothing: a label whose own
     runs separate the endpoints, named with the --metric that bisects it,
     and with --worse when it moved the way this session calls better (an
@@ -1002,26 +997,33 @@ def _one_label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: Bis
     if ws.metric is not None or (cfg.metric_regex is not None
                                  and "label" not in re.compile(cfg.metric_regex).groupindex):
         return ""
-
-    def by_label(sha: str) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        for r in valued_runs(ws.store.runs(probe_key, [sha]), None):
-            for k, v in r.values.items():
-                out.setdefault(k, []).append(v)
-        return out
-
-    on_good, on_bad = by_label(good), by_label(bad)
     apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
     if not apart:
         return ""
     lab, p = apart[0]
     moved = "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
-    over = _over(ws)
     if cfg.worse not in ("either", moved):
-        return (f"; but label {lab} alone moved {moved} (p={p:.2g}): if {moved} values are worse for this "
+        return (f"label {lab} alone moved {moved} (p={p:.2g}): if {moved} values are worse for this "
                 f"metric, rerun with --worse {moved} --metric {shlex.quote(lab)}, which reuses these runs")
-    return (f"; but label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' {over}): "
-            f"rerun with --metric {shlex.quote(lab)}, which reuses these runs")
+    return (f"label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' "
+            f"{over_labels(ws.worse)}): rerun with --metric {shlex.quote(lab)}, which reuses these runs")
+
+
+def label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig) -> str:
+    """What the labels show that the max (or min) over them hides, from
+    every stored run of the two endpoints, as "; ..." to end a message;
+    "" when nothing."""
+    runs = {sha: valued_runs(ws.store.runs(probe_key, [sha]), None) for sha in (good, bad)}
+
+    def by_label(sha: str) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = {}
+        for r in runs[sha]:
+            for k, v in r.values.items():
+                out.setdefault(k, []).append(v)
+        return out
+    hint = (_one_label(ws, cfg, by_label(good), by_label(bad))
+            or _vanished_label(*([set(r.values) for r in runs[sha]] for sha in (good, bad))))
+    return f"; {hint}" if hint else ""
 
 
 def ended_on_errors(runs: list, where: str) -> str:
@@ -1105,7 +1107,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     if ws.metric is None and len(labels) > 1:
         # one label can move while the others hold: the max (min) is what was judged
         before_v, after_v = ([r.value for r in side if r.value is not None] for side in sides)
-        judged = {"name": f"{'min' if ws.worse == 'lower' else 'max'} over labels", "before": summarize(before_v),
+        judged = {"name": f"{over_labels(ws.worse)} over labels", "before": summarize(before_v),
                   "after": summarize(after_v)}
     first = cands[top.last]
     info = []
@@ -1458,7 +1460,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
                     "these endpoints to find, or it is too small to bisect; runs are kept"
-                    + (_one_label_hint(ws, probe_key, good, bad, cfg) or _vanished_label_hint(ws, probe_key, good, bad))
+                    + label_hint(ws, probe_key, good, bad, cfg)
                     + _unbuilt_sglang_hint(ws, cfg))
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"

@@ -38,6 +38,17 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 # about plumbing, not statistics, so the answer is certain.
 SEPARATED = NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014))
 
+# a probe over the driver probe.py: two labels that never move set every run's max, and the
+# one that moved a little at the regression never reaches it
+HIDDEN_LABEL_PROBE = r"""import random, subprocess, sys
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
+# two labels that never move set every run's max; the one that moved, a little, never reaches it
+for label, high in (("long_ctx", 0.02), ("decode", 0.019)):
+    print(f"[{label}]\navg_kl_div={high}")
+print(f"[steady]\navg_kl_div={random.uniform(0.0047, 0.0052) if bad else random.uniform(0.0040, 0.0045):.6f}")
+"""
+
 
 def child_env(extra: dict | None = None) -> dict:
     """The environment of every child: no git redirection, this interpreter

@@ -8,7 +8,8 @@ import subprocess
 
 import numpy as np
 
-from conftest import PY, SEPARATED, calibrate_wrapped, db_query, error_line, klb, probe_cmd
+from conftest import (HIDDEN_LABEL_PROBE, PY, SEPARATED, calibrate_wrapped, db_query, error_line, klb,
+                      probe_cmd)
 from klbisect.histgen import NoiseModel
 from klbisect.calibrate import (MAX_LABEL, Calibration, format_calibration, label_stats, raise_to_labels,
                                 runs_for_bound)
@@ -437,7 +438,6 @@ def test_calibrate_names_a_label_the_max_hides(history, tmp_path):
     """A re-tester's: one label fell at the bad commit while the others set
     every run's min; calibrate said only "do not separate", where `run`
     names the label and its --metric."""
-    from test_cli_core import HIDDEN_LABEL_PROBE
     h = history(n_commits=20, seed=5, noise=SEPARATED)
     wrapper = tmp_path / "hidden.py"
     wrapper.write_text(HIDDEN_LABEL_PROBE)
@@ -446,3 +446,22 @@ def test_calibrate_names_a_label_the_max_hides(history, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "do not separate" in p.stdout and "label steady alone differs" in p.stdout \
         and "--metric steady" in p.stdout, p.stdout
+
+
+def test_calibrate_warns_when_only_failing_runs_print(history, tmp_path):
+    """pytest without -s shows a test's prints only when it fails: a
+    calibration of such a probe measures the failing (high) runs alone,
+    and its thresholds would sit above every typical run."""
+    h = history(n_commits=10, seed=4, noise=SEPARATED)
+    probe = tmp_path / "quiet_when_passing.py"
+    probe.write_text(
+        "import pathlib, random, sys\n"
+        f"c = pathlib.Path({str(tmp_path / 'n')!r})\n"
+        "n = int(c.read_text()) if c.exists() else 0\n"
+        "c.write_text(str(n + 1))\n"
+        "if n % 2:\n"
+        "    print(f'avg_kl_div={random.uniform(0.011, 0.012):.6f}')\n"
+        "    sys.exit(1)\n")
+    p = klb("calibrate", "--rev", h.good, "--runs", "4", "--probe-cmd", f"{PY} {probe}", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    assert "printed no value, while every run with a value failed" in p.stdout and "add -s" in p.stdout, p.stdout

@@ -20,8 +20,9 @@ import filelock
 import psutil
 import pytest
 
-from conftest import (HEX40, PY, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query, error_line, git,
-                      json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir, user_state, wait_gone)
+from conftest import (HEX40, HIDDEN_LABEL_PROBE, PY, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query,
+                      error_line, git, json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir,
+                      user_state, wait_gone)
 from klbisect import repo as gitrepo
 from klbisect.histgen import NoiseModel
 from klbisect.probe import CommandProbe, Slot
@@ -966,16 +967,6 @@ def test_endpoints_that_do_not_separate_stop_with_numbers(history):
     assert "do not separate" in line
     assert "good median 0.005" in line and "bad median 0.005" in line and "n=4" in line
     assert worktrees(h.path) == [str(h.path)]
-
-
-HIDDEN_LABEL_PROBE = r"""import random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-# two labels that never move set every run's max; the one that moved, a little, never reaches it
-for label, high in (("long_ctx", 0.02), ("decode", 0.019)):
-    print(f"[{label}]\navg_kl_div={high}")
-print(f"[steady]\navg_kl_div={random.uniform(0.0047, 0.0052) if bad else random.uniform(0.0040, 0.0045):.6f}")
-"""
 
 
 def test_a_regression_the_max_over_labels_hides_is_named_with_its_metric(history, tmp_path):
