@@ -418,7 +418,8 @@ def log(repo, session_id, as_json):
         vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or r["status"]
         reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
         end = "timed out" if r["status"] == "timeout" else f"exit={r['exit_code']}"
-        click.echo(f"{t} {r['sha'][:12]} {end} {r['duration'] or 0:6.1f}s  {vals}{reused}")
+        crash = "  (counted as a crash)" if r["values"] and not r.get("counted", True) else ""
+        click.echo(f"{t} {r['sha'][:12]} {end} {r['duration'] or 0:6.1f}s  {vals}{crash}{reused}")
         click.echo(f"         {fmt_subject(r['subject'], 70)}  log: {r['log_path']}")
     return 0
 

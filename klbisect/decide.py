@@ -854,6 +854,30 @@ def endpoint_step(good: Sequence[float], bad: Sequence[float], n_min: int = MIN_
     return EndpointStep("more", int(ng < n_max), int(nb < n_max), sep)
 
 
+TAIL_SPREADS = 4.0   # a bad run this many of the good runs' spreads past all of them (worse_tail)
+
+
+def worse_tail(good: Sequence[float], bad: Sequence[float], worse: str = "higher") -> int:
+    """How many bad runs lie far past every good run the worse way: a
+    regression that shows only as occasional spikes (a race, a flaky
+    kernel) leaves the medians where they were, and a chance dip of the
+    bad median must not read as a fix then (a tester's: 3 of 11 sessions
+    said "swapped" or "no regression" with a bad run 5x every good one).
+    Far: TAIL_SPREADS of the good runs' own spread (log scale where the
+    values allow), beyond the good runs' extreme."""
+    g, b = _arr(good), _arr(bad)
+    if len(g) < 2 or not len(b):
+        return 0
+    log_space = bool(np.all(g > 0) and np.all(b > 0))
+    tg, tb = _transform(g, log_space), _transform(b, log_space)
+    if worse == "lower":
+        tg, tb = -tg, -tb
+    spread = max(_resid_sd(tg - np.median(tg)), _pair_spread(tg))
+    if not np.isfinite(spread) or spread <= 0:
+        return 0
+    return int(np.sum(tb > tg.max() + TAIL_SPREADS * spread))
+
+
 LOST_ENDPOINT_RUNS = 30  # runs a side (unequal counts weighed as their harmonic mean) ...
 LOST_P = 0.5             # ... after which a p-value above this ends an integrated search
 

@@ -7,7 +7,7 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
-from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value
+from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels
 from .plots import write_out
 from .redact import redact_text
 from .session import Result
@@ -149,7 +149,8 @@ def format_status(st: dict) -> str:
                         f"resumes it. Shown below: session {st['session']}.)")
     m = st.get("model")
     metric = (st.get("config") or {}).get("metric")
-    value = f"label {metric}" if metric else "a run's value is the max over its labels"
+    worse = (st.get("config") or {}).get("worse") or "higher"
+    value = f"label {metric}" if metric else f"a run's value is the {over_labels(worse)} over its labels"
     if m and m.get("kind") == "learned":
         f = math.exp if m["log_space"] else (lambda x: x)
         model = Model.from_dict(m)
@@ -175,6 +176,9 @@ def format_status(st: dict) -> str:
                                    subsequent_indent=" " * 9))
     if starred:
         lines.append("  " + PLACED_NOTE)
+    if st.get("later_runs"):
+        lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at these commits "
+                     "are weighed above too)")
     if st.get("top"):
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:

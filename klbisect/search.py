@@ -504,7 +504,11 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                     good += commits[i].values
                 elif post.p_bad[i] > 1 - pool:
                     bad += commits[i].values
-        if len(good) + len(bad) > len(commits[0].values) + len(commits[n].values):
+        # Endpoint runs the search added count too: a model kept from a dozen
+        # calibration runs told `status` that hundreds of the good endpoint's
+        # own runs looked bad (a range with no regression, started on a hint).
+        ends = len(commits[0].values) + len(commits[n].values)
+        if len(good) + len(bad) > ends or ends > model.n_good + model.n_bad:
             model = Model.fit(good, bad, cap=model.cap, strays_within=True)
             # Interior runs can show what lucky endpoint samples hid: the
             # sides overlap after all. Then no single run is near-decisive.

@@ -16,7 +16,7 @@ import shutil
 import statistics
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -27,10 +27,10 @@ import filelock
 from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
 from .decide import (BAD, DECISIVE_RUNS, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS,
-                     OVERLAP_P, SEPARATION_P, SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS, STALE_RUN_LR, UNDECIDED,
-                     UNDECIDED_LIMIT, VERDICT_LR,
-                     Model, ThresholdModel, contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step,
-                     is_undecided_skip, judge, labels_apart, separation, summarize, verdict_model)
+                     OVERLAP_ENDPOINT_RUNS, OVERLAP_P, SEPARATION_P, SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS,
+                     STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, EndpointStep, Model, ThresholdModel,
+                     contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step, is_undecided_skip, judge,
+                     labels_apart, separation, summarize, verdict_model, worse_tail)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_bases
@@ -118,7 +118,7 @@ class BisectConfig:
         opt("--timeout", f"{self.timeout:g}", f"{d.timeout:g}")
         opt("--build-timeout", f"{self.build_timeout:g}", f"{d.build_timeout:g}")
         for key in ("metric", "metric_regex", "threshold", "votes", "max_runs", "endpoint_runs",
-                    "max_endpoint_runs", "confidence", "worse"):
+                    "max_endpoint_runs", "max_total_runs", "confidence", "worse"):
             opt("--" + key.replace("_", "-"), getattr(self, key), getattr(d, key))
         if not self.first_parent:
             argv.append("--all-commits")
@@ -430,12 +430,13 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
     usual = _usual_labels(runs) if ws.metric is None else frozenset()
+    typical = _typical(runs, usual)
     for r in runs:
         last_run[r.sha] = max(last_run.get(r.sha, 0.0), r.started)
         if _cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session):
             continue
         c = out[r.sha]
-        if _counts(r, usual):
+        if _counts(r, usual, typical, ws.worse):
             c.values.append(r.value)
         else:
             c.crashes += 1
@@ -518,13 +519,38 @@ def _own_runs_wanted(model, sha: str, runs: list, sid: int, where: str, advice: 
     return min(want, STALE_MAX_RUNS)
 
 
-def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "") -> None:
+def _spikes_note(good: list[float], bad: list[float], worse: str) -> str:
+    """What a "do not separate" adds when bad runs lie far past every good
+    one: their middles agree, their tails do not."""
+    n = worse_tail(good, bad, "lower" if worse == "lower" else "higher")
+    if not n:
+        return ""
+    far = max(bad) if worse != "lower" else min(bad)
+    edge = max(good) if worse != "lower" else min(good)
+    return (f"; yet {fmt_count(n, 'bad run')} lie far past every good run ({fmt_value(far)} against the good "
+            f"runs' {'max' if worse != 'lower' else 'min'} {fmt_value(edge)}): a regression that shows only as "
+            "occasional spikes leaves the middle alone, and more endpoint runs (--max-endpoint-runs) show it")
+
+
+def _goes_better(cfg: BisectConfig, sep) -> bool:
+    """Did the endpoints move the way this session calls better?"""
+    return cfg.worse not in ("either", "higher" if sep.direction == "up" else "lower")
+
+
+def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "", spikes: int = 0) -> None:
     """Endpoints that moved the way that is better: a fix in the range, or
     --good and --bad swapped. Named as "first bad", its commit would be
-    blamed for the improvement. ``hint``: what a "barely differ" adds."""
+    blamed for the improvement. ``hint``: what a "barely differ" adds;
+    ``spikes``: bad runs far past every good one the worse way (worse_tail)."""
     moved = "higher" if sep.direction == "up" else "lower"
-    if cfg.worse in ("either", moved):
+    if not _goes_better(cfg, sep):
         return
+    if spikes:
+        raise NoDifference(
+            f"the bad endpoint's runs sit {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
+            f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), the better way, yet {spikes} of them "
+            f"lie far past every good run the worse way: a regression that shows only as occasional spikes? "
+            f"--worse either bisects whatever changed, these runs reused" + hint())
     if sep.p_value > SEPARATION_P:
         raise NoDifference(
             f"good and bad barely differ (p={sep.p_value:.2g}; good {fmt_summary(sep.good)}, bad "
@@ -561,28 +587,52 @@ def _usual_labels(runs, counts: dict[frozenset, int] | None = None) -> frozenset
     return max(counts, key=lambda k: (counts[k], len(k)), default=frozenset())
 
 
-def _cut_off(run, usual: frozenset) -> bool:
+def _cut_off(run, usual: frozenset, typical: dict[str, float] | None = None, worse: str = "higher") -> bool:
     """A run that failed before printing every label the others print: its
     max over labels misses the ones it never reached, so it is a crash, not a
     low value. A failed assertion is a measurement, even one that stopped the
-    test before its later labels (their values could only raise the max),
-    and a run that exits 0 with fewer labels skipped them on purpose."""
-    return (bool(usual) and run.exit_code != 0 and run.status != STATUS_FAILED
-            and frozenset(run.values) < usual)
+    test before its later labels, while those labels (their ``typical``
+    values) sit on the good side of the value it printed: they could only
+    make it worse. One that usually sets the max (the min, for --worse
+    lower: an accuracy test that stops on its first low label, before a
+    label that always reads lower) would have made it look better than the
+    complete runs, a regression read as a fix. A run that exits 0 with
+    fewer labels skipped them on purpose."""
+    if not usual or run.exit_code == 0 or not frozenset(run.values) < usual:
+        return False
+    if run.status != STATUS_FAILED:
+        return True
+    low = worse == "lower"
+    return any((t < run.value) if low else (t > run.value)
+               for k, t in (typical or {}).items() if k not in run.values)
 
 
-def valued_runs(runs: list, metric: str | None) -> list:
+def _typical(runs, usual: frozenset) -> dict[str, float]:
+    """Each label's median over the runs that printed every usual label."""
+    seen: dict[str, list[float]] = {}
+    for r in runs:
+        if usual and frozenset(r.values) >= usual:
+            for k in usual:
+                seen.setdefault(k, []).append(r.values[k])
+    return {k: statistics.median(v) for k, v in seen.items()}
+
+
+def valued_runs(runs: list, metric: str | None, worse: str = "higher", among: list | None = None) -> list:
     """The runs whose value counts, as ``commit_runs`` counts them: not
-    timed out, and not cut off short of the labels the others print."""
-    usual = _usual_labels(runs) if metric is None else frozenset()
-    return [r for r in runs if _counts(r, usual)]
+    timed out, and not cut off short of the labels the others print (the
+    others: ``among``, default ``runs``)."""
+    usual = _usual_labels(among if among is not None else runs) if metric is None else frozenset()
+    typical = _typical(among if among is not None else runs, usual)
+    return [r for r in runs if _counts(r, usual, typical, worse)]
 
 
-def _counts(run, usual: frozenset) -> bool:
-    return run.value is not None and run.status != STATUS_TIMEOUT and not _cut_off(run, usual)
+def _counts(run, usual: frozenset, typical: dict[str, float] | None = None, worse: str = "higher") -> bool:
+    return (run.value is not None and run.status != STATUS_TIMEOUT
+            and not _cut_off(run, usual, typical, worse))
 
 
-def run_shown(run, usual: frozenset, metric: str | None) -> tuple[str, bool]:
+def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, float] | None = None,
+              worse: str = "higher") -> tuple[str, bool]:
     """One run as a progress line shows it, and whether it counts as a
     crash (as commit_runs judges it): a value the run printed before it
     timed out or failed short of its labels is named with what became of it."""
@@ -591,9 +641,12 @@ def run_shown(run, usual: frozenset, metric: str | None) -> tuple[str, bool]:
                 else f"no value ({run.status})"), True
     if run.status == STATUS_TIMEOUT:
         return f"{fmt_value(run.value)}, then timed out: counted as a crash", True
-    if metric is None and _cut_off(run, usual):
+    if metric is None and _cut_off(run, usual, typical, worse):
+        missed = sorted(k for k in usual if k not in run.values)
+        why = (f", short of {missed[0]}, which reads {'lower' if worse == 'lower' else 'higher'} in complete runs"
+               if run.status == STATUS_FAILED else "")
         return (f"{fmt_value(run.value)} from {len(run.values)} of {len(usual)} labels, then "
-                f"exit {run.exit_code}: counted as a crash"), True
+                f"exit {run.exit_code}{why}: counted as a crash"), True
     return fmt_value(run.value), False
 
 
@@ -879,8 +932,18 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             sep = step.separation
 
             hint_of_labels = partial(label_hint, ws, probe_key, good, bad, cfg)
+            spikes = worse_tail(g.values, b.values, cfg.worse) if step.action == "ready" and _goes_better(cfg, sep) \
+                else 0
+            if spikes and min(len(g.values), len(b.values)) < cfg.max_endpoint_runs:
+                # the medians say "better", a bad run far past every good one says worse: the
+                # medians' difference may be chance, and more runs tell which
+                want = max(min(2 * OVERLAP_ENDPOINT_RUNS, cfg.max_endpoint_runs), min(len(g.values), len(b.values)) + 1)
+                progress(f"the bad endpoint's runs sit {'higher' if sep.direction == 'up' else 'lower'} than the "
+                         f"good one's (p={sep.p_value:.2g}), but {fmt_count(spikes, 'of its runs')} lie far past "
+                         "every good run: measuring both further before calling it a fix")
+                step = EndpointStep("more", max(want - len(g.values), 0), max(want - len(b.values), 0), sep)
             if step.action == "ready":
-                _check_direction(cfg, sep, hint_of_labels)
+                _check_direction(cfg, sep, hint_of_labels, spikes)
                 hint = hint_of_labels() if sep.p_value > SEPARATION_P else ""
                 if hint:
                     # the max only hints, one label is plain: a search on the max would be long, and
@@ -897,6 +960,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                          f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
                          f"(p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
                          f"{'' if model.decisive else '; ' + model.regime})")
+                clear = "" if model.separates else clearer_label(ws, probe_key, good, bad, cfg, sep.p_value)[1]
+                if clear:
+                    progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
                 return model
             if step.action == "more" and min(len(g.values), len(b.values)) >= DECISIVE_RUNS \
                     and sep is not None and sep.p_value > OVERLAP_P:
@@ -914,7 +980,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
                     f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
-                    "(--max-endpoint-runs)" + hint_of_labels()
+                    "(--max-endpoint-runs)" + _spikes_note(g.values, b.values, cfg.worse) + hint_of_labels()
                     + _unbuilt_sglang_hint(ws, cfg)
                     + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
                                                  for sha, end in ((good, "good"), (bad, "bad"))) if n))
@@ -1009,21 +1075,55 @@ def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]]
             f"{over_labels(ws.worse)}): rerun with --metric {shlex.quote(lab)}, which reuses these runs")
 
 
+def _by_label(runs: list, sha: str) -> dict[str, list[float]]:
+    """A commit's values per label; a run its own assertion stopped short
+    measured the labels it printed."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        if r.sha == sha and r.status in MEASURED:
+            for k, v in r.values.items():
+                out.setdefault(k, []).append(v)
+    return out
+
+
 def label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig) -> str:
     """What the labels show that the max (or min) over them hides, from
     every stored run of the two endpoints, as "; ..." to end a message;
     "" when nothing."""
-    runs = {sha: valued_runs(ws.store.runs(probe_key, [sha]), None) for sha in (good, bad)}
-
-    def by_label(sha: str) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = {}
-        for r in runs[sha]:
-            for k, v in r.values.items():
-                out.setdefault(k, []).append(v)
-        return out
-    hint = (_one_label(ws, cfg, by_label(good), by_label(bad))
-            or _vanished_label(*([set(r.values) for r in runs[sha]] for sha in (good, bad))))
+    stored = ws.store.runs(probe_key, [good, bad])
+    counted = valued_runs(stored, None, ws.worse)
+    hint = (_one_label(ws, cfg, _by_label(stored, good), _by_label(stored, bad))
+            or _vanished_label(*([set(r.values) for r in counted if r.sha == sha] for sha in (good, bad))))
     return f"; {hint}" if hint else ""
+
+
+CLEARER_LABEL = 100   # a label this many times surer than the max over labels is worth its own --metric
+CLEARER_LOOK = 50     # ... looked for again at this many session runs, then twice as many, ...
+
+
+def clearer_label(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig,
+                  p_over: float) -> tuple[str, str]:
+    """A label that moved the worse way and separates the endpoints far
+    more clearly than the max (min) over labels, which they differ on only
+    a little (p_over): a bisect of the max over runs that overlap takes
+    hundreds of runs where that label alone takes dozens (a tester's: 510
+    runs and 85% right, against 49 and 100% with --metric). (label, a note
+    on it), or ("", "")."""
+    if ws.metric is not None or (cfg.metric_regex is not None
+                                 and "label" not in re.compile(cfg.metric_regex).groupindex):
+        return "", ""
+    stored = ws.store.runs(probe_key, [good, bad])
+    on_good, on_bad = _by_label(stored, good), _by_label(stored, bad)
+    apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
+    if not apart or apart[0][1] * CLEARER_LABEL > p_over:
+        return "", ""
+    lab, p = apart[0]
+    moved = "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
+    if cfg.worse not in ("either", moved):
+        return "", ""
+    return lab, (f"label {lab} alone separates the endpoints far more clearly (p={p:.2g}, against p={p_over:.2g} "
+                 f"for the {over_labels(ws.worse)} over labels): --metric {shlex.quote(lab)} would need fewer runs, "
+                 "and reuses these")
 
 
 def ended_on_errors(runs: list, where: str) -> str:
@@ -1098,7 +1198,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
     block = [shas[i] for i in top.indices]
     runs = ws.store.runs(probe_key, shas)
     idx = {s: i for i, s in enumerate(shas)}
-    counted = valued_runs(runs, ws.metric)
+    counted = valued_runs(runs, ws.metric, ws.worse)
     sides = ([r for r in counted if r.values and post.p_bad[idx[r.sha]] < 0.01],
              [r for r in counted if r.values and post.p_bad[idx[r.sha]] > 0.99])
     before, after = ([r.values for r in side] for side in sides)
@@ -1387,7 +1487,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                                         f"{r.build.log_path}", EXIT_NO_SIGNAL,
                                         detail=log_tail(r.build.log_path or ""))
             elif run is not None:
-                shown, crashed = run_shown(run, _usual_labels([run], label_sets), ws.metric)
+                usual = _usual_labels([run], label_sets)
+                shown, crashed = run_shown(run, usual, ws.metric,
+                                           _typical(st.runs(probe_key, [good, bad, run.sha]), usual), ws.worse)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
                 streak[:] = streak + [r.sha] if crashed else []
 
@@ -1434,6 +1536,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             st.update_session(sid, model=model.to_dict(), state="bisecting")
         before = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
         searching = True
+        look_at = CLEARER_LOOK      # session runs at which an overlapping search looks at the labels again
         while True:
             runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout, failed_since=started)
             commits = [since(runs[s], before[s]) for s in shas]
@@ -1441,6 +1544,14 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
                       crash_limit=cfg.crash_limit, pending=pending, max_endpoint_runs=cfg.max_endpoint_runs)
             total = len(st.session_runs(sid))
+            if pl.integrated and total >= look_at:
+                # the endpoints' runs grow as the search goes: a label that stands out
+                # now is worth a note, once
+                clear = clearer_label(ws, probe_key, good, bad, cfg,
+                                      separation(commits[0].values, commits[-1].values).p_value)[1]
+                look_at = math.inf if clear else 2 * look_at
+                if clear:
+                    progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
             if pl.done and not ex.in_flight():
                 recheck = _reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model) if check_reused else []
                 room = max(cfg.max_total_runs - total, 0)
@@ -1743,6 +1854,8 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     break
                 stop = _gitbisect_budget(ws, sess, cfg, sha)
                 if stop is not None:
+                    # git bisect run aborts on it: `status` is where the user looks next
+                    _note_stop(ws.store, sess.id, stop.message)
                     raise stop
                 _check_unchanged(ws, sha)
                 out = measurer.measure(sha, slot)
@@ -1751,9 +1864,10 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     ws.store.put(built_key, sha)
                 run = record(ws, sess.id, probe.key, build_key, out, ws.top)
                 if run is not None:
-                    usual = _usual_labels(ws.store.runs(probe.key, [sess.good, sess.bad, sha]))
+                    near = ws.store.runs(probe.key, [sess.good, sess.bad, sha])
+                    usual = _usual_labels(near) if ws.metric is None else frozenset()
                     progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
-                             f"{run_shown(run, usual if ws.metric is None else frozenset(), ws.metric)[0]}")
+                             f"{run_shown(run, usual, ws.metric, _typical(near, usual), ws.worse)[0]}")
             if v.decision == SKIP and not v.values and not cr.build_failed:
                 _check_environment(ws, sess, cfg, probe, builder, sha, progress)
             ws.store.set_verdict(sess.id, sha, v.decision, {"reason": v.reason, "values": v.values})
@@ -2010,6 +2124,11 @@ def explain_commit(entry: dict, model) -> str:
         if isinstance(model, ThresholdModel):
             fails = sum(v >= model.threshold for v in vals)
             parts.append(f"{len(vals)} run(s) [{shown}]: {fails} at or above the threshold {model.threshold:g}")
+        elif model is not None and entry.get("integrated"):
+            parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))} (good runs sit "
+                         f"near {fmt_value(model.centre(GOOD))}, bad near {fmt_value(model.centre(BAD))}; the two "
+                         "overlap, so the search weighs every run with both sides' distributions integrated out, "
+                         "not by one commit's ratio)")
         elif model is not None:
             parts.append(f"{len(vals)} run(s) [{shown}] look {side}: weighed now, with the model every run so far "
                          f"gives, together {math.exp(min(abs(llr), 700)):.3g} times likelier if the commit is {side} "
@@ -2038,6 +2157,9 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
         if pl is not None:
             entry["p_bad"] = float(pl.posterior.p_bad[i])
             entry["log_lr"] = pl.model.commit_log_lr(cr.values)
+            # the sides overlap: the search weighs every run with both distributions
+            # integrated out, and one commit's ratio under the fitted model is not what it used
+            entry["integrated"] = bool(pl.integrated)
         if sha in verdicts:
             entry["verdict"], entry["reason"] = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
         elif i in (0, n) and (cr.values or pl is not None):
@@ -2047,6 +2169,11 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
             entry["verdict"], entry["reason"] = "", "endpoint: no value yet"
         elif cr.build_failed:
             entry["verdict"], entry["reason"] = SKIP, "build failed"
+        elif pl is not None and pl.integrated and sess.kind == "run":
+            # its verdict is where P(bad), which the explanation gives, stands now
+            p, sure = entry["p_bad"], 1 - cfg.confidence
+            entry["verdict"] = GOOD if p < sure else BAD if p > 1 - sure else UNDECIDED
+            entry["reason"] = ""
         elif pl is not None:
             v = judge(cr.values, cr.crashes, pl.model, cfg.max_runs, cfg.crash_limit)
             entry["verdict"], entry["reason"] = v.decision, v.reason
@@ -2132,11 +2259,13 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["model"] = pl.model.to_dict()
             out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
                            "subjects": [cands[i][1] for i in b.indices]} for b in pl.posterior.top_blocks(5)]
-        if sess.kind == "gitbisect":
+        if sess.kind == "gitbisect" and not (sess.state == "ended" and sess.result):
             res = gitbisect_result(ws, sess, analysis)
             out["result"] = res.to_json() if res else None
         else:
-            out["result"] = sess.result
+            out["result"] = sess.result     # an ended git bisect's: as `reset` found it
+        # runs later sessions recorded at these commits are weighed in the lists above
+        out["later_runs"] = sum((r.session_id or 0) > sess.id for r in st.runs(probe_key, shas))
         res = out["result"] or {}
         # the same top-level keys as `run --json`, so one parser reads both
         out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
@@ -2163,9 +2292,12 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
                 subjects[sha] = gitrepo.subject(ws.repo, sha)
             except KlbisectError:       # a commit gone from the repository since
                 subjects[sha] = ""
+        # a run that printed values may still count as a crash (timed out, or cut off short
+        # of the labels the others print): as the session weighs it
+        counted = {r.id for r in valued_runs(list(runs.values()), ws.metric, ws.worse)}
         return [{"id": r.id, "started": r.started, "sha": r.sha, "subject": subjects.get(r.sha, ""),
                  "status": r.status, "values": r.values, "value": r.value, "exit_code": r.exit_code,
-                 "duration": r.duration, "log_path": r.log_path,
+                 "duration": r.duration, "log_path": r.log_path, "counted": r.id in counted,
                  "reused_from": r.session_id if r.session_id != sess.id else None}
                 for r in sorted(runs.values(), key=lambda r: r.id)]
     finally:
@@ -2180,6 +2312,14 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
             st = ws.store
             ended = []
             while (sess := st.active_session()) is not None:
+                if sess.kind == "gitbisect":
+                    # its answer as it stands now: a later `status --session N` shows that,
+                    # not one recomputed with runs later sessions add at its commits
+                    with suppress(KlbisectError):
+                        ws.use_session(sess)
+                        res = gitbisect_result(ws, sess)
+                        if res is not None:
+                            st.update_session(sess.id, result=res.to_json())
                 st.update_session(sess.id, state="ended", ended=time.time())
                 done.append(f"ended session {sess.id} ({sess.kind})")
                 ended.append(sess)

@@ -425,6 +425,8 @@ def test_calibrate_of_an_accuracy_counts_runs_at_or_below(history):
     assert whole["label"] == "(min over labels)" and whole["summary"]["min"] == min(min(v.values()) for v in runs)
     bad = next(ls for ls in res["bad_labels"] if ls["label"] == "prefill_cache_hit")
     assert bad["catch"]["above"] == bad["catch"]["runs"] == 12         # every bad run fails it
+    for good_row, bad_row in zip(res["labels"], res["bad_labels"]):  # one threshold, printed alike in both rows
+        assert bad_row["catch"]["threshold"] == good_row["recommended"], (good_row, bad_row)
     assert "12/12 runs at or below" in p.stderr and "at or above" not in p.stderr, p.stderr
     # --thresholds in the metric's own terms
     res = json.loads(klb(*args, "--thresholds", "0.012,0.013", cwd=h.path).stdout)
@@ -465,3 +467,29 @@ def test_calibrate_warns_when_only_failing_runs_print(history, tmp_path):
     p = klb("calibrate", "--rev", h.good, "--runs", "4", "--probe-cmd", f"{PY} {probe}", cwd=h.path)
     assert p.returncode == 0, p.stderr
     assert "printed no value, while every run with a value failed" in p.stdout and "add -s" in p.stdout, p.stdout
+
+
+CLEARER_LABEL_PROBE = r"""import random, subprocess, sys
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
+# the max over labels moved a little under long_ctx's noise; decode moved far more, under it
+print(f"[long_ctx]\navg_kl_div={random.lognormvariate(0, 0.3) * (0.0075 if bad else 0.005):.6f}")
+print(f"[decode]\navg_kl_div={random.lognormvariate(0, 0.05) * (0.003 if bad else 0.001):.6f}")
+"""
+
+
+def test_calibrate_prices_the_label_that_moved_clearly_beside_the_max(history, tmp_path):
+    """A tester's: the max over labels moved a little (a bisect of it costs
+    hundreds of runs), one label far more clearly, and nothing said so.
+    calibrate names the label and what a bisect of it alone would cost."""
+    h = history(n_commits=20, seed=5, noise=SEPARATED)
+    wrapper = tmp_path / "clearer.py"
+    wrapper.write_text(CLEARER_LABEL_PROBE)
+    p = klb("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "30", "--commits", "40", "--probe-cmd",
+            f"{PY} {wrapper}", "--json", cwd=h.path)
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)
+    note = next(n for n in res["notes"] if "label decode alone separates the endpoints far more clearly" in n)
+    assert "--metric decode" in note and "runs on average with it" in note, note
+    alone = float(note.split("runs on average with it")[0].rsplit(": ", 1)[1])
+    assert alone < res["cost"]["simulated_mean_runs"], (alone, res["cost"])

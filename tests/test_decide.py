@@ -13,7 +13,7 @@ from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOO
                              exceedance_lower_bound,
                              exceedance_upper_bound,
                              exceedances, info_per_run, judge, labels_apart, recommend_threshold, runs_lower_bound,
-                             runs_per_commit, separation, summarize)
+                             runs_per_commit, separation, summarize, worse_tail)
 
 CAP = math.log(RUN_LR_CAP)
 GOODV = [0.004, 0.0045, 0.005, 0.0042, 0.0048, 0.0046, 0.0043]
@@ -661,3 +661,20 @@ def test_runs_measured_now_that_read_against_a_commits_earlier_runs_contradict_t
     assert contradicts(model, ten, [0.0040, 0.0041, 0.0040, 0.0042]) is False
     # earlier runs that hardly lean either way are nothing to contradict
     assert contradicts(model, [0.0065], [0.0110, 0.0120, 0.0115]) is False
+
+
+def test_worse_tail_counts_runs_far_past_every_good_one_the_worse_way():
+    """Spikes of a bad commit, five times a good run, against the good runs'
+    own spread; a bad run just past the good max is not one; an accuracy's
+    spikes point down."""
+    rng = np.random.default_rng(5)
+    good = list(0.004 * np.exp(0.1 * rng.standard_normal(20)))
+    bad = list(0.0035 * np.exp(0.1 * rng.standard_normal(20)))
+    assert worse_tail(good, bad) == 0
+    assert worse_tail(good, bad + [max(good) * 5, max(good) * 4]) == 2
+    assert worse_tail(good, bad + [max(good) * 1.05]) == 0
+    assert worse_tail(good, bad + [max(good) * 5], "lower") == 0
+    acc_good = list(0.8 + 0.005 * rng.standard_normal(20))
+    assert worse_tail(acc_good, [0.79, 0.81, 0.5], "lower") == 1
+    assert worse_tail(acc_good, [0.79, 0.81, 0.5]) == 0
+    assert worse_tail([0.004], [0.1]) == 0              # one good run shows no spread

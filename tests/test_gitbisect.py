@@ -217,6 +217,10 @@ def test_probe_keeps_to_the_max_total_runs_given_to_start(history):
     run = bisect_run(h.path)
     assert "has spent 14 probe runs (--max-total-runs 14)" in run.stdout + run.stderr, run.stdout + run.stderr
     assert len(db_query(h.path, "SELECT id FROM runs")) == 14
+    # status, where a user looks next, says why git bisect stopped, and the `run` it names keeps the cap
+    st = klb("status", cwd=h.path).stdout
+    assert "stopped: this git bisect has spent 14 probe runs" in st, st
+    assert "--max-total-runs 14" in st.split("reuses these")[0], st
 
 
 def test_probe_runs_under_the_timeout_given_to_start(history, tmp_path):
@@ -877,3 +881,24 @@ def test_a_build_cmd_whose_paths_miss_every_change_is_warned_of(tmp_path):
     assert "warning: --build-cmd runs only where a file matching --build-paths (*.toml) changed" in p.stderr, p.stderr
     p = klb("run", "--good", shas[0], "--bad", shas[-1], *opts, "--max-total-runs", "1", cwd=repo)
     assert "warning: --build-cmd" not in p.stderr, p.stderr     # setup.py is among the defaults
+
+
+def test_an_ended_git_bisect_is_shown_as_it_ended(history):
+    """A tester's: `status --session 1` of a git bisect ended by `reset`
+    recomputed its answer with runs a later calibration made at its
+    commits (0.9999 became 0.9984), and said nothing of them."""
+    h = history(n_commits=30, seed=3, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    assert bisect_run(h.path).returncode == 0
+    before = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    assert before["culprit"] == h.culprit and before["later_runs"] == 0
+    klb("reset", cwd=h.path)
+    cal = klb("calibrate", "--rev", h.culprit, "--runs", "12", "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert cal.returncode == 0, cal.stderr
+    later = db_query(h.path, "SELECT COUNT(*) FROM runs WHERE session_id > ?", (before["session"],))[0][0]
+    assert later >= 6
+    after = json.loads(klb("status", "--session", str(before["session"]), "--json", cwd=h.path).stdout)
+    assert after["state"] == "ended" and after["result"] == before["result"]
+    assert after["later_runs"] == later
+    text = klb("status", "--session", str(before["session"]), cwd=h.path).stdout
+    assert f"{later} runs that later sessions recorded at these commits are weighed above too" in text, text

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import klb
+from conftest import json_tail, klb, probe_cmd
 from klbisect.cli_report import history, nightly, report
 from klbisect.decide import Model
 from klbisect.errors import KlbisectError
-from klbisect.histgen import make_history
+from klbisect.histgen import NoiseModel, make_history
 from klbisect.report import GITHUB_COMMENT_LIMIT, report_data, write_report
 from klbisect.session import BisectConfig, Workspace, make_probe, run_bisect
 
@@ -409,3 +409,24 @@ def test_a_merge_commits_title_that_names_its_pr_is_not_followed_by_it_again():
     assert _culprit_title(squash, {}) == "Route prefill through FP8 QKV"
     assert _pr_suffix(squash, {}, "sgl-project/sglang") == \
         " ([#29519](https://github.com/sgl-project/sglang/pull/29519))"
+
+
+def test_status_of_an_overlapping_search_gives_the_evidence_it_used(history):
+    """A tester's: in a search whose sides overlap, status said a commit's
+    runs were 2.8e12 times likelier good, "verdict good: 42 runs, likelihood
+    ratio 2.8e+12:1", beside P(bad) = 0.0003, while the search had weighed
+    them with both sides' distributions integrated out, far more cautiously.
+    It says so now, and each verdict is where P(bad) stands."""
+    from klbisect.report import format_status
+    from klbisect.session import status
+    h = history(n_commits=16, seed=6, noise=NoiseModel(kind="lognormal", good=(0.004, 0.3), bad=(0.007, 0.3)))
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
+    st = status(h.path)
+    assert "integrates over both distributions" in format_status(st)
+    interior = [c for c in st["commits"] if 0 < c["index"] < 16 and c["values"]]
+    assert interior
+    for c in interior:
+        assert "times likelier" not in c["explain"] and "integrated out" in c["explain"], c["explain"]
+        want = "good" if c["p_bad"] < 0.01 else "bad" if c["p_bad"] > 0.99 else "undecided"
+        assert c["verdict"] == want, c

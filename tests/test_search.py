@@ -799,3 +799,22 @@ def test_adjacent_endpoints_on_a_hint_must_differ_before_the_answer():
     shifted = [v * 1.7 for v in b]
     real = plan([CommitRuns(g), CommitRuns(shifted)], Model.fit(g, shifted))
     assert real.done is not None and real.done.indices == [1] and real.unproven is None
+
+
+def test_the_model_grows_with_the_endpoint_runs_the_search_adds():
+    """A range with no regression, begun on a hint: ten and eight runs
+    that looked apart by chance. Hundreds of endpoint runs later, with no
+    interior commit placed on a side, the model kept the first dozen and
+    `status` said the good endpoint's own runs looked bad 1e9:1."""
+    rng = np.random.default_rng(3)
+    draw = lambda k: list(rng.uniform(0.003, 0.006, (k, 3)).max(axis=1))  # noqa: E731
+    lucky_good, lucky_bad = sorted(draw(30))[:10], sorted(draw(30))[-8:]
+    start = Model.fit(lucky_good, lucky_bad)
+    assert (start.n_good, start.n_bad) == (10, 8)
+    commits = [CommitRuns(lucky_good + draw(200))] + [CommitRuns([]) for _ in range(20)] \
+        + [CommitRuns(lucky_bad + draw(300))]
+    pl = plan(commits, start)
+    assert (pl.model.n_good, pl.model.n_bad) == (210, 308)
+    # what the runs show: the two sides a fraction of a spread apart, not the start's gap
+    assert pl.model.effect < start.effect / 3
+    assert abs(pl.model.commit_log_lr(commits[0].values[10:])) < abs(start.commit_log_lr(commits[0].values[10:])) / 5
