@@ -1778,7 +1778,7 @@ def test_an_interrupted_fresh_run_resumes_with_the_same_command(history, driver_
     again = klb(*args, cwd=h.path)
     assert f"resuming the unfinished --fresh session {sid}" in again.stderr, again.stderr
     res = json_tail(again.stdout)
-    assert res["culprit"] == h.culprit and res["session"] == sid
+    assert res["culprit"] == h.culprit and res["session"] == sid, (res, again.stderr[-4000:])
     assert saved <= {r["id"] for r in db_query(h.path, "SELECT id FROM runs WHERE session_id=?", (sid,))}
     # finished, the same command with --fresh asks afresh
     third = klb(*args, cwd=h.path)
