@@ -677,11 +677,12 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
 def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
                       cr: CommitRuns, crash_limit: int, note: str = "",
                       where: str | None = None, metric_regex: str | None = None,
-                      at_both: bool = False) -> KlbisectError | None:
+                      at_both: bool = False, other: str | None = None) -> KlbisectError | None:
     """Why this endpoint cannot be measured, once that is clear: its build
     failed, it printed no value in ``crash_limit`` runs, or it printed
     labels but never the --metric asked for. ``where`` names the commit
-    when it is not an endpoint (a nightly head)."""
+    when it is not an endpoint (a nightly head); ``other`` is the other
+    endpoint, whose runs may show a label that can be bisected instead."""
     where = where or f"the {which} endpoint"
     metric = ws.metric
     if metric and not cr.values:
@@ -758,6 +759,19 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
                                  "cannot be measured; pick a label the test prints before it asserts, or leave "
                                  f"--metric out (the {over_labels(ws.worse)} over labels); log: {last.log_path if last else '?'}",
                                  EXIT_NO_SIGNAL, detail=tail)
+        if other and recent and all(r.status == STATUS_FAILED and r.values for r in recent):
+            # a test that asserts in its loop over labels stopped every time short of a label that
+            # sets the max (min) in complete runs: the max cannot be read here, a label alone can
+            printed = {k for r in recent for k in r.values}
+            missed = sorted(_usual_labels(ws.store.runs(probe_key, [other])) - printed) or ["a label"]
+            pair = (other, sha) if which == "bad" else (sha, other)
+            cfg = BisectConfig(worse=ws.worse, metric_regex=metric_regex)
+            return KlbisectError(f"{where} {sha[:12]} stopped on its own assertion in {cr.crashes} runs, each "
+                                 f"after {', '.join(sorted(printed))} and short of {missed[0]}, which reads "
+                                 f"{'lower' if ws.worse == 'lower' else 'higher'} in complete runs: its "
+                                 f"{over_labels(ws.worse)} over labels cannot be read there"
+                                 f"{label_hint(ws, probe_key, *pair, cfg)}; log: {last.log_path if last else '?'}",
+                                 EXIT_NO_SIGNAL)
         if any(r.values for r in recent):
             # values, then a crash short of the labels the other runs print: said as such
             return KlbisectError(f"{where} {sha[:12]} crashed part-way in {cr.crashes} runs: each printed some "
@@ -873,7 +887,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         for which, sha, cr, note, other in (("good", good, g, g_note, b), ("bad", bad, b, b_note, g)):
             side_limit = endpoint_crash_limit(cfg.crash_limit, other.crashes, other.crashes + len(other.values))
             err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, side_limit, note=note,
-                                    metric_regex=cfg.metric_regex)
+                                    metric_regex=cfg.metric_regex, other=bad if sha == good else good)
             if err:
                 return err
         return None
@@ -1053,15 +1067,21 @@ def _silent_when_passing(ws: Workspace, probe_key: str, shas: list[str]) -> str:
             "prints only when it fails: add -s to the pytest command)")
 
 
+def _labels_offered(ws: Workspace, cfg: BisectConfig) -> bool:
+    """Whether a label's own --metric can be offered: not under --metric,
+    and not with a regex without a label group (it names its matches by
+    position)."""
+    return ws.metric is None and (cfg.metric_regex is None
+                                  or "label" in re.compile(cfg.metric_regex).groupindex)
+
+
 def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]],
                on_bad: dict[str, list[float]]) -> str:
     """When the max (or min) over labels shows nothing: a label whose own
     runs separate the endpoints, named with the --metric that bisects it,
     and with --worse when it moved the way this session calls better (an
     accuracy bisected as if higher were worse)."""
-    # a regex without a label group names its matches by position: no --metric to offer
-    if ws.metric is not None or (cfg.metric_regex is not None
-                                 and "label" not in re.compile(cfg.metric_regex).groupindex):
+    if not _labels_offered(ws, cfg):
         return ""
     apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
     if not apart:
@@ -1109,8 +1129,7 @@ def clearer_label(ws: Workspace, probe_key: str, good: str, bad: str, cfg: Bisec
     hundreds of runs where that label alone takes dozens (a tester's: 510
     runs and 85% right, against 49 and 100% with --metric). (label, a note
     on it), or ("", "")."""
-    if ws.metric is not None or (cfg.metric_regex is not None
-                                 and "label" not in re.compile(cfg.metric_regex).groupindex):
+    if not _labels_offered(ws, cfg):
         return "", ""
     stored = ws.store.runs(probe_key, [good, bad])
     on_good, on_bad = _by_label(stored, good), _by_label(stored, bad)
@@ -1488,8 +1507,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                                         detail=log_tail(r.build.log_path or ""))
             elif run is not None:
                 usual = _usual_labels([run], label_sets)
-                shown, crashed = run_shown(run, usual, ws.metric,
-                                           _typical(st.runs(probe_key, [good, bad, run.sha]), usual), ws.worse)
+                # only a run its own assertion stopped short is judged by the others' typical values
+                short = ws.metric is None and run.status == STATUS_FAILED and frozenset(run.values) < usual
+                typical = _typical(st.runs(probe_key, [good, bad, run.sha]), usual) if short else None
+                shown, crashed = run_shown(run, usual, ws.metric, typical, ws.worse)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
                 streak[:] = streak + [r.sha] if crashed else []
 
