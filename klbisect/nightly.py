@@ -862,11 +862,13 @@ def _split_tonight(st, probe_key: str, shas: list[str], sid: int, label: str | N
             [r for r in runs if (r.session_id or 0) >= sid])
 
 
-def _seen_text(what: str, fresh: list[float], earlier: list[float], head: list[float]) -> str:
+def _seen_text(what: str, fresh: list[float], earlier: list[float], head: list[float], of: str = "") -> str:
+    """``of``: whose runs ``earlier`` are, when not the commits measured again."""
     if not fresh:
         return f"{what} gave no value tonight"
     return (f"{what} measured again tonight: median {fmt_value(float(np.median(fresh)))} over {len(fresh)} runs, "
-            f"against {fmt_value(float(np.median(earlier)))} over {len(earlier)} runs on earlier nights and "
+            f"against {fmt_value(float(np.median(earlier)))} over {len(earlier)} runs"
+            f"{f' of {of}' if of else ''} on earlier nights and "
             f"{fmt_value(float(np.median(head)))} at tonight's head")
 
 
@@ -938,7 +940,9 @@ def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder,
     v, fresh = _measure_environment(ws, cfg, opts, sid, probe_key, [good], earlier, head, label,
                                     max(opts.runs, ENV_CHECK_RUNS),
                                     lambda: _Meter(ws, sid, probe, builder, progress), progress)
-    seen = _seen_text(f"the good endpoint {good[:12]}", fresh, earlier, head)
+    pooled = len(rec.get("against_heads") or [good]) > 1
+    seen = _seen_text(f"the good endpoint {good[:12]}", fresh, earlier, head,
+                      "the baseline's heads" if pooled else "")
     if v.decision == BAD:
         _as_environment(rec, seen, v, progress)
     else:
@@ -1506,8 +1510,8 @@ def history_table(trend: dict):
     """A rich Table of the trend: one row per night, one column per label."""
     from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
-    t = Table(title=escape("KL per label over nightly heads: median [min, max] n, over every run of "
-                           "the head (its nights' and any bisect's)"))
+    t = Table(title=escape("KL per label over nightly heads: median [min, max] n, over the head's runs "
+                           "as of its night (later nights' and bisects' runs left out)"))
     t.add_column("night")
     t.add_column("head")
     t.add_column("verdict")

@@ -20,9 +20,10 @@ _NAME = r"(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|(?:SECRET|PRIVATE
 _VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s'"\\;,]+)"""
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
 _ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
-# --api-key VALUE, --token=VALUE, --hf_token VALUE (not --max-new-tokens)
-_FLAG = re.compile(r"(--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key))"
-                   r"(=|\s+)" + _VALUE, re.I)
+# --api-key VALUE, --token=VALUE, --hf_token VALUE, '--api-key', 'VALUE' (not --max-new-tokens, nor prose:
+# "per-token FP8")
+_FLAG = re.compile(r"(?<![\w-])(--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key))"
+                   r"(=|\s+|['\"],\s*(?=['\"]))" + _VALUE, re.I)   # the last: an argv list's next item
 # well-known token shapes wherever they stand (long enough not to be a label: hf_logprobs, sk-learn)
 _SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
                      r"|sk-[A-Za-z0-9_-]{20,}|xox[abprs]-[A-Za-z0-9-]{10,})")

@@ -884,8 +884,12 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             return _endpoint_problem(ws, "good", good, probe_key, build_key, g, 1,
                                      note=f"{g_note}, nor the bad endpoint in {b.crashes}",
                                      metric_regex=cfg.metric_regex, at_both=True)
+        # runs that passed silently while every run with a value failed (pytest without -s) are
+        # no flaky environment: the other side's silent passes do not buy this side more runs
+        silent = bool(_silent_when_passing(ws, probe_key, [good, bad]))
         for which, sha, cr, note, other in (("good", good, g, g_note, b), ("bad", bad, b, b_note, g)):
-            side_limit = endpoint_crash_limit(cfg.crash_limit, other.crashes, other.crashes + len(other.values))
+            side_limit = endpoint_crash_limit(cfg.crash_limit, 0 if silent else other.crashes,
+                                              other.crashes + len(other.values))
             err = _endpoint_problem(ws, which, sha, probe_key, build_key, cr, side_limit, note=note,
                                     metric_regex=cfg.metric_regex, other=bad if sha == good else good)
             if err:

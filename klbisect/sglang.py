@@ -1049,7 +1049,7 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
             return (f"--metric-regex {shown} matched {m[0][:80]!r}, but its value {raw!r} is not a number: "
                     "make the group match the number alone, e.g. (?P<value>[0-9.eE+-]+)")
         return (f"--metric-regex {shown} matched no line of its output: compare it with the log, "
-                "and give the number a group named value")
+                "and put the number in a group (named value where the regex has others, beside one named label)")
     bad_json = next((ln.strip() for ln in log.splitlines() if ln.startswith(JSON_PREFIX)), "")
     if bad_json:
         return (f"its log has {bad_json[:80]!r}, which is not read: a KLBISECT line is a JSON object with a "

@@ -916,6 +916,31 @@ def test_a_regex_or_a_line_that_reads_no_number_says_what_it_read(history, tmp_p
     assert "printed no value, while every run with a value failed" in p.stderr and "add -s" in p.stderr, p.stderr
 
 
+def test_a_pytest_that_hides_passing_runs_gives_up_on_the_good_endpoint_after_six(history, tmp_path):
+    """A docs tester's: pytest without -s, the good commit passing (and so
+    printing nothing) every time, the bad one failing every other run. The
+    bad side's silent passes read as a flaky probe, which buys an endpoint
+    more runs: the good one was given up after 12, not the documented six
+    (two and a half hours of a real probe)."""
+    h = history(n_commits=8, seed=3, merges=0, noise=SEPARATED)
+    (tmp_path / "test_kl.py").write_text(
+        "import pathlib, subprocess, sys\n"
+        "def test_kl():\n"
+        "    out = subprocess.run([sys.executable, 'probe.py'], capture_output=True, text=True).stdout\n"
+        "    kl = max(float(x.split('=')[1]) for x in out.splitlines() if x.startswith('avg_kl_div='))\n"
+        "    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip()\n"
+        f"    c = pathlib.Path({str(tmp_path)!r}) / sha\n"
+        "    n = int(c.read_text()) if c.exists() else 0\n"
+        "    c.write_text(str(n + 1))\n"
+        "    print(f'avg_kl_div={kl}')\n"
+        "    assert kl < 0.01 or n % 2    # a bad commit fails every other run\n")
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd",
+            f"{PY} -m pytest -q -p no:cacheprovider {tmp_path / 'test_kl.py'}", cwd=h.path)
+    line = error_line(p, 154)
+    assert "the good endpoint" in line and "printed no metric value in 6 runs" in line and "add -s" in line, line
+    assert db_query(h.path, "SELECT COUNT(*) FROM runs WHERE sha=?", (h.good,))[0][0] == 6
+
+
 def test_a_probe_that_cannot_import_its_module_names_it(tmp_path):
     """The tail of a probe's log says which import failed: the hint names
     the module (a --probe-cmd test) or the --sglang-python that lacks sglang."""
@@ -1267,13 +1292,17 @@ def test_a_log_tail_of_brackets_is_text_not_a_crash():
 def test_redaction_leaves_labels_numbers_and_json_alone():
     """A tester's: labels hf_logprobs were redacted (and a --json object lost
     one), `--token ` at a string's end broke the JSON, and secrets with no
-    name on their line (a probe printing its environment) were shown."""
+    name on their line (a probe printing its environment) were shown.
+    Another's: the demo's own subject "Add per-token FP8 quantization"
+    read "per-token <redacted>" in status and reports."""
     from klbisect.redact import redact, redact_text
-    kept = "hf_logprobs=0.003 sk-learn-compat --max-new-tokens 32 num_token=32 HF_TOKEN=$(cat ~/.hf) per token 0.00412"
+    kept = ("hf_logprobs=0.003 sk-learn-compat --max-new-tokens 32 num_token=32 HF_TOKEN=$(cat ~/.hf) per token 0.00412"
+            " Add per-token FP8 quantization helper (#29578) multi-password reset")
     assert redact(kept) == kept
     for secret, text in (("SECRETAPI", "--server-args '--api-key SECRETAPI'"), ("tok1", "--hf_token tok1"),
                          ("QWxh", "Authorization: Basic QWxh"), ("pw", "git clone https://me:pw@example.com/r"),
-                         ("abcd1234", "SECRET_KEY=abcd1234"), ("h" * 34, "hf_" + "h" * 34)):
+                         ("abcd1234", "SECRET_KEY=abcd1234"), ("h" * 34, "hf_" + "h" * 34),
+                         ("sk0", "launching ['python3', '-m', 'sglang.launch_server', '--api-key', 'sk0']")):
         assert secret not in redact(text) and "<redacted>" in redact(text), text
     out = json.dumps({"probe": "python3 t.py --token ", "sglang": {}, "labels": {"hf_logprobs": 1},
                       "cmd": "HF_TOKEN=x y"})
