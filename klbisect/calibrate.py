@@ -58,6 +58,8 @@ class CostEstimate:
     model_bits: float = float("nan")  # as the search's model weighs a run drawn from its own location fit
     disjoint: bool = False        # the runs of the two commits never overlapped
     bits_interval: list[float] | None = None  # a bootstrap range of bits_per_run (decide.bits_interval)
+    capped: int = 0               # simulated bisects stopped at max_runs: the mean is a floor
+    max_runs: int = MAX_TOTAL_RUNS
 
 
 @dataclass
@@ -307,13 +309,16 @@ def resampler(values: list[float], rng: np.random.Generator, smooth: bool = True
 def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int = 40,
                   seed: int = 0, confidence: float = 0.99,
                   max_runs: int = MAX_TOTAL_RUNS, crash_rate: float = 0.0,
-                  smooth: bool = True) -> CostEstimate | None:
+                  smooth: bool = True,
+                  after_trial: Callable[[list[int]], bool] | None = None) -> CostEstimate | None:
     """Runs a bisect over ``commits`` would need, by replaying the real
     search, endpoint policy included, on values drawn like the measured
     good and bad runs (``resampler``), a ``crash_rate`` of them crashing
     (a session counts a crashed run too); ``smooth=False`` draws the
     measured values themselves (as before 2026-12-05, for
-    scripts/cost_estimate.py). Returns None when the two commits do not
+    scripts/cost_estimate.py). ``after_trial(runs so far)`` may end the
+    trials early by returning True (a bisect that runs to the cap takes
+    half a minute to replay). Returns None when the two commits do not
     separate at all."""
     if not separation(good, bad).separated:
         return None
@@ -339,9 +344,12 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
                                  confidence=confidence, max_total_runs=max_runs)
         runs_used.append(n)
         right += int(ans == [culprit])
+        if after_trial is not None and after_trial(runs_used):
+            break
     return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
-                        float(np.percentile(runs_used, 95)), right / trials, trials, model_bits, disjoint,
-                        list(interval) if interval else None)
+                        float(np.percentile(runs_used, 95)), right / len(runs_used), len(runs_used), model_bits,
+                        disjoint, list(interval) if interval else None,
+                        sum(1 for n in runs_used if n >= max_runs), max_runs)
 
 
 def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int,
@@ -504,14 +512,16 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                                 "regression that shows only as occasional spikes? (`run --worse either` bisects it)"
                                 if (spikes := worse_tail(gv, bv, "lower" if low else "higher")) else ""))
         progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
-                 "(40 simulated bisects)...")
+                 f"(up to {COST_TRIALS} simulated bisects)...")
         crashed = res.crashes + res.bad_crashes
-        res.cost = simulate_cost(gv, bv, commits, crash_rate=crashed / (crashed + len(gv) + len(bv)))
+        res.cost = simulate_cost(gv, bv, commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
+                                 after_trial=_cost_clock(progress))
         lab, clear = clearer_label(ws, probe.key, sha, bad_sha, cfg, sep.p_value) if res.cost else ("", "")
         if clear:
             progress(f"estimating the same bisect with --metric {lab}...")
             alone = simulate_cost(*([own(r)[lab] for r in rs if lab in own(r)] for rs in (with_values, bad_runs)),
-                                  commits, crash_rate=crashed / (crashed + len(gv) + len(bv)))
+                                  commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
+                                  after_trial=_cost_clock(progress))
             if alone and alone.simulated_mean_runs < res.cost.simulated_mean_runs:
                 res.notes.append(f"{clear}: {alone.simulated_mean_runs:.1f} runs on average with it (p95 "
                                  f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%}), against "
@@ -533,6 +543,30 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                           for ls in res.bad_labels]
     ws.store.update_session(sid, state="done", result=res.to_json())
     return res
+
+
+COST_TRIALS = 40        # simulated bisects behind a cost estimate ...
+COST_MIN_TRIALS = 10    # ... or this many, once COST_SECONDS have passed
+COST_SECONDS = 120.0
+COST_PROGRESS_SECONDS = 15.0
+
+
+def _cost_clock(progress: Callable[[str], None]) -> Callable[[list[int]], bool]:
+    """``simulate_cost``'s after_trial for a user waiting at the terminal:
+    a line every 15 s, and an end after two minutes once ten bisects are
+    in (a search that runs to --max-total-runs on overlapping values takes
+    half a minute to replay; a tester waited 12 minutes on 40 of them,
+    with nothing printed)."""
+    start = last = time.monotonic()
+
+    def after(runs: list[int]) -> bool:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= COST_PROGRESS_SECONDS:
+            last = now
+            progress(f"  {len(runs)} of {COST_TRIALS} simulated bisects: {np.mean(runs):.0f} runs on average so far")
+        return len(runs) >= COST_MIN_TRIALS and now - start >= COST_SECONDS
+    return after
 
 
 def crashes_among(all_runs: list, counted: list, n: int) -> int:
@@ -651,4 +685,7 @@ def cost_line(k: CostEstimate) -> str:
     return (f"A bisect over {k.commits} commits with this probe: {worth}; klbisect's search on "
             f"resampled values: {k.simulated_mean_runs:.1f} runs on average, p95 "
             f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials "
-            f"(endpoint runs included; {model})")
+            f"(endpoint runs included; {model})"
+            + (f"; {k.capped} of the {k.trials} stopped at the {k.max_runs}-run cap (--max-total-runs), so "
+               "the mean is a floor: bisect a label that moved more clearly, or measure more runs"
+               if k.capped else ""))

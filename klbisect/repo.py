@@ -242,6 +242,13 @@ def changed_files(repo: git.Repo, a: str, b: str) -> list[str]:
     return [p for p in _git(repo, "diff", "--name-only", "--no-renames", a, b).splitlines() if p]
 
 
+def files_touched(repo: git.Repo, good: str, bad: str) -> list[str]:
+    """Every file a commit after ``good`` up to ``bad`` changes, also one
+    that ends as it began (the endpoints' diff leaves those out)."""
+    out = _git(repo, "log", "--format=", "--name-only", "--no-renames", f"{good}..{bad}")
+    return sorted({p for p in out.splitlines() if p})
+
+
 def touching(repo: git.Repo, good: str, bad: str, path: str) -> list[str]:
     """The commits after ``good`` up to ``bad`` that change ``path``, side
     branches' included, oldest first."""

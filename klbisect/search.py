@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Sequence
 
 import numpy as np
+
+
+def _block_ends(untestable: np.ndarray) -> np.ndarray:
+    """The last index of each block over 1..N: a testable commit, or N."""
+    n = untestable.size - 1
+    ends = np.flatnonzero(~untestable[1:]) + 1
+    return ends if ends.size and ends[-1] == n else np.append(ends, n)
 
 
 @dataclass
@@ -53,21 +59,28 @@ class Posterior:
         self.p_first_bad = np.concatenate([[0.0], p / p.sum()])   # index b -> P(B=b)
         self.p_bad = np.minimum(np.cumsum(self.p_first_bad), 1.0)  # index i -> P(commit i bad); no 1 + 4e-15
 
+    def _spans(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each block's first and last index and its mass, in arrays: the
+        search asks for the top block after every run, over up to 10,000
+        commits (a loop in Python was most of a simulated bisect's time)."""
+        ends = _block_ends(self.untestable)
+        starts = np.concatenate([[1], ends[:-1] + 1])
+        return starts, ends, np.add.reduceat(self.p_first_bad[1:], starts - 1)
+
+    def _block(self, start: int, end: int, mass: float) -> Block:
+        return Block(list(range(int(start), int(end) + 1)), float(mass))
+
     def blocks(self) -> list[Block]:
-        out: list[Block] = []
-        pending: list[int] = []
-        for i in range(1, self.n + 1):
-            pending.append(i)
-            if not self.untestable[i] or i == self.n:
-                out.append(Block(pending, float(self.p_first_bad[pending].sum())))
-                pending = []
-        return out
+        return [self._block(*t) for t in zip(*self._spans())]
 
     def top(self) -> Block:
-        return max(self.blocks(), key=lambda b: b.mass)
+        starts, ends, mass = self._spans()
+        j = int(np.argmax(mass))
+        return self._block(starts[j], ends[j], mass[j])
 
     def top_blocks(self, k: int = 5) -> list[Block]:
-        return sorted(self.blocks(), key=lambda b: -b.mass)[:k]
+        starts, ends, mass = self._spans()
+        return [self._block(starts[j], ends[j], mass[j]) for j in np.argsort(-mass, kind="stable")[:k]]
 
     def choose(self, k: int = 1, excluded: Sequence[bool] | None = None,
                pending: Sequence[int] = ()) -> list[int]:
@@ -127,20 +140,23 @@ def normal_scores(values: np.ndarray) -> np.ndarray:
     if uniq.size < n:
         sums = np.bincount(inv, weights=ranks)
         ranks = (sums / counts)[inv]
-    inv_cdf = NormalDist().inv_cdf
-    return np.array([inv_cdf(p) for p in (ranks - 0.375) / (n + 0.25)])
+    from scipy.special import ndtri  # noqa: PLC0415 - scipy loads slowly; `klbisect probe` may not plan
+    return ndtri((ranks - 0.375) / (n + 0.25))
 
 
-def _scored(values: Sequence[Sequence[float]]):
-    """Per-commit run counts and sums of normal scores (and of squares)."""
+def _flat(values: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """Every run's value in commit order, and each commit's run count."""
     counts = np.array([len(v) for v in values])
-    if counts.sum() == 0:
-        z = np.zeros(0)
-    else:
-        z = normal_scores(np.concatenate([np.asarray(v, float) for v in values if len(v)]))
-    owner = np.repeat(np.arange(len(values)), counts)
-    s1 = np.bincount(owner, weights=z, minlength=len(values))
-    s2 = np.bincount(owner, weights=z * z, minlength=len(values))
+    return np.concatenate([np.asarray(v, float) for v in values]), counts
+
+
+def _scored(flat: np.ndarray, counts: np.ndarray):
+    """Per-commit run counts and sums of normal scores (and of squares), of
+    runs given flat in commit order with ``counts`` per commit."""
+    z = normal_scores(flat)
+    owner = np.repeat(np.arange(counts.size), counts)
+    s1 = np.bincount(owner, weights=z, minlength=counts.size)
+    s2 = np.bincount(owner, weights=z * z, minlength=counts.size)
     return counts, s1, s2, z
 
 
@@ -155,19 +171,22 @@ def _changepoint_loglik(cn, c1, c2, n, t1, t2, floor):
     return -0.5 * np.log(cn * bn) - 0.5 * (n - 2) * np.log(ss)
 
 
-def _fenced(values: Sequence[Sequence[float]], fence: tuple[float, float] | None):
-    """(runs inside the fence per commit, counts below it, counts above it,
-    run counts), or None when there is no fence or it would leave an
-    endpoint without a run inside (then every run is scored)."""
+def _fenced(flat: np.ndarray, lengths: np.ndarray, fence: tuple[float, float] | None):
+    """(the runs inside the fence, flat, and their count per commit; counts
+    below it, counts above it, run counts), or None when there is no fence
+    or it would leave an endpoint without a run inside (then every run is
+    scored)."""
     if fence is None:
         return None
     lo, hi = fence
-    inside = [[x for x in v if lo <= x <= hi] for v in values]
-    if not inside[0] or not inside[-1]:
+    owner = np.repeat(np.arange(lengths.size), lengths)
+    ins = (flat >= lo) & (flat <= hi)
+    per = np.bincount(owner[ins], minlength=lengths.size)
+    if not per[0] or not per[-1]:
         return None
-    below = np.array([sum(1 for x in v if x < lo) for v in values])
-    above = np.array([sum(1 for x in v if x > hi) for v in values])
-    return inside, below, above, np.array([len(v) for v in values])
+    below = np.bincount(owner[flat < lo], minlength=lengths.size)
+    above = np.bincount(owner[flat > hi], minlength=lengths.size)
+    return (flat[ins], per), below, above, lengths
 
 
 def _scored_inside(values: Sequence[Sequence[float]], fence: tuple[float, float] | None):
@@ -175,8 +194,9 @@ def _scored_inside(values: Sequence[Sequence[float]], fence: tuple[float, float]
     scores of the runs inside the fence, and their number), or None while
     an endpoint has no scored run or there are fewer than four: the
     integrated model has nothing to say yet."""
-    split = _fenced(values, fence)
-    counts, s1, s2, z = _scored(split[0] if split is not None else values)
+    flat, lengths = _flat(values)
+    split = _fenced(flat, lengths, fence)
+    counts, s1, s2, z = _scored(*(split[0] if split is not None else (flat, lengths)))
     n = int(counts.sum())
     if counts[0] == 0 or counts[-1] == 0 or n < 4:
         return None
@@ -344,8 +364,8 @@ def information_gain(values: Sequence[Sequence[float]], candidates: Sequence[int
     nb = len(values) - 1
     unt = np.zeros(nb + 1, bool) if untestable is None else np.asarray(untestable, bool)
     # block starts over b = 1..N (position b - 1): a block ends at a testable commit
-    ends = [b for b in range(1, nb + 1) if not unt[b] or b == nb]
-    starts = np.array([0] + [e for e in ends[:-1]])
+    ends = _block_ends(unt)
+    starts = np.concatenate([[0], ends[:-1]])
     cn, c1, c2 = np.cumsum(counts)[:-1], np.cumsum(s1)[:-1], np.cumsum(s2)[:-1]
     t1, t2, floor = float(s1.sum()), float(s2.sum()), _ss_floor(z)
     ll_in = _changepoint_loglik(cn, c1, c2, n, t1, t2, floor)

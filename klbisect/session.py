@@ -1672,9 +1672,11 @@ def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> 
     if not isinstance(builder, CommandBuilder):
         return
     changed = gitrepo.changed_files(repo, good, bad)
-    if changed and not builder.needs_build(changed):
+    # a file that changes inside the range and back is rebuilt for all the same (a tester's was)
+    if changed and not builder.needs_build(changed) and not builder.needs_build(
+            gitrepo.files_touched(repo, good, bad)):
         progress(f"warning: --build-cmd runs only where a file matching --build-paths ({', '.join(builder.paths)}) "
-                 f"changed, and none differs between the endpoints ({fmt_count(len(changed), 'file')} do, e.g. "
+                 f"changed, and none changes between the endpoints ({fmt_count(len(changed), 'file')} do, e.g. "
                  f"{changed[0]}): every commit will be measured on the first build; if the build reads other "
                  "files, add them to --build-paths")
 
@@ -2211,9 +2213,10 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     return out
 
 
-def _shown_session(ws: Workspace, session_id: int | None = None):
+def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool = False):
     """The session ``status`` and ``log`` show: the one asked for, else the
-    one in progress, else the latest; a usage error when there is none."""
+    one in progress, else the latest; a usage error when there is none.
+    ``runs_only`` (``log``): a calibration that stopped short will do."""
     where = f"in {ws.top}"
     sess = None
     if ws.has_state():
@@ -2235,6 +2238,15 @@ def _shown_session(ws: Workspace, session_id: int | None = None):
                 # the checkout is mid `git bisect run`: that session is the one being
                 # looked at, even if a `run` of another range finished since
                 sess = live
+    if sess is None and ws.has_state():
+        # only calibrations that stopped short: their runs are kept, by commit
+        cut = ws.store.latest_session(("calibrate",), touched=True)
+        if cut is not None and runs_only:
+            return cut
+        if cut is not None:
+            raise KlbisectError(f"calibration session {cut.id} {where} stopped before its result (its runs are "
+                                f"kept: `klbisect log --session {cut.id}` lists them); rerun the same `klbisect "
+                                "calibrate` command to finish it", EXIT_USAGE)
     if sess is None:
         raise KlbisectError(f"no klbisect session {where}: start one with `klbisect run` or "
                             "`klbisect start`", EXIT_USAGE)
@@ -2303,7 +2315,7 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
 def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
     ws = Workspace(path)
     try:
-        sess = _shown_session(ws, session_id)
+        sess = _shown_session(ws, session_id, runs_only=True)
         ws.use_session(sess)
         subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
         # the runs its answer rests on: its own, and those it reused from

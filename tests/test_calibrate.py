@@ -192,6 +192,31 @@ def test_calibrate_counts_a_run_cut_off_short_of_its_labels_as_a_crash(history, 
     assert whole["label"] == "(max over labels)" and whole["summary"]["min"] >= 0.004
 
 
+def test_a_first_calibration_cut_short_is_listed_by_log_and_named_by_status(history, driver_probe):
+    """A tester's: right after the repository's first `calibrate` was
+    interrupted, `log` and `status` said "no klbisect session", with its
+    runs in the store."""
+    import signal
+    import time
+
+    from conftest import klb_popen, reaped
+    h = history(n_commits=10, seed=13)
+    args = ("calibrate", "--rev", h.good, "--runs", "8", "--probe-cmd", driver_probe)
+    with reaped(klb_popen(*args, cwd=h.path, env={"KL_DRIVER_SLEEP": "1.0"})) as first:
+        deadline = time.monotonic() + 120
+        while len(db_query(h.path, "SELECT id FROM runs")) < 2:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr
+            time.sleep(0.05)
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    assert first.returncode == 130
+    kept = len(db_query(h.path, "SELECT id FROM runs"))
+    rows = json.loads(klb("log", "--json", cwd=h.path).stdout)
+    assert len(rows) == kept and {r["sha"] for r in rows} == {h.good}, rows
+    line = error_line(klb("status", cwd=h.path), 150)
+    assert "calibration session 1" in line and "stopped before its result" in line and "klbisect log --session 1" in line
+
+
 def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interrupted(history, driver_probe):
     """After a new driver, the old runs would blur the threshold: --fresh
     leaves them out, and Ctrl-C loses none of the new ones."""

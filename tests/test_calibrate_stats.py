@@ -180,3 +180,22 @@ def test_the_cost_estimate_draws_fresh_values_where_the_sides_overlap_and_counts
     bad = list(0.012 * np.exp(0.1 * rng.standard_normal(30)))
     calm, crashing = simulate_cost(good, bad, 200), simulate_cost(good, bad, 200, crash_rate=0.3)
     assert calm.disjoint and crashing.simulated_mean_runs > calm.simulated_mean_runs * 1.2
+
+
+def test_a_cost_estimate_can_end_early_and_says_when_bisects_ran_to_the_cap():
+    """A tester waited 12 minutes, with nothing printed, on 40 simulated
+    bisects of overlapping runs that each went to the 2,000-run cap: the
+    caller may end the trials after any of them, and an estimate whose
+    bisects hit the cap says its mean is a floor."""
+    from klbisect.calibrate import cost_line, simulate_cost
+    rng = np.random.default_rng(2)
+    good = list(0.005 * np.exp(0.3 * rng.standard_normal(40)))
+    bad = list(0.0058 * np.exp(0.3 * rng.standard_normal(40)))
+    seen: list[int] = []
+    k = simulate_cost(good, bad, 200, max_runs=60, after_trial=lambda runs: seen.append(len(runs)) or len(runs) >= 3)
+    assert seen == [1, 2, 3] and k.trials == 3
+    assert k.capped == 3 and k.simulated_mean_runs == 60
+    assert "3 of the 3 stopped at the 60-run cap" in cost_line(k) and "the mean is a floor" in cost_line(k)
+    calm = simulate_cost(list(0.004 * np.exp(0.1 * rng.standard_normal(20))),
+                         list(0.012 * np.exp(0.1 * rng.standard_normal(20))), 100, trials=5)
+    assert calm.capped == 0 and calm.trials == 5 and "run cap" not in cost_line(calm)
