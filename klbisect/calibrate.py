@@ -331,7 +331,7 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
         bits = model_bits
     elif not disjoint:
         interval = bits_interval(g, b)
-    runs_used, right = [], 0
+    runs_used, right, capped = [], 0, 0
     draw_good, draw_bad = (resampler(x, rng, smooth and not disjoint) for x in (good, bad))
 
     def probe(i: int, culprit: int) -> float | None:
@@ -344,12 +344,13 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
                                  confidence=confidence, max_total_runs=max_runs)
         runs_used.append(n)
         right += int(ans == [culprit])
+        capped += int(ans is None and n >= max_runs)
         if after_trial is not None and after_trial(runs_used):
             break
     return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
                         float(np.percentile(runs_used, 95)), right / len(runs_used), len(runs_used), model_bits,
                         disjoint, list(interval) if interval else None,
-                        sum(1 for n in runs_used if n >= max_runs), max_runs)
+                        capped, max_runs)
 
 
 def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int,

@@ -21,8 +21,8 @@ _VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s'"\\;,]+)"""
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
 _ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
 # --api-key VALUE, --token=VALUE, --hf_token VALUE, '--api-key', 'VALUE' (not --max-new-tokens, nor prose:
-# "per-token FP8")
-_FLAG = re.compile(r"(?<![\w-])(--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key))"
+# "per-token FP8"), also after an escaped newline or tab (a repr or JSON inside a log line)
+_FLAG = re.compile(r"(?:(?<![\w-])|(?<=\\[nrt]))(--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key))"
                    r"(=|\s+|['\"],\s*(?=['\"]))" + _VALUE, re.I)   # the last: an argv list's next item
 # well-known token shapes wherever they stand (long enough not to be a label: hf_logprobs, sk-learn)
 _SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"

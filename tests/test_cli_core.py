@@ -1131,6 +1131,42 @@ def test_an_accuracy_test_that_stops_on_its_first_low_label_is_not_read_as_a_fix
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
 
 
+def test_a_run_its_assertion_stopped_names_the_label_that_would_have_made_it_worse():
+    """A reviewer's: the line named the first label a run missed, in
+    alphabetical order, as the one that "reads lower in complete runs",
+    where another had that typical value."""
+    from klbisect.probe import STATUS_FAILED
+    from klbisect.session import run_shown
+    from klbisect.store import Run
+    usual, typical = frozenset({"a", "b", "c"}), {"a": 0.85, "b": 0.95, "c": 0.7}
+
+    def run(**values):
+        return Run(1, 1, "cmd:x", "f" * 40, 0.0, 1.0, 1, STATUS_FAILED, values, min(values.values()), None, None)
+    shown, crashed = run_shown(run(a=0.9), usual, None, typical, "lower")
+    assert crashed and "short of c, which reads lower in complete runs" in shown, shown
+    # only b missed, which reads higher: the run's min stands as a measurement
+    assert run_shown(run(a=0.9, c=0.7), usual, None, typical, "lower") == ("0.7", False)
+
+
+def test_a_label_that_fell_under_a_min_that_rose_by_chance_is_the_question_not_a_fix():
+    """The accuracy test above, on a draw where the bad side's complete runs
+    (mmlu, unchanged) read higher by chance (p=0.021): "the range holds a
+    fix" led the line, the label that fell at p=2.4e-10 came after it."""
+    from klbisect.decide import separation
+    from klbisect.session import BisectConfig, NoDifference, _check_direction
+    sep = separation([0.682 + 0.002 * i for i in range(10)], [0.690 + 0.002 * i for i in range(10)])
+    assert sep.separated and sep.direction == "up"
+    label = "; label gsm8k alone differs (p=2.4e-10): rerun with --metric gsm8k, which reuses these runs"
+    with pytest.raises(NoDifference) as e:
+        _check_direction(BisectConfig(worse="lower"), sep, lambda: label)
+    said = str(e.value)
+    assert said.startswith("label gsm8k alone differs") and "holds a fix" not in said, said
+    assert "the min over labels went the better way (higher" in said, said
+    with pytest.raises(NoDifference) as e:
+        _check_direction(BisectConfig(worse="lower"), sep)
+    assert "the range holds a fix" in str(e.value)
+
+
 def test_two_endpoint_runs_a_side_name_the_culprit_and_say_how_the_model_grows(history):
     """``run --endpoint-runs 2`` on a clean regression: the search starts
     after two runs a side, each side then grows from the commits placed on
@@ -1302,7 +1338,8 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
     for secret, text in (("SECRETAPI", "--server-args '--api-key SECRETAPI'"), ("tok1", "--hf_token tok1"),
                          ("QWxh", "Authorization: Basic QWxh"), ("pw", "git clone https://me:pw@example.com/r"),
                          ("abcd1234", "SECRET_KEY=abcd1234"), ("h" * 34, "hf_" + "h" * 34),
-                         ("sk0", "launching ['python3', '-m', 'sglang.launch_server', '--api-key', 'sk0']")):
+                         ("sk0", "launching ['python3', '-m', 'sglang.launch_server', '--api-key', 'sk0']"),
+                         ("abcdef123456", "error: 'python serve.py\\n--token abcdef123456'")):
         assert secret not in redact(text) and "<redacted>" in redact(text), text
     out = json.dumps({"probe": "python3 t.py --token ", "sglang": {}, "labels": {"hf_logprobs": 1},
                       "cmd": "HF_TOKEN=x y"})
