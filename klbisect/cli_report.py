@@ -87,11 +87,12 @@ def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, 
 @click.option("--label", default=None, help="Only this label.")
 @click.option("-o", "--output", "out", default=None, metavar="PNG",
               help="Plot file (default: <git dir>/klbisect/reports/history.png).")
+@click.option("--probe-cmd", default=None, help="The nights of this probe command (default: the latest night's).")
 @click.option("--json", "as_json", is_flag=True)
-def history(repo, label, out, as_json):
+def history(repo, label, out, probe_cmd, as_json):
     """The metric's trend per label over nightly heads: a table and a plot."""
-    from .nightly import history as get_history, history_table
-    trend = get_history(repo, label=label, plot=out)
+    from .nightly import history as get_history, history_table, series_text
+    trend = get_history(repo, label=label, plot=out, probe_cmd=probe_cmd)
     if as_json:
         _emit_json(trend)
         return 0
@@ -101,6 +102,8 @@ def history(repo, label, out, as_json):
     console = Console() if sys.stdout.isatty() else Console(width=60 + 34 * len(trend["labels"]))
     console.print(history_table(trend))
     click.echo(f"plot: {trend['plot']}")
+    if trend["other_series"]:
+        click.echo(f"other nightly series here, of other probe commands: {series_text(trend['other_series'])}")
     return 0
 
 

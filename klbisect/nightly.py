@@ -56,6 +56,7 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ from .decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, SKIP, U
 from .decide import judge as judge_commit
 from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, Interrupted,
                      KlbisectError, NoDifference)
-from .metric import fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
+from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .probe import STATUS_TIMEOUT
 from .plots import check_writable
 from .redact import redact
@@ -346,6 +347,32 @@ def _nightly_sessions(store, probe_key: str) -> list:
     return [store.session(r["id"]) for r in rows]
 
 
+def other_series(store, probe_key: str) -> list[dict]:
+    """The judged nights of other probe commands, one entry per command
+    (latest first): a changed --probe-cmd starts a new baseline, and the
+    nights before it are judged and shown apart (a tester's one-off
+    command showed "only 0 baseline values" and `history` lost seven nights)."""
+    rows = store.db.execute("SELECT id, probe_key FROM sessions WHERE kind='nightly' AND probe_key != ? "
+                            "AND result IS NOT NULL ORDER BY id DESC", (probe_key,)).fetchall()
+    out: dict[str, dict] = {}
+    for row in rows:
+        s = store.session(row["id"])
+        if not (s.result or {}).get("verdict"):
+            continue
+        e = out.setdefault(row["probe_key"], {"probe_cmd": s.config.get("probe_cmd"), "nights": 0,
+                                              "last_night": (s.result or {}).get("night", "")})
+        e["nights"] += 1
+    return list(out.values())
+
+
+def series_text(series: list[dict]) -> str:
+    """``other_series`` in words, with the history command that shows each."""
+    return "; ".join(f"{fmt_count(e['nights'], 'night')} (the last {e['last_night']}) of "
+                     + (f"`{redact(e['probe_cmd'])}`: `klbisect history --probe-cmd "
+                        f"{shlex.quote(redact(e['probe_cmd']))}` shows them" if e["probe_cmd"]
+                        else "another probe") for e in series)
+
+
 def _find_night(store, probe_key: str, night: str, head: str):
     for s in reversed(_nightly_sessions(store, probe_key)):
         if s.bad == head and s.config.get("night") == night and s.state != "ended":
@@ -564,7 +591,10 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
     openr, open_shas, found = _open_regression(ws, probe_key, head, sid)
     found_heads = [found["head"]] if found else open_shas
-    earlier = commit_runs(ws, probe_key, build_key, baseline_shas + suspect_shas + open_shas, cfg.timeout)
+    known_heads = baseline_shas + suspect_shas + open_shas
+    # which labels a complete run prints, from the nights before too: tonight's runs may all
+    # die after the first label (a broken NCCL), and read alone they look complete
+    earlier = commit_runs(ws, probe_key, build_key, known_heads, cfg.timeout)
     baseline = [v for s in baseline_shas for v in earlier[s].values]
     borderline = [v for s in suspect_shas for v in earlier[s].values]
     # The open regression as found; on the label its bisect judged, when it judged one
@@ -629,10 +659,13 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     base_tries = 0
     open_tries = 0
 
+    # crashes an earlier command of this unjudged night left (a probe not found, fixed since)
+    # are no reason to stop this one before it has run the probe itself
+    stale = {r.id for r in st.session_runs(sid) if r.sha == head and r.value is None}
     try:
         while True:
-            cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
-            mine = [r for r in st.session_runs(sid) if r.sha == head]
+            cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head]
+            mine = [r for r in st.session_runs(sid) if r.sha == head and r.id not in stale]
             mine_crashes = sum(1 for r in mine if r.value is None)
             if len(cr.values) >= target:
                 if found and open_fresh < OPEN_RUNS and open_tries < OPEN_RUNS + cfg.crash_limit:
@@ -700,7 +733,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     finally:
         meter.close()
 
-    cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout)[head]
+    cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head]
     j = judge(list(cr.values))
     cmp = j.cmp
     if not cr.values:
@@ -756,6 +789,11 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                    anchor_summary=cmp.baseline)
         rec["notes"].append(f"a regression the baseline absorbed: bisecting from {anchor_shas[-1][:12]}, the "
                             f"oldest good head of the trend (night {anchor_nights[-1]})")
+    others = other_series(st, probe_key) if j.verdict == "baseline" and not baseline_shas else []
+    if others:
+        rec["notes"].append("the first night of this --probe-cmd: earlier nights ran another, and their runs are "
+                            "not compared with its runs (a changed command may measure otherwise); "
+                            + series_text(others))
     if j.verdict == "suspect":
         rec["notes"].append(f"still borderline after {len(cr.values)} runs: kept out of the baseline; "
                             "the next nights' runs are pooled with this night's until they decide")
@@ -1444,12 +1482,13 @@ def format_night(rec: dict) -> str:
 # ---- history -------------------------------------------------------------------
 
 def history(path=None, label: str | None = None, plot: str | None = None,
-            probe_key: str | None = None) -> dict:
+            probe_key: str | None = None, probe_cmd: str | None = None) -> dict:
     """The metric per label over nightly heads, oldest first:
     ``{"labels", "nights": [{night, head, subject, verdict, n, crashes,
-    value, labels: {label: summary}}], "plot", "probe_key"}``. Uses the
-    probe of the latest nightly unless ``probe_key`` is given; writes the
-    plot (default ``<git-common-dir>/klbisect/reports/history.png``)."""
+    value, labels: {label: summary}}], "plot", "probe_key", "other_series"}``.
+    Uses the probe of the latest nightly unless ``probe_key`` is given, or
+    the latest that ran ``probe_cmd``; writes the plot (default
+    ``<git-common-dir>/klbisect/reports/history.png``)."""
     from .plots import history_plot  # noqa: PLC0415
     from .session import Workspace  # noqa: PLC0415
     ws = Workspace(path)
@@ -1457,6 +1496,14 @@ def history(path=None, label: str | None = None, plot: str | None = None,
         if not (ws.dir / "state.db").exists():
             raise KlbisectError(f"no nightly results in {ws.top}: run `klbisect nightly ...` first", EXIT_USAGE)
         st = ws.store
+        if probe_key is None and probe_cmd is not None:
+            keys = [r["probe_key"] for r in st.db.execute(
+                "SELECT probe_key, config FROM sessions WHERE kind='nightly' AND result IS NOT NULL ORDER BY id DESC")
+                if json.loads(r["config"] or "{}").get("probe_cmd") == probe_cmd]
+            if not keys:
+                raise KlbisectError(f"no nightly here ran --probe-cmd {shlex.quote(redact(probe_cmd))}; `klbisect "
+                                    "history` alone shows the latest, and names the others", EXIT_USAGE)
+            probe_key = keys[0]
         if probe_key is None:
             # the latest night that was judged: one refused for a mistyped option has no verdict
             row = st.db.execute("SELECT probe_key FROM sessions WHERE kind='nightly' AND result IS NOT NULL "
@@ -1499,7 +1546,9 @@ def history(path=None, label: str | None = None, plot: str | None = None,
             for n in nights:
                 n["labels"] = {label: n["labels"][label]} if label in n["labels"] else {}
         out = plot or str(ws.dir / "reports" / "history.png")
-        trend = {"labels": labels, "nights": nights, "plot": out, "probe_key": probe_key}
+        trend = {"labels": labels, "nights": nights, "plot": out, "probe_key": probe_key,
+                 "other_series": [{**e, "probe_cmd": redact(e["probe_cmd"]) if e["probe_cmd"] else None}
+                                  for e in other_series(st, probe_key)]}
         history_plot(trend, out)
         return trend
     finally:

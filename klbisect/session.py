@@ -413,7 +413,7 @@ class WorktreeMeter:
 
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
                 timeout: float | None = None, failed_since: float | None = None,
-                after_session: int = 0) -> dict[str, CommitRuns]:
+                after_session: int = 0, labels_from: list[str] | None = None) -> dict[str, CommitRuns]:
     """Everything known per commit, from every session that used this probe:
     a rerun of the same question reuses finished runs. With ``timeout`` (the
     --timeout in force now), a run that timed out sooner than that says
@@ -424,13 +424,17 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     fixed environment (a network blip, a full disk) needs no other command.
     With ``after_session``, only the runs of later sessions count (a nightly
     regression's head, without the runs that found it). A --fresh session's
-    store hides older runs, and older failed builds count for nothing too."""
+    store hides older runs, and older failed builds count for nothing too.
+    ``labels_from``: more commits whose runs say which labels a complete
+    run prints (a nightly head whose every run tonight died after its
+    first label has no complete run of its own to say so)."""
     failed_since = max(failed_since or 0.0, ws.store.since)
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
-    usual = _usual_labels(runs) if ws.metric is None else frozenset()
-    typical = _typical(runs, usual)
+    ref = runs + ws.store.runs(probe_key, [x for x in labels_from if x not in shas]) if labels_from else runs
+    usual = _usual_labels(ref) if ws.metric is None else frozenset()
+    typical = _typical(ref, usual)
     for r in runs:
         last_run[r.sha] = max(last_run.get(r.sha, 0.0), r.started)
         if _cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session):
@@ -580,18 +584,24 @@ def _question_of(config: dict) -> dict:
 MEASURED = (STATUS_OK, STATUS_FAILED)   # the statuses of runs whose values count in full
 
 
-def _usual_labels(runs, counts: dict[frozenset, int] | None = None) -> frozenset:
-    """The label set most runs print (ties: the larger). ``counts`` carries
-    the tally from one call to the next, for runs that come one at a time.
-    Runs that stopped on their own assertion are left out: they end short
-    by design, and where they were the most, a run that crashed after the
-    same first label looked complete and counted (a tester's: 6 of 20)."""
+def _usual_labels(runs, counts: dict[frozenset, list[int]] | None = None) -> frozenset:
+    """The label set most runs print (ties: the larger), among the runs
+    that exited 0 when there are any. ``counts`` carries the tally from one
+    call to the next, for runs that come one at a time. Runs that stopped
+    on their own assertion are left out: they end short by design, and
+    where they were the most, a run that crashed after the same first label
+    looked complete and counted (a tester's: 6 of 20). Runs that crashed
+    after some labels count only where no run exited 0: a broken NCCL that
+    killed every run of a night after its first label outvoted three
+    nights of complete runs, and the night read good past a regression."""
     counts = {} if counts is None else counts
     for r in runs:
         if r.values and r.status == STATUS_OK:
-            key = frozenset(r.values)
-            counts[key] = counts.get(key, 0) + 1
-    return max(counts, key=lambda k: (counts[k], len(k)), default=frozenset())
+            tally = counts.setdefault(frozenset(r.values), [0, 0])
+            tally[0] += not r.exit_code
+            tally[1] += 1
+    clean = any(t[0] for t in counts.values())
+    return max(counts, key=lambda k: (counts[k][0] if clean else counts[k][1], len(k)), default=frozenset())
 
 
 def _cut_off(run, usual: frozenset, typical: dict[str, float] | None = None, worse: str = "higher") -> bool:
@@ -1482,7 +1492,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     slot_by_index = {s.index: s for s in slots}
     failures: dict[str, int] = {}
     streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
-    label_sets: dict[frozenset, int] = {}   # the label sets runs printed: _usual_labels, as they come
+    label_sets: dict[frozenset, list[int]] = {}   # the label sets runs printed: _usual_labels, as they come
     searching = False   # set once the endpoints are calibrated (handle reads it when called)
 
     def handle(results) -> None:

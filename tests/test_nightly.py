@@ -436,7 +436,9 @@ print("probe sees GITHUB_TOKEN =", os.environ.get("GITHUB_TOKEN", "(unset)"))
 for label in ("logprobs_match", "prefill_cache_hit"):
     level = spec.get("labels", {}).get(label, spec["level"]) * scale
     print(f"[{label}]")
-    print(f"avg_kl_div={level * rng.uniform(0.97, 1.03):.6g}")
+    print(f"avg_kl_div={level * rng.uniform(0.97, 1.03):.6g}", flush=True)
+    if os.environ.get("KL_PARTIAL"):
+        raise SystemExit("RuntimeError: NCCL error: unhandled system error")   # dies after its first label
 '''
 
 
@@ -1047,6 +1049,72 @@ def test_a_probe_that_is_not_found_or_a_label_never_printed_gets_no_verdict(tmp_
                        cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
     trend = json.loads(h.stdout.strip().splitlines()[-1])
     assert [n["n"] for n in trend["nights"]] == [3, 3, 3] and not any(n["crashes"] for n in trend["nights"])
+
+
+def test_a_night_whose_every_run_dies_after_its_first_label_is_no_verdict(tmp_path):
+    """A tester's: a broken NCCL killed every run after its first label. Read
+    alone, tonight's runs looked complete: a head past the regression (on the
+    label never printed) was GOOD, and with a regression open, "fixed" was
+    announced. The labels a complete run prints come from the nights before."""
+    lv = Levels(tmp_path)
+    for night in ("d1", "d2"):
+        lv.commit(f"Docs {night} (#1{night[1]})")
+        tail_json(nightly(lv.path, night))
+    lv.commit("Rope cache in model dtype (#13)", 0.004, labels={"prefill_cache_hit": 0.008})
+    p = nightly(lv.path, "d3", env={"KL_PARTIAL": "1"})
+    assert p.returncode == 154 and "crashed part-way" in p.stderr, p.stdout + p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1])["verdict"] == "crashed"
+    assert tail_json(nightly(lv.path, "d4"))["regressed"] is True
+    lv.commit("Docs (#14)")
+    p = nightly(lv.path, "d5", env={"KL_PARTIAL": "1"})
+    said = json.loads(p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 154 and said["verdict"] == "crashed" and "fixed" not in said, p.stdout + p.stderr
+
+
+def test_a_night_rerun_after_its_probe_was_found_is_measured(tmp_path):
+    """A tester's: the probe's interpreter was missing (155); put back, the
+    same command on the same night stopped on the old crash with no run."""
+    lv = Levels(tmp_path)
+    for night in ("d1", "d2"):
+        lv.commit(f"Docs {night} (#1{night[1]})")
+        tail_json(nightly(lv.path, night))
+    lv.commit("Docs (#13)")
+    py = tmp_path / "venv-python"
+    cmd = [PY, "-m", "klbisect", "nightly", "--repo", str(lv.path), "--branch", "main",
+           "--probe-cmd", f"{py} probe.py", "--night", "d3", "--json"]
+    p = subprocess.run(cmd, cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 155 and "not found" in p.stderr, p.stderr
+    py.symlink_to(PY)
+    p = subprocess.run(cmd, cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert tail_json(p)["regressed"] is False and verdicts(lv.path)[-1] == "baseline"   # a new probe command
+
+
+def test_a_changed_probe_command_says_its_nights_start_over_and_history_keeps_the_old(tmp_path):
+    """A tester's: a one-off --probe-cmd printed "only 0 baseline values"
+    with seven nights before it unmentioned, and `history` then showed only
+    that night, with no way to see the seven."""
+    lv = Levels(tmp_path)
+    for night in ("d1", "d2"):
+        lv.commit(f"Docs {night} (#1{night[1]})")
+        tail_json(nightly(lv.path, night))
+    lv.commit("Docs (#13)")
+    other = f"{PY} ./probe.py"
+    p = subprocess.run([PY, "-m", "klbisect", "nightly", "--repo", str(lv.path), "--branch", "main",
+                        "--probe-cmd", other, "--night", "d3"], cwd=lv.path, env=_env(), capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "the first night of this --probe-cmd" in p.stdout and "2 nights (the last d2)" in p.stdout, p.stdout
+    h = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(lv.path)], cwd=lv.path, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert h.returncode == 0 and "klbisect history --probe-cmd" in h.stdout, h.stdout + h.stderr
+    old = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(lv.path), "--json", "--probe-cmd",
+                          f"{PY} probe.py"], cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
+    trend = json.loads(old.stdout.strip().splitlines()[-1])
+    assert [n["night"] for n in trend["nights"]] == ["d1", "d2"]
+    assert [e["last_night"] for e in trend["other_series"]] == ["d3"]
+    nope = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(lv.path), "--probe-cmd", "nothing"],
+                          cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert nope.returncode == 150 and "no nightly here ran --probe-cmd nothing" in nope.stderr
 
 
 class _Answer(BaseHTTPRequestHandler):
