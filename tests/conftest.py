@@ -89,6 +89,19 @@ def reaped(proc: subprocess.Popen):
             proc.wait()
 
 
+def interrupted(*args, cwd, env: dict | None = None, after: int) -> tuple[subprocess.Popen, str]:
+    """`klbisect ARGS` in the background, Ctrl-C'd once the store holds
+    ``after`` runs (of any session): the process, ended, and its stderr."""
+    with reaped(klb_popen(*args, cwd=cwd, env=env)) as proc:
+        deadline = time.monotonic() + 120
+        while len(db_query(cwd, "SELECT id FROM runs")) < after:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    return proc, err
+
+
 def calibrate_wrapped(h, tmp_path: Path, source: str, runs: int) -> subprocess.CompletedProcess:
     """`klbisect calibrate --json` of ``h``'s good commit with a probe written
     from ``source``, given a counter file (``tmp_path / "n"``) to shape its runs."""

@@ -196,19 +196,10 @@ def test_a_first_calibration_cut_short_is_listed_by_log_and_named_by_status(hist
     """A tester's: right after the repository's first `calibrate` was
     interrupted, `log` and `status` said "no klbisect session", with its
     runs in the store."""
-    import signal
-    import time
-
-    from conftest import klb_popen, reaped
+    from conftest import interrupted
     h = history(n_commits=10, seed=13)
     args = ("calibrate", "--rev", h.good, "--runs", "8", "--probe-cmd", driver_probe)
-    with reaped(klb_popen(*args, cwd=h.path, env={"KL_DRIVER_SLEEP": "1.0"})) as first:
-        deadline = time.monotonic() + 120
-        while len(db_query(h.path, "SELECT id FROM runs")) < 2:
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr
-            time.sleep(0.05)
-        first.send_signal(signal.SIGINT)
-        first.communicate(timeout=60)
+    first, _ = interrupted(*args, cwd=h.path, env={"KL_DRIVER_SLEEP": "1.0"}, after=2)
     assert first.returncode == 130
     kept = len(db_query(h.path, "SELECT id FROM runs"))
     rows = json.loads(klb("log", "--json", cwd=h.path).stdout)
@@ -220,10 +211,7 @@ def test_a_first_calibration_cut_short_is_listed_by_log_and_named_by_status(hist
 def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interrupted(history, driver_probe):
     """After a new driver, the old runs would blur the threshold: --fresh
     leaves them out, and Ctrl-C loses none of the new ones."""
-    import signal
-    import time
-
-    from conftest import klb_popen, reaped
+    from conftest import interrupted
     h = history(n_commits=20, seed=13)
     old = klb("calibrate", "--rev", h.good, "--runs", "5", "--probe-cmd", driver_probe, "--json", cwd=h.path)
     assert old.returncode == 0, old.stderr
@@ -232,13 +220,7 @@ def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interr
     # a second per run: the Ctrl-C below lands with four runs still to go, however loaded the machine
     slow = {**new_driver, "KL_DRIVER_SLEEP": "1.0"}
     args = ("calibrate", "--rev", h.good, "--runs", "6", "--probe-cmd", driver_probe, "--fresh", "--json")
-    with reaped(klb_popen(*args, cwd=h.path, env=slow)) as first:
-        deadline = time.monotonic() + 120
-        while len(db_query(h.path, "SELECT id FROM runs")) < 7:
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr
-            time.sleep(0.05)
-        first.send_signal(signal.SIGINT)
-        _, err = first.communicate(timeout=60)
+    first, err = interrupted(*args, cwd=h.path, env=slow, after=7)
     assert first.returncode == 130 and "Traceback" not in err, err
     done_before = len(db_query(h.path, "SELECT id FROM runs")) - 5
     # status still shows the finished calibration, saying first that this one was cut short

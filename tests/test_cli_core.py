@@ -874,6 +874,24 @@ def test_votes_without_a_threshold_and_a_regex_that_matches_nothing_say_so(histo
     assert "--metric-regex 'kl is (?P<value>[0-9.]+)' matched no line" in line, line
 
 
+def counting_pytest(tmp_path: Path, name: str, printed: str, check: str) -> str:
+    """The --probe-cmd of a pytest KL test (no -s) that reads probe.py's max
+    as ``kl``, counts its own runs per commit as ``n``, prints ``printed``
+    (an f-string's body) and asserts ``check``."""
+    (tmp_path / name).write_text(
+        "import pathlib, subprocess, sys\n"
+        "def test_kl():\n"
+        "    out = subprocess.run([sys.executable, 'probe.py'], capture_output=True, text=True).stdout\n"
+        "    kl = max(float(x.split('=')[1]) for x in out.splitlines() if x.startswith('avg_kl_div='))\n"
+        "    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip()\n"
+        f"    c = pathlib.Path({str(tmp_path)!r}) / sha\n"
+        "    n = int(c.read_text()) if c.exists() else 0\n"
+        "    c.write_text(str(n + 1))\n"
+        f"    print(f{printed!r})\n"
+        f"    assert {check}\n")
+    return f"{PY} -m pytest -q -p no:cacheprovider {tmp_path / name}"
+
+
 def test_a_regex_or_a_line_that_reads_no_number_says_what_it_read(history, tmp_path):
     """A vLLM tester's: a regex that matched '0.51%', or a KLBISECT line
     that is not JSON, was "matched no line" / "expected avg_kl_div=";
@@ -900,18 +918,8 @@ def test_a_regex_or_a_line_that_reads_no_number_says_what_it_read(history, tmp_p
     line = said(quiet.replace(" -q ", " -q -s "))
     assert "add -s" not in line and "set --metric-regex" in line, line
     # a good commit that fails now and then: only its failing (high) runs show a value
-    (tmp_path / "test_kl2.py").write_text(
-        "import pathlib, subprocess, sys\n"
-        "def test_kl():\n"
-        "    out = subprocess.run([sys.executable, 'probe.py'], capture_output=True, text=True).stdout\n"
-        "    kl = max(float(x.split('=')[1]) for x in out.splitlines() if x.startswith('avg_kl_div='))\n"
-        "    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip()\n"
-        f"    c = pathlib.Path({str(tmp_path)!r}) / sha\n"
-        "    n = int(c.read_text()) if c.exists() else 0\n"
-        "    c.write_text(str(n + 1))\n"
-        "    print(f'kl_div: {kl}')\n"
-        "    assert kl < 0.01 and n % 2    # every other run of a good commit fails\n")
-    flaky = f"{PY} -m pytest -q -p no:cacheprovider {tmp_path / 'test_kl2.py'}"
+    flaky = counting_pytest(tmp_path, "test_kl2.py", "kl_div: {kl}",
+                            "kl < 0.01 and n % 2    # every other run of a good commit fails")
     p = klb(*run, "--probe-cmd", flaky, "--metric-regex", r"kl_div: (?P<value>[0-9.]+)", cwd=h.path)
     assert "printed no value, while every run with a value failed" in p.stderr and "add -s" in p.stderr, p.stderr
 
@@ -923,19 +931,9 @@ def test_a_pytest_that_hides_passing_runs_gives_up_on_the_good_endpoint_after_si
     more runs: the good one was given up after 12, not the documented six
     (two and a half hours of a real probe)."""
     h = history(n_commits=8, seed=3, merges=0, noise=SEPARATED)
-    (tmp_path / "test_kl.py").write_text(
-        "import pathlib, subprocess, sys\n"
-        "def test_kl():\n"
-        "    out = subprocess.run([sys.executable, 'probe.py'], capture_output=True, text=True).stdout\n"
-        "    kl = max(float(x.split('=')[1]) for x in out.splitlines() if x.startswith('avg_kl_div='))\n"
-        "    sha = subprocess.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip()\n"
-        f"    c = pathlib.Path({str(tmp_path)!r}) / sha\n"
-        "    n = int(c.read_text()) if c.exists() else 0\n"
-        "    c.write_text(str(n + 1))\n"
-        "    print(f'avg_kl_div={kl}')\n"
-        "    assert kl < 0.01 or n % 2    # a bad commit fails every other run\n")
-    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd",
-            f"{PY} -m pytest -q -p no:cacheprovider {tmp_path / 'test_kl.py'}", cwd=h.path)
+    quiet = counting_pytest(tmp_path, "test_kl.py", "avg_kl_div={kl}", "kl < 0.01 or n % 2    # a bad commit "
+                            "fails every other run")
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", quiet, cwd=h.path)
     line = error_line(p, 154)
     assert "the good endpoint" in line and "printed no metric value in 6 runs" in line and "add -s" in line, line
     assert db_query(h.path, "SELECT COUNT(*) FROM runs WHERE sha=?", (h.good,))[0][0] == 6
@@ -1830,18 +1828,10 @@ def test_an_interrupted_fresh_run_resumes_with_the_same_command(history, driver_
     """"interrupted; rerun the same command to resume": with --fresh in that
     command, a tester's rerun started a new fresh session and measured every
     run again (hours, with real probes)."""
-    import signal
-
-    from conftest import klb_popen, reaped
+    from conftest import interrupted
     h = history(n_commits=40, seed=36, noise=SEPARATED)
     args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, "--fresh", "--json")
-    with reaped(klb_popen(*args, cwd=h.path, env={"KL_DRIVER_SLEEP": "0.3"})) as first:
-        deadline = time.monotonic() + 120
-        while len(db_query(h.path, "SELECT id FROM runs")) < 4:
-            assert first.poll() is None and time.monotonic() < deadline, first.stderr
-            time.sleep(0.05)
-        first.send_signal(signal.SIGINT)
-        first.communicate(timeout=60)
+    first, _ = interrupted(*args, cwd=h.path, env={"KL_DRIVER_SLEEP": "0.3"}, after=4)
     assert first.returncode == 130
     saved = {r["id"] for r in db_query(h.path, "SELECT id FROM runs")}
     [(sid,)] = [tuple(r) for r in db_query(h.path, "SELECT id FROM sessions")]
