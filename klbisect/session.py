@@ -476,18 +476,24 @@ def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | 
                  "(if the environment changed since, rerun with --fresh to leave them out)")
 
 
-def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], block, model) -> list[int]:
+def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], block, model,
+                     timeout: float | None = None) -> list[int]:
     """The commits nearest an answer on each side that earlier sessions
     measured: runs are matched by the probe command alone, so if the
     environment changed since, those runs are what the answer wrongly rests
     on. Each needs STALE_CHECK_RUNS runs of this session before the answer
     stands; runs that contradict the earlier ones stop the search with what
-    to do. Sessions that reuse nothing skip this."""
+    to do, and so do checks that gave no value at all (a tester's --timeout
+    0.001 timed out all four, and the answer stood on the earlier runs
+    alone). Sessions that reuse nothing skip this."""
     by_index: dict[int, list] = {}
-    tried: dict[int, int] = {}    # this session's runs per commit, crashed ones too: a crash is no reason to loop
+    # this session's runs per commit, crashed ones too: a crash is no reason to loop (runs cut
+    # short by a lower --timeout than this one's are run again: not counted)
+    mine: dict[int, list] = {}
     at = {s: i for i, s in enumerate(shas)}
     for r in ws.store.runs(probe_key, shas):
-        tried[at[r.sha]] = tried.get(at[r.sha], 0) + (r.session_id == sid)
+        if r.session_id == sid and not _cut_short(r, timeout):
+            mine.setdefault(at[r.sha], []).append(r)
         if r.value is not None:
             by_index.setdefault(at[r.sha], []).append(r)
     reused = [i for i, runs in by_index.items() if any(r.session_id != sid for r in runs)]
@@ -497,7 +503,17 @@ def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], b
     for i in ([max(below)] if below else []) + ([min(above)] if above else []):
         want = _own_runs_wanted(model, shas[i], by_index[i], sid, "near the answer",
                                 "rerun with --fresh to leave the earlier runs out")
-        need += [i] * max(want - tried.get(i, 0), 0)
+        tried = mine.get(i, [])
+        if want and len(tried) >= want and all(r.value is None or r.status == STATUS_TIMEOUT for r in tried):
+            timed_out = all(r.status == STATUS_TIMEOUT for r in tried)
+            raise KlbisectError(
+                f"{shas[i][:12]}, near the answer, gave no value in the {len(tried)} runs this session made to "
+                "check the runs earlier sessions recorded there ("
+                + (f"each stopped by --timeout {_seconds(timeout or 0)}): raise --timeout (the runs it cut short "
+                   "are then run again)" if timed_out else
+                   f"each crashed): see why in {tried[-1].log_path}; once fixed, rerun the same command")
+                + "; or rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
+        need += [i] * max(want - len(tried), 0)
     return need
 
 
@@ -1601,7 +1617,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 if clear:
                     progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
             if pl.done and not ex.in_flight():
-                recheck = _reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model) if check_reused else []
+                recheck = (_reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout)
+                           if check_reused else [])
                 room = max(cfg.max_total_runs - total, 0)
                 if not recheck or not room:
                     break
@@ -1672,6 +1689,20 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
 
 def _stop_key(sid: int) -> str:
     return f"stopped:{sid}"
+
+
+def _checkout_key(sid: int) -> str:
+    return f"checkout:{sid}"
+
+
+def _elsewhere(ws: Workspace, sess: SessionRow) -> Path | None:
+    """The checkout a `klbisect start` session's git bisect runs in, when
+    it is another worktree of this repository than the one asked from:
+    the state is shared by the repository's worktrees, a git bisect is
+    each worktree's own (a tester's second worktree joined the session,
+    and `reset` in one left the other's bisect running, disowned)."""
+    top = ws.store.get(_checkout_key(sess.id))
+    return Path(top) if top and Path(top) != ws.top else None
 
 
 def stop_reason(st: Store, sid: int) -> str | None:
@@ -1762,6 +1793,11 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 progress(f"klbisect: session {active.id} stopped before git bisect began; starting over "
                          "with these options")
                 active = None
+            there = _elsewhere(ws, active) if active else None
+            if there is not None:
+                raise KlbisectError(f"a klbisect git bisect (session {active.id}) runs in the worktree {there}: "
+                                    "finish it there, or run `klbisect reset` (it ends that one too) first",
+                                    EXIT_REPO_STATE)
             if active and (active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question()):
                 raise KlbisectError(f"a klbisect session ({active.id}) is already active here; "
                                     "run `klbisect reset` first", EXIT_REPO_STATE)
@@ -1781,6 +1817,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                     ws.store.put(_stop_key(sid), "")
             else:
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
+                ws.store.put(_checkout_key(sid), str(ws.top))
                 ws.use_session(ws.store.session(sid))
                 # the checkout may have been rebuilt, cleaned or switched since an earlier
                 # session's last build: this session's first probe builds
@@ -1847,6 +1884,10 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             if sess is None or sess.model is None:
                 raise KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
                                     "--probe-cmd ...` first", EXIT_USAGE)
+            there = _elsewhere(ws, sess)
+            if there is not None:
+                raise KlbisectError(f"session {sess.id}'s git bisect runs in the worktree {there}, not here: run "
+                                    "`git bisect run klbisect probe` there", EXIT_USAGE)
             cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
             ws.use_session(sess)
             probe, builder = make_probe(cfg), make_builder(cfg)
@@ -2383,8 +2424,15 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                 st.update_session(sess.id, state="ended", ended=time.time())
                 done.append(f"ended session {sess.id} ({sess.kind})")
                 ended.append(sess)
+                there = _elsewhere(ws, sess) if sess.kind == "gitbisect" else None
+                if there is not None:
+                    with suppress(KlbisectError):   # a worktree removed since: nothing there to reset
+                        other = gitrepo.open_repo(there)
+                        if gitrepo.bisect_in_progress(other):
+                            gitrepo.bisect_reset(other)
+                            done.append(f"git bisect reset in the worktree {there}")
             if gitrepo.bisect_in_progress(ws.repo):
-                if any(sess.kind == "gitbisect" for sess in ended):
+                if any(sess.kind == "gitbisect" and _elsewhere(ws, sess) is None for sess in ended):
                     gitrepo.bisect_reset(ws.repo)
                     done.append("git bisect reset")
                 else:   # the user's own bisect: its marks are not ours to throw away

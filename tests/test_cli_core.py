@@ -2204,3 +2204,21 @@ def test_endpoints_measured_round_after_round_rebuild_once_a_round(history, tmp_
     ends = next((runs[:i] for i, sha in enumerate(runs) if sha not in (h.shas[0], h.shas[25])), runs)
     switches = sum(a != b for a, b in zip(ends, ends[1:]))
     assert len(ends) >= 12 and switches <= len(ends) // 4 + 1, (len(ends), switches)
+
+
+def test_an_answer_whose_checks_of_earlier_runs_all_timed_out_does_not_stand(history, driver_probe):
+    """A tester's: a second question over a measured range, with a --timeout
+    that cut every run short. The answer leans on the earlier sessions'
+    runs, and the four runs meant to check them all timed out: "Confidence:
+    > 0.9999", exit 0, and a longer --timeout then showed that finished
+    answer again without running anything."""
+    h = history(n_commits=30, seed=7, noise=SEPARATED)
+    first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, "--json", cwd=h.path)
+    assert first.returncode == 0 and json_tail(first.stdout)["culprit"] == h.culprit, first.stderr
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe, "--confidence", "0.95")
+    p = klb(*args, "--timeout", "1", cwd=h.path, env={"KL_DRIVER_SLEEP": "3"})
+    line = error_line(p, 154)
+    assert "near the answer, gave no value in the 2 runs" in line and "raise --timeout" in line, line
+    again = klb(*args, "--timeout", "60", "--json", cwd=h.path)
+    assert again.returncode == 0 and json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+    assert "resuming" in again.stderr and "checking" in again.stderr, again.stderr

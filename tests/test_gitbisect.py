@@ -910,3 +910,24 @@ def test_an_ended_git_bisect_is_shown_as_it_ended(history):
     assert after["later_runs"] == later
     text = klb("status", "--session", str(before["session"]), cwd=h.path).stdout
     assert f"{later} runs that later sessions recorded at these commits are weighed above too" in text, text
+
+
+def test_a_start_session_belongs_to_the_worktree_it_began_in(history):
+    """A tester's: a second worktree's `start` joined the first one's
+    session, and `reset` there left the first worktree in a git bisect
+    that klbisect then disowned ("klbisect did not start it")."""
+    h = history(n_commits=20, seed=3, noise=SEPARATED)
+    other = h.path.parent / "second-worktree"
+    git(h.path, "worktree", "add", "-q", str(other), "main~2")
+    start = ("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd())
+    assert klb(*start, cwd=other).returncode == 0
+    line = error_line(klb(*start, cwd=h.path), 152)
+    assert f"runs in the worktree {other}" in line, line
+    line = error_line(klb("probe", cwd=h.path), 150)
+    assert f"runs in the worktree {other}, not here" in line, line
+    p = klb("reset", cwd=h.path)
+    assert p.returncode == 0 and f"git bisect reset in the worktree {other}" in p.stdout, p.stdout + p.stderr
+    assert subprocess.run(["git", "bisect", "log"], cwd=other, capture_output=True).returncode != 0
+    # the next start, from this worktree, is this worktree's
+    assert klb(*start, cwd=h.path).returncode == 0 and bisect_run(h.path).returncode == 0
+    assert klb("reset", cwd=h.path).returncode == 0
