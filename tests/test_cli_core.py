@@ -1854,8 +1854,11 @@ def test_runs_of_an_older_environment_beside_the_answer_are_checked_not_trusted(
     old_bad = h.shas[-6]
     hidden = {"KL_DRIVER_HIDE": "1"}
     first = klb("run", "--good", h.good, "--bad", old_bad, "--probe-cmd", driver_probe, "--max-endpoint-runs", "8",
-                cwd=h.path, env=hidden)
-    error_line(first, 154)          # no difference (or, by chance, one the better way): no answer
+                "--max-total-runs", "300", cwd=h.path, env=hidden)
+    # no difference (or, by chance, one the better way): no answer; or, once in a few dozen, endpoints
+    # that separated by chance and a search that ran to its stop not sure (157: a range with no
+    # regression can, docs/statistics.rst)
+    assert first.returncode in (154, 157) and "First bad commit" not in first.stdout, first.stdout + first.stderr
     args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe)
     p = klb(*args, cwd=h.path)
     line = error_line(p, 154)
