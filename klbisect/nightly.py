@@ -560,7 +560,7 @@ class _Meter(WorktreeMeter):
 
 
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
-    from .session import commit_runs, make_builder  # noqa: PLC0415
+    from .session import commit_runs, label_reference, make_builder, valued_runs  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -666,7 +666,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         while True:
             cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head]
             mine = [r for r in st.session_runs(sid) if r.sha == head and r.id not in stale]
-            mine_crashes = sum(1 for r in mine if r.value is None)
+            # as commit_runs counts them: a run that died after its first label is a crash too
+            ref = label_reference(ws, probe_key, st.runs(probe_key, [head]), [head], known_heads)
+            mine_crashes = len(mine) - len(valued_runs(mine, ws.metric, ws.worse, among=ref))
             if len(cr.values) >= target:
                 if found and open_fresh < OPEN_RUNS and open_tries < OPEN_RUNS + cfg.crash_limit:
                     open_tries += 1
@@ -1499,7 +1501,8 @@ def history(path=None, label: str | None = None, plot: str | None = None,
         if probe_key is None and probe_cmd is not None:
             keys = [r["probe_key"] for r in st.db.execute(
                 "SELECT probe_key, config FROM sessions WHERE kind='nightly' AND result IS NOT NULL ORDER BY id DESC")
-                if json.loads(r["config"] or "{}").get("probe_cmd") == probe_cmd]
+                # as given, or as klbisect printed it (secrets redacted) in its advice
+                if probe_cmd in (cmd := json.loads(r["config"] or "{}").get("probe_cmd"), redact(cmd or ""))]
             if not keys:
                 raise KlbisectError(f"no nightly here ran --probe-cmd {shlex.quote(redact(probe_cmd))}; `klbisect "
                                     "history` alone shows the latest, and names the others", EXIT_USAGE)

@@ -432,7 +432,7 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
-    ref = runs + ws.store.runs(probe_key, [x for x in labels_from if x not in shas]) if labels_from else runs
+    ref = label_reference(ws, probe_key, runs, shas, labels_from)
     usual = _usual_labels(ref) if ws.metric is None else frozenset()
     typical = _typical(ref, usual)
     for r in runs:
@@ -600,6 +600,16 @@ def _question_of(config: dict) -> dict:
 MEASURED = (STATUS_OK, STATUS_FAILED)   # the statuses of runs whose values count in full
 
 
+def label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
+                    labels_from: list[str] | None) -> list:
+    """``runs`` (of ``shas``) and the runs of ``labels_from`` that exited 0:
+    what says which labels a complete run prints. Only clean exits join:
+    where every run exits non-zero, a label the newer commits dropped must
+    not make all their runs crashes."""
+    extra = [x for x in labels_from or [] if x not in shas]
+    return runs + [r for r in ws.store.runs(probe_key, extra) if r.exit_code == 0] if extra else runs
+
+
 def _usual_labels(runs, counts: dict[frozenset, list[int]] | None = None) -> frozenset:
     """The label set most runs print (ties: the larger), among the runs
     that exited 0 when there are any. ``counts`` carries the tally from one
@@ -614,7 +624,7 @@ def _usual_labels(runs, counts: dict[frozenset, list[int]] | None = None) -> fro
     for r in runs:
         if r.values and r.status == STATUS_OK:
             tally = counts.setdefault(frozenset(r.values), [0, 0])
-            tally[0] += not r.exit_code
+            tally[0] += r.exit_code == 0     # None: stopped by klbisect, not a clean exit
             tally[1] += 1
     clean = any(t[0] for t in counts.values())
     return max(counts, key=lambda k: (counts[k][0] if clean else counts[k][1], len(k)), default=frozenset())
@@ -2426,11 +2436,14 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                 ended.append(sess)
                 there = _elsewhere(ws, sess) if sess.kind == "gitbisect" else None
                 if there is not None:
-                    with suppress(KlbisectError):   # a worktree removed since: nothing there to reset
-                        other = gitrepo.open_repo(there)
-                        if gitrepo.bisect_in_progress(other):
+                    try:
+                        other = gitrepo.open_repo(there) if there.exists() else None  # removed since: nothing to reset
+                        if other is not None and gitrepo.bisect_in_progress(other):
                             gitrepo.bisect_reset(other)
                             done.append(f"git bisect reset in the worktree {there}")
+                    except KlbisectError as e:
+                        done.append(f"could not reset the git bisect in the worktree {there} ({e.message}): "
+                                    "run `git bisect reset` there")
             if gitrepo.bisect_in_progress(ws.repo):
                 if any(sess.kind == "gitbisect" and _elsewhere(ws, sess) is None for sess in ended):
                     gitrepo.bisect_reset(ws.repo)

@@ -1146,6 +1146,23 @@ def test_a_run_its_assertion_stopped_names_the_label_that_would_have_made_it_wor
     assert run_shown(run(a=0.9, c=0.7), usual, None, typical, "lower") == ("0.7", False)
 
 
+def test_the_labels_of_a_complete_run_are_voted_by_clean_exits():
+    """A broken NCCL killed every run of a night after its first label; those
+    runs outvoted three nights of complete ones. Runs that exited 0 vote
+    when there are any (a run klbisect stopped, exit None, is not one);
+    where none did, every run with values votes, as before."""
+    from klbisect.probe import STATUS_OK
+    from klbisect.session import _usual_labels
+    from klbisect.store import Run
+
+    def runs(labels: str, exit_code, n: int) -> list:
+        return [Run(1, 1, "cmd:x", "f" * 40, 0.0, 1.0, exit_code, STATUS_OK, {k: 0.004 for k in labels}, 0.004,
+                    None, None)] * n
+    assert _usual_labels(runs("abc", 0, 3) + runs("a", 1, 7)) == frozenset("abc")
+    assert _usual_labels(runs("abc", 1, 5) + runs("a", None, 2)) == frozenset("abc")
+    assert _usual_labels(runs("abc", 1, 3) + runs("a", 1, 7)) == frozenset("a")
+
+
 def test_a_label_that_fell_under_a_min_that_rose_by_chance_is_the_question_not_a_fix():
     """The accuracy test above, on a draw where the bad side's complete runs
     (mmlu, unchanged) read higher by chance (p=0.021): "the range holds a

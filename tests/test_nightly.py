@@ -1063,6 +1063,8 @@ def test_a_night_whose_every_run_dies_after_its_first_label_is_no_verdict(tmp_pa
     lv.commit("Rope cache in model dtype (#13)", 0.004, labels={"prefill_cache_hit": 0.008})
     p = nightly(lv.path, "d3", env={"KL_PARTIAL": "1"})
     assert p.returncode == 154 and "crashed part-way" in p.stderr, p.stdout + p.stderr
+    # given up after --crash-limit such runs, as after runs that print nothing (not 12)
+    assert db(lv.path, "SELECT COUNT(*) FROM runs WHERE session_id=3")[0][0] == 2
     assert json.loads(p.stdout.strip().splitlines()[-1])["verdict"] == "crashed"
     assert tail_json(nightly(lv.path, "d4"))["regressed"] is True
     lv.commit("Docs (#14)")
