@@ -560,7 +560,7 @@ class _Meter(WorktreeMeter):
 
 
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
-    from .session import commit_runs, label_reference, make_builder, valued_runs  # noqa: PLC0415
+    from .session import commit_runs, make_builder  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -662,13 +662,13 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     # crashes an earlier command of this unjudged night left (a probe not found, fixed since)
     # are no reason to stop this one before it has run the probe itself
     stale = {r.id for r in st.session_runs(sid) if r.sha == head and r.value is None}
+    crashes_before = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head].crashes
     try:
         while True:
             cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head]
             mine = [r for r in st.session_runs(sid) if r.sha == head and r.id not in stale]
             # as commit_runs counts them: a run that died after its first label is a crash too
-            ref = label_reference(ws, probe_key, st.runs(probe_key, [head]), [head], known_heads)
-            mine_crashes = len(mine) - len(valued_runs(mine, ws.metric, ws.worse, among=ref))
+            mine_crashes = cr.crashes - crashes_before
             if len(cr.values) >= target:
                 if found and open_fresh < OPEN_RUNS and open_tries < OPEN_RUNS + cfg.crash_limit:
                     open_tries += 1

@@ -432,7 +432,7 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
-    ref = label_reference(ws, probe_key, runs, shas, labels_from)
+    ref = _label_reference(ws, probe_key, runs, shas, labels_from)
     usual = _usual_labels(ref) if ws.metric is None else frozenset()
     typical = _typical(ref, usual)
     for r in runs:
@@ -600,7 +600,7 @@ def _question_of(config: dict) -> dict:
 MEASURED = (STATUS_OK, STATUS_FAILED)   # the statuses of runs whose values count in full
 
 
-def label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
+def _label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
                     labels_from: list[str] | None) -> list:
     """``runs`` (of ``shas``) and the runs of ``labels_from`` that exited 0:
     what says which labels a complete run prints. Only clean exits join:
