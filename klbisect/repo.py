@@ -88,6 +88,26 @@ def common_dir(repo: git.Repo) -> Path:
     return Path(repo.common_dir).resolve()
 
 
+def worktree_id(repo: git.Repo) -> str:
+    """Which of the repository's worktrees ``repo`` is: "" for the main one,
+    else the linked worktree's name, which `git worktree move` keeps (its
+    path does not)."""
+    own = Path(repo.git_dir).resolve()
+    return "" if own == common_dir(repo) else own.name
+
+
+def worktree_path(repo: git.Repo, wid: str) -> Path | None:
+    """Where worktree ``wid`` (``worktree_id``) is checked out now, or None
+    when git no longer knows it."""
+    if not wid:
+        return None if repo.bare else common_dir(repo).parent
+    try:
+        dotgit = (common_dir(repo) / "worktrees" / wid / "gitdir").read_text().strip()
+    except OSError:
+        return None
+    return Path(dotgit).parent
+
+
 def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
     if not rev or rev.startswith("-"):
         raise KlbisectError(f"{what} {rev!r} is not a revision; give a sha, branch or tag", EXIT_REVISION)

@@ -1705,14 +1705,31 @@ def _checkout_key(sid: int) -> str:
     return f"checkout:{sid}"
 
 
+def _worktree_key(sid: int) -> str:
+    return f"worktree:{sid}"
+
+
+def _note_checkout(ws: Workspace, sid: int) -> None:
+    ws.store.put(_checkout_key(sid), str(ws.top))
+    ws.store.put(_worktree_key(sid), gitrepo.worktree_id(ws.repo))
+
+
 def _elsewhere(ws: Workspace, sess: SessionRow) -> Path | None:
     """The checkout a `klbisect start` session's git bisect runs in, when
     it is another worktree of this repository than the one asked from:
     the state is shared by the repository's worktrees, a git bisect is
     each worktree's own (a tester's second worktree joined the session,
-    and `reset` in one left the other's bisect running, disowned)."""
+    and `reset` in one left the other's bisect running, disowned). Known
+    by the worktree's name, so `git worktree move` does not lose it."""
     top = ws.store.get(_checkout_key(sess.id))
-    return Path(top) if top and Path(top) != ws.top else None
+    wid = ws.store.get(_worktree_key(sess.id))
+    if wid is None:     # a session started before worktrees were known by name
+        return Path(top) if top and Path(top) != ws.top else None
+    if wid == gitrepo.worktree_id(ws.repo):
+        if top != str(ws.top):
+            ws.store.put(_checkout_key(sess.id), str(ws.top))
+        return None
+    return gitrepo.worktree_path(ws.repo, wid) or Path(top or wid)
 
 
 def stop_reason(st: Store, sid: int) -> str | None:
@@ -1827,7 +1844,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                     ws.store.put(_stop_key(sid), "")
             else:
                 sid = ws.store.create_session("gitbisect", good, bad, probe.key, cfg.stored(), cands)
-                ws.store.put(_checkout_key(sid), str(ws.top))
+                _note_checkout(ws, sid)
                 ws.use_session(ws.store.session(sid))
                 # the checkout may have been rebuilt, cleaned or switched since an earlier
                 # session's last build: this session's first probe builds

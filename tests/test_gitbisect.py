@@ -931,3 +931,22 @@ def test_a_start_session_belongs_to_the_worktree_it_began_in(history):
     # the next start, from this worktree, is this worktree's
     assert klb(*start, cwd=h.path).returncode == 0 and bisect_run(h.path).returncode == 0
     assert klb("reset", cwd=h.path).returncode == 0
+
+
+def test_a_start_session_follows_its_worktree_when_git_moves_it(history):
+    """A worktree moved with `git worktree move` after `start` kept its
+    session under the old path: `probe` there was refused as "another
+    worktree", and the main checkout was pointed at a path that was gone."""
+    h = history(n_commits=20, seed=3, noise=SEPARATED)
+    old, moved = h.path.parent / "wt-before", h.path.parent / "wt-after"
+    git(h.path, "worktree", "add", "-q", str(old), "main~2")
+    start = ("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd())
+    assert klb(*start, cwd=old).returncode == 0
+    git(h.path, "worktree", "move", str(old), str(moved))
+    line = error_line(klb(*start, cwd=h.path), 152)
+    assert f"runs in the worktree {moved}" in line, line
+    assert bisect_run(moved).returncode == 0
+    status = json.loads(klb("status", "--json", cwd=moved).stdout)
+    assert status["culprit"] == h.culprit, status
+    p = klb("reset", cwd=h.path)
+    assert p.returncode == 0 and f"git bisect reset in the worktree {moved}" in p.stdout, p.stdout + p.stderr
