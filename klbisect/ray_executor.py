@@ -72,6 +72,7 @@ class TaskSpec:
     config: dict = field(default_factory=dict)   # BisectConfig fields, to rebuild probe/builder
     probe_key: str = ""
     build_key: str | None = None
+    take_turns: bool = False         # one task at a time on a node (they share its Python's pinned wheels)
 
 
 def _picklable(obj) -> bool:
@@ -221,8 +222,11 @@ def run_task(spec: TaskSpec) -> dict:
             last = sha if key == builder.key and sha else None
         measurer = Measurer(git.Repo(str(clone)), probe, builder, cache / "logs", use_worktree=False,
                             last_built={n: last})
+        turns = (filelock.FileLock(str(cache.parent / "one-python.lock")) if spec.take_turns
+                 else contextlib.nullcontext())
         try:
-            out = measurer.measure(spec.sha, slot)
+            with turns:
+                out = measurer.measure(spec.sha, slot)
         except BaseException:
             last_file.unlink(missing_ok=True)   # a half-finished build: rebuild next time
             raise
@@ -321,7 +325,8 @@ class RayExecutor:
     def __init__(self, parallel: int, gpus_per_probe: int, repo_url: str, log_dir: Path,
                  probe=None, builder=None, config: dict | None = None, probe_key: str = "",
                  build_key: str | None = None, cache_dir: str | None = None,
-                 num_cpus: float = 1, max_retries: int = DEFAULT_MAX_RETRIES, owns_ray: bool = False):
+                 num_cpus: float = 1, max_retries: int = DEFAULT_MAX_RETRIES, owns_ray: bool = False,
+                 take_turns: bool = False):
         import ray  # noqa: PLC0415
 
         self._ray = ray
@@ -332,7 +337,7 @@ class RayExecutor:
         send = _picklable(probe) and _picklable(builder)
         self._template = TaskSpec("", repo_url, cache_dir, gpus_per_probe,
                                   probe if send else None, builder if send else None,
-                                  dict(config or {}), probe_key, build_key)
+                                  dict(config or {}), probe_key, build_key, take_turns)
         self._remote = ray.remote(run_task).options(
             num_gpus=gpus_per_probe if gpus_per_probe > 0 else 0, num_cpus=num_cpus,
             max_retries=max_retries, retry_exceptions=False, name="klbisect-probe")
@@ -342,7 +347,7 @@ class RayExecutor:
         self._nodes: set[str] = set()                 # Ray node ids whose interpreter a build may have changed
 
     @classmethod
-    def from_config(cls, cfg, ws, measurer: Measurer) -> "RayExecutor":
+    def from_config(cls, cfg, ws, measurer: Measurer, take_turns: bool = False) -> "RayExecutor":
         try:
             import ray  # noqa: PLC0415
         except ImportError:
@@ -365,7 +370,8 @@ class RayExecutor:
         return cls(cfg.parallel, cfg.gpus_per_probe, repo_url, measurer.log_dir,
                    probe=measurer.probe, builder=builder, config=_config_dict(cfg),
                    probe_key=measurer.probe.key, build_key=builder.key if builder else None,
-                   cache_dir=os.environ.get("KLBISECT_RAY_CACHE") or None, owns_ray=owns)
+                   cache_dir=os.environ.get("KLBISECT_RAY_CACHE") or None, owns_ray=owns,
+                   take_turns=take_turns)
 
     def free(self) -> int:
         return self.slots - len(self._refs)
@@ -380,7 +386,7 @@ class RayExecutor:
         slot = min(i for i in range(self.slots) if i not in used)
         spec = TaskSpec(sha, **{k: getattr(self._template, k) for k in
                                 ("repo_url", "cache_dir", "gpus", "probe", "builder", "config",
-                                 "probe_key", "build_key")})
+                                 "probe_key", "build_key", "take_turns")})
         self._refs[self._remote.remote(spec)] = (sha, slot)
 
     def _collect(self, ref, sha: str, slot: int) -> Outcome | Failure:

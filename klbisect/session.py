@@ -1512,9 +1512,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
                         on_build=say_building(progress))
     # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally
-    slots = make_slots(ws.worktrees, slots_for_pins(ws.repo, cfg, builder, good, bad, progress),
+    moved = pins_moved(ws.repo, cfg, builder, good, bad)
+    slots = make_slots(ws.worktrees, _slots_for(cfg, moved, progress),
                        cfg.gpus_per_probe if cfg.executor == "local" else 0, pid_dir=ws.pids)
-    ex = executor_factory(cfg, slots, measurer, ws) if executor_factory else _default_executor(cfg, slots, measurer, ws)
+    ex = (executor_factory(cfg, slots, measurer, ws) if executor_factory
+          else _default_executor(cfg, slots, measurer, ws, take_turns=bool(moved)))
     slot_by_index = {s.index: s for s in slots}
     failures: dict[str, int] = {}
     streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
@@ -1762,32 +1764,51 @@ def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> 
                  "files, add them to --build-paths")
 
 
-def slots_for_pins(repo, cfg: BisectConfig, builder, good: str, bad: str, progress: Progress) -> int:
-    """--parallel's slots, or one where --build sglang meets a range whose
-    commits pin different kernel wheels: the wheels go into the one Python
-    the local slots share, and a slot whose own checkout needs no build
-    probed with the wheel another slot had just installed."""
-    if cfg.parallel <= 1 or cfg.executor != "local" or not getattr(builder, "install_pins", False):
-        return cfg.parallel
+def pins_moved(repo, cfg: BisectConfig, builder, good: str, bad: str) -> str:
+    """Where --build sglang meets a range whose commits pin different kernel
+    wheels, with --parallel: "SHA (name old -> new, ...)"; else "". The
+    wheels go into the one Python that slots (or a Ray node's tasks) share,
+    and a slot whose own checkout needs no build would probe with the wheel
+    another had just installed."""
+    if cfg.parallel <= 1 or not getattr(builder, "install_pins", False):
+        return ""
     from .sglang import PYPROJECT, parse_pins  # noqa: PLC0415
     first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT))
     for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
         pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT))
         if pins != first:
-            moved = ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
-                              for n in sorted(set(first) | set(pins)) if first.get(n) != pins.get(n))
-            progress(f"note: --parallel {cfg.parallel} with --build sglang, but the range's pinned wheels change "
-                     f"at {sha[:12]} ({moved}) and the slots share one Python, so one slot could probe with "
-                     "another's wheel: running one slot (bisect each side of that commit in parallel, or give "
-                     "each its own interpreter)")
-            return 1
-    return cfg.parallel
+            return f"{sha[:12]} (" + ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
+                                               for n in sorted(set(first) | set(pins))
+                                               if first.get(n) != pins.get(n)) + ")"
+    return ""
 
 
-def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace):
+def _slots_for(cfg: BisectConfig, moved: str, progress: Progress) -> int:
+    """--parallel's slots, or one locally when the pinned wheels move
+    (``pins_moved``); on Ray a node's tasks take turns instead."""
+    if not moved:
+        return cfg.parallel
+    if cfg.executor == "ray":
+        progress(f"note: with --build sglang the range's pinned wheels change at {moved}, and the tasks on one "
+                 "Ray node share its Python: they take turns there (nodes still run in parallel)")
+        return cfg.parallel
+    progress(f"note: --parallel {cfg.parallel} with --build sglang, but the range's pinned wheels change "
+             f"at {moved} and the slots share one Python, so one slot could probe with "
+             "another's wheel: running one slot (bisect each side of that commit in parallel, or give "
+             "each its own interpreter)")
+    return 1
+
+
+def slots_for_pins(repo, cfg: BisectConfig, builder, good: str, bad: str, progress: Progress) -> int:
+    """_slots_for over pins_moved."""
+    return _slots_for(cfg, pins_moved(repo, cfg, builder, good, bad), progress)
+
+
+def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace,
+                      take_turns: bool = False):
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor  # noqa: PLC0415 - optional extra
-        return RayExecutor.from_config(cfg, ws, measurer)
+        return RayExecutor.from_config(cfg, ws, measurer, take_turns=take_turns)
     return LocalExecutor(slots, measurer.measure)
 
 

@@ -259,6 +259,31 @@ def test_ray_bisect_each_task_gets_its_own_gpus(ray_cluster, history, state, tmp
     assert all(Path(r.log_path).is_file() and "avg_kl_div" in Path(r.log_path).read_text() for r in runs)
 
 
+@pytest.mark.parametrize("take_turns", [False, True])
+def test_ray_tasks_on_one_node_take_turns_when_they_share_its_pinned_wheels(ray_cluster, history, state,
+                                                                            tmp_path, take_turns):
+    """--build sglang installs a commit's pinned kernel wheels into the
+    node's one Python: where the range's pins change, two tasks on a node
+    at once could each probe with the other's wheel (the local executor
+    keeps to one slot; a node's tasks take turns, nodes stay parallel)."""
+    from klbisect.ray_executor import RayExecutor
+    probe = CommandProbe(f"{sys.executable} {state / 'wrapper.py'} {state} 1.5")
+    ex = RayExecutor(2, 1, str(history.path), tmp_path / "logs", probe=probe, probe_key=probe.key,
+                     cache_dir=str(tmp_path / "node-cache"), take_turns=take_turns)
+    try:
+        for sha in (history.shas[10], history.shas[40]):
+            ex.submit(sha)
+        got = []
+        while ex.in_flight():
+            got += ex.wait(timeout=120)
+        assert len(got) == 2 and all(isinstance(o, Outcome) and o.run.values for o in got), got
+    finally:
+        ex.close()
+    recs = _ledger(state)
+    assert len(recs) == 2
+    assert bool(list(_overlapping(recs))) is not take_turns, recs
+
+
 def test_ray_worker_death_is_retried_and_counted_once(ray_cluster, history, state, tmp_path, monkeypatch):
     from klbisect.ray_executor import RayExecutor
     probe = CommandProbe(f"KLB_KILL_WORKER=1 {sys.executable} {state / 'wrapper.py'} {state}")

@@ -1038,6 +1038,10 @@ def test_parallel_slots_share_one_python_so_a_pin_change_runs_one_slot(tmp_path)
     # one pin across the range: all four slots
     assert slots_for_pins(r, cfg, make_builder(cfg), shas[0], shas[1], said.append) == 4
     assert slots_for_pins(r, cfg, make_builder(cfg), shas[2], shas[3], said.append) == 4 and len(said) == 1
+    # on Ray every slot stays: a node's tasks take turns (RayExecutor's take_turns) and nodes run in parallel
+    ray_cfg = BisectConfig(good=shas[0], bad=shas[3], probe_cmd="true", build="sglang", parallel=4, executor="ray")
+    assert slots_for_pins(r, ray_cfg, make_builder(ray_cfg), shas[0], shas[3], said.append) == 4
+    assert "take turns" in said[-1] and "sgl-kernel 0.3.1 -> 0.3.2" in said[-1], said
 
 
 def test_alike_endpoints_in_an_sglang_checkout_probed_without_a_build_say_so(tmp_path):
