@@ -9,6 +9,7 @@ import json
 import math
 import re
 import shlex
+import unicodedata
 
 from .errors import EXIT_USAGE, KlbisectError
 
@@ -213,17 +214,39 @@ def fmt_count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def cells(s: str) -> int:
+    """Terminal columns ``s`` takes: CJK characters take two, combining
+    marks none (a subject in Chinese pushed `status`'s verdicts out of line)."""
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+               for ch in s)
+
+
+def pad(s: str, width: int) -> str:
+    """``s`` padded with spaces to ``width`` terminal columns."""
+    return s + " " * max(width - cells(s), 0)
+
+
+def _cut(s: str, width: int) -> str:
+    """The longest start of ``s`` that fits ``width`` columns."""
+    used = 0
+    for i, ch in enumerate(s):
+        used += cells(ch)
+        if used > width:
+            return s[:i]
+    return s
+
+
 def fmt_subject(subject: str, limit: int = 60) -> str:
-    """A subject cut to ``limit`` characters without leaving half a PR
+    """A subject cut to ``limit`` terminal columns without leaving half a PR
     number or a dangling bracket: "Route prefill through ... (#1" reads as PR 1."""
     s = (subject or "").replace("\n", " ")
-    if len(s) <= limit:
+    if cells(s) <= limit:
         return s
     pr = re.search(r"\s*\(#\d+\)$", s)
     if pr and len(pr.group()) < limit // 2:
         # the PR number is what a reader looks up: cut the words before it instead
         return fmt_subject(s[:pr.start()], limit - len(pr.group())) + pr.group()
-    cut = s[:limit - 1]
+    cut = _cut(s, limit - 1)
     open_at = cut.rfind("(")
     if open_at > limit // 2 and ")" not in cut[open_at:]:
         cut = cut[:open_at]

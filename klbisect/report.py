@@ -7,7 +7,7 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
-from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels
+from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_text
 from .session import Result
@@ -169,7 +169,7 @@ def format_status(st: dict) -> str:
         p = c.get("p_bad")
         shown, star = shown_verdict(c.get("verdict"), p)
         shown, starred = shown.upper(), starred or star
-        head = f"  [{c['index']:>4}] {c['sha'][:12]} {fmt_subject(c['subject'], 50):<50}"
+        head = f"  [{c['index']:>4}] {c['sha'][:12]} {pad(fmt_subject(c['subject'], 50), 50)}"
         lines.append(head + (f" {shown:<5}" if shown else "      ")
                      + (f" P(bad)={p:.3f}" if p is not None else ""))
         lines.extend(textwrap.wrap(c.get("explain", ""), width=100, initial_indent=" " * 9,

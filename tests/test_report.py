@@ -432,3 +432,22 @@ def test_status_of_an_overlapping_search_gives_the_evidence_it_used(history):
         assert "times likelier" not in c["explain"] and "integrated out" in c["explain"], c["explain"]
         want = "good" if c["p_bad"] < 0.01 else "bad" if c["p_bad"] > 0.99 else "undecided"
         assert c["verdict"] == want, c
+
+
+def test_status_keeps_its_columns_under_subjects_in_chinese(bisected):
+    """A subject in Chinese takes two columns a character: cut and padded
+    by length, it pushed that commit's verdict out of line (and a long one
+    past the terminal's width)."""
+    import copy
+
+    from klbisect.metric import cells
+    from klbisect.report import format_status
+    from klbisect.session import status
+    h, _ = bisected
+    st = copy.deepcopy(status(h.path))
+    shown = [c for c in st["commits"] if c.get("p_bad") is not None]
+    shown[0]["subject"] = "修复 FP8 量化在预填充阶段的精度回归并且更新了相关的测试用例和文档 (#23456)"
+    shown[1]["subject"] = "优化 KV 缓存"
+    lines = [ln for ln in format_status(st).splitlines() if "P(bad)=" in ln and ln.startswith("  [")]
+    assert any("(#23456)" in ln for ln in lines) and any("优化 KV 缓存" in ln for ln in lines)
+    assert len({cells(ln[:ln.index("P(bad)=")]) for ln in lines}) == 1, "\n".join(lines)
