@@ -436,12 +436,12 @@ def _flaky_crash_rate(commits: Sequence[CommitRuns]) -> float:
     return (crashes + 0.5) / (runs + 1)
 
 
-def _crashes_for(rate: float, crash_limit: int, false_alarm: float) -> int:
+def _crashes_for(rate: float, crash_limit: int, false_alarm: float, cap: int | None = None) -> int:
     # up to `klbisect probe`'s cap: at a 50% crash rate six crashes in a row (the
     # old cap) wrote off a testable commit beside the culprit one time in 64
     from .decide import MAX_CRASH_SKIP  # noqa: PLC0415 - decide imports this module
     k = crash_limit
-    while rate ** k > false_alarm and k < MAX_CRASH_SKIP:
+    while rate ** k > false_alarm and k < (cap or MAX_CRASH_SKIP):
         k += 1
     return k
 
@@ -480,7 +480,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     # chances than one far from it: two flaky crashes in a row at the culprit
     # would otherwise widen the answer to a block.
     rate = _flaky_crash_rate(commits)
-    answer_limit = _crashes_for(rate, crash_limit, ANSWER_FALSE_ALARM)
+    answer_limit = _crashes_for(rate, crash_limit, ANSWER_FALSE_ALARM, cap=ANSWER_MAX_CRASHES)
     crash_limit = _crashes_for(rate, crash_limit, GIVE_UP_FALSE_ALARM)
     untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)
                            for c in commits], bool)
@@ -638,6 +638,9 @@ def _resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
 # alone: anywhere, and where the answer would rest on it.
 GIVE_UP_FALSE_ALARM = 3e-3
 ANSWER_FALSE_ALARM = 1e-4
+# ... the latter up to this many crashes in a row: twelve (probe's cap) wrote off a
+# culprit crashing 60% of its runs one time in 460 (a tester's 95-98.8% right)
+ANSWER_MAX_CRASHES = 30
 # Stop an integrated search whose endpoints no longer differ (decide.lost_separation).
 LOST_CHECK = True
 # Runs each commit beside an answer's boundary must have (plan).

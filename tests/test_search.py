@@ -547,6 +547,21 @@ def test_crash_limit_rises_with_flaky_crashes_at_working_commits():
     assert not plan(cs, Model.fit(GOODV, BADV), 0.99).untestable[20]
 
 
+def test_a_culprit_crashing_like_every_commit_is_run_again_past_twelve_crashes():
+    """A probe that crashes 60% of its runs everywhere: twelve crashes in a
+    row at the culprit happen one time in 460, and writing it off widened
+    the answer to a block (a tester's model: 95-98.8% right)."""
+    cs = commits_for(40)
+    for i in range(1, 40):
+        if i != 20:
+            cs[i].values, cs[i].crashes = ([0.0044] * 4 if i < 20 else [0.011] * 4), 6
+    cs[20].crashes = 12
+    pl = plan(cs, Model.fit(GOODV, BADV), 0.99)
+    assert pl.done is None and pl.next == [20]
+    cs[20].crashes = 30                                      # past every chance of luck: a block
+    assert plan(cs, Model.fit(GOODV, BADV), 0.99).done.indices == [20, 21]
+
+
 def fenced_posterior(values, fence):
     return _parts_posterior(integrated_parts(values, fence))
 
