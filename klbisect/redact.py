@@ -50,11 +50,31 @@ def _kept(value: str) -> bool:
     return bare.startswith("$") or re.fullmatch(r"[\d.]+", bare) is not None
 
 
-def redact(text: str) -> str:
-    """``text`` with every secret-looking value replaced by ``<redacted>``."""
+_FLAG_NAME = re.compile(r"--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key)",
+                        re.I)
+
+
+def flag_secrets(argv) -> list[str]:
+    """The values an argv gives its secret-named flags (``--api-key K``,
+    ``--token=K``): a server that echoes its arguments (SGLang logs its
+    ServerArgs) shows them bare, where no pattern would know them."""
+    out = []
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if not _FLAG_NAME.fullmatch(name):
+            continue
+        value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if len(value) >= 4 and not _kept(value):
+            out.append(value)
+    return out
+
+
+def redact(text: str, known=()) -> str:
+    """``text`` with every secret-looking value replaced by ``<redacted>``,
+    and every one of ``known`` (secrets klbisect was given) wherever it is."""
     if not text:
         return text
-    for v in _secret_values():
+    for v in sorted({*_secret_values(), *known}, key=len, reverse=True):
         text = text.replace(v, MASK)
     text = _ASSIGN.sub(lambda m: m.group(0) if _kept(m.group(2)) else f"{m.group(1)}={MASK}", text)
     text = _FLAG.sub(lambda m: m.group(0) if _kept(m.group(3)) else f"{m.group(1)}{m.group(2)}{MASK}", text)

@@ -44,7 +44,7 @@ from .errors import EXIT_USAGE, KlbisectError
 from .metric import JSON_PREFIX
 from .probe import DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot, config_key
 from .proc import child_environ, kill_tree, log_tail, run_logged
-from .redact import redact
+from .redact import flag_secrets, redact
 from .repo import head_sha
 
 LABELS = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
@@ -179,9 +179,18 @@ class Client:
     timeout: float = DEFAULT_REQUEST_TIMEOUT
     deadline: float | None = None     # time.monotonic() by which the run must end
     session: requests.Session = field(default_factory=requests.Session)
+    api_key: str | None = None        # the server's --api-key: sent as a bearer token, as SGLang's clients do
 
     def __post_init__(self) -> None:
         self.session.trust_env = False  # never send loopback traffic through a proxy
+        if self.api_key:
+            self.session.headers["Authorization"] = f"Bearer {self.api_key}"
+
+    @staticmethod
+    def _refused(r: requests.Response, what: str) -> ProtocolError:
+        why = (": the server checks an API key and refused this one (--server-args --api-key KEY is the key "
+               "klbisect sends)" if r.status_code == 401 else f": {redact(r.text[:300])}")
+        return ProtocolError(f"{what} answered {r.status_code}{why}")
 
     def _timeout(self) -> float:
         if self.deadline is None:
@@ -194,7 +203,7 @@ class Client:
     def generate(self, payload: dict) -> list[dict]:
         r = self.session.post(self.base_url + "/generate", json=payload, timeout=self._timeout())
         if r.status_code != 200:
-            raise ProtocolError(f"/generate answered {r.status_code}: {r.text[:300]}")
+            raise self._refused(r, "/generate")
         out = r.json()
         out = out if isinstance(out, list) else [out]
         if len(out) != len(payload["input_ids"]):
@@ -207,6 +216,8 @@ class Client:
             r = self.session.post(self.base_url + "/flush_cache", timeout=self._timeout())
             if r.status_code == 200:
                 return
+            if r.status_code == 401:
+                raise self._refused(r, "/flush_cache")
             time.sleep(0.5)
         raise ProtocolError(f"/flush_cache kept answering {r.status_code}")
 
@@ -400,7 +411,7 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with open(self.log_path, "ab") as log:
-                log.write(("$ " + shlex.join(self.argv) + "\n").encode())
+                log.write(("$ " + redact(shlex.join(self.argv), flag_secrets(self.argv)) + "\n").encode())
                 log.flush()
                 fut = _SPAWNER.submit(
                     subprocess.Popen, self.argv, cwd=str(self.cwd), env=self.env, stdin=subprocess.DEVNULL,
@@ -624,6 +635,18 @@ class SGLangProbe:
         return probe
 
     @property
+    def secrets(self) -> list[str]:
+        """What --server-args gives secret-named flags: never written to a log."""
+        return flag_secrets(shlex.split(self.server_args))
+
+    @property
+    def api_key(self) -> str | None:
+        args = shlex.split(self.server_args)
+        keys = [a.partition("=")[2] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+                for i, a in enumerate(args) if a.partition("=")[0] == "--api-key"]
+        return keys[-1] if keys and keys[-1] else None
+
+    @property
     def key(self) -> str:
         return config_key("sglang", model=self.model_path, args=shlex.split(self.server_args),
                           prompts=_file_digest(self.prompts), n=self.num_samples,
@@ -704,12 +727,12 @@ class SGLangProbe:
                 log.write(line + "\n")
                 log.flush()
 
-            say(f"klbisect sglang probe: {self.describe()}")
+            say(f"klbisect sglang probe: {redact(self.describe(), self.secrets)}")
             say(f"checkout: {checkout}")
             held: _Held | None = None
             try:
                 held = self._server_for(Path(checkout), log_path, slot, deadline, say)
-                client = Client(held.server.url, self.request_timeout, deadline)
+                client = Client(held.server.url, self.request_timeout, deadline, api_key=self.api_key)
                 for label in self.labels:
                     t0 = time.monotonic()
                     res = measure_label(client, label, prompts, self.max_new_tokens, self.turn_separator)
@@ -766,14 +789,14 @@ class SGLangProbe:
             self._say_tail(say, held.server.log_path)
         return code
 
-    @staticmethod
-    def _say_tail(say: Callable[[str], None], server_log: Path) -> None:
+    def _say_tail(self, say: Callable[[str], None], server_log: Path) -> None:
         tail = log_tail(server_log, 30)
         if tail:
             say(f"--- last lines of {server_log} ---")
             for line in tail.splitlines():
-                # prefixed, so a server line can never pass for a label or a value
-                say(f"server| {line}")
+                # prefixed, so a server line can never pass for a label or a value; SGLang
+                # logs its ServerArgs, --api-key's value among them
+                say(f"server| {redact(line, self.secrets)}")
 
 
 # ---------------------------------------------------------------------------

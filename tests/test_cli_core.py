@@ -1365,6 +1365,11 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
         assert redact("auth with plainvalue-42x") == "auth with <redacted>"
     finally:
         del os.environ["KLB_TEST_SERVICE_TOKEN"]
+    # the values an argv gives secret-named flags, wherever they later appear bare
+    from klbisect.redact import flag_secrets
+    argv = ["--api-key", "k3y-one", "--hf-token=tok-two", "--max-new-tokens", "32", "--token", "$HF"]
+    assert flag_secrets(argv) == ["k3y-one", "tok-two"]
+    assert redact("using k3y-one and tok-two", flag_secrets(argv)) == "using <redacted> and <redacted>"
 
 
 def test_more_parallel_slots_than_port_ranges_are_refused(small):

@@ -31,9 +31,9 @@ from klbisect.errors import EXIT_USAGE, KlbisectError
 from klbisect.metric import parse_values
 from klbisect.probe import Slot
 from klbisect.sglang import (
-    KERNEL_NOTE, LABELS, LabelResult, SGLangBuilder, SGLangProbe, _port_free, avg_kl, build_commands,
-    classify_changes, generate_payload, k3_kl, kernel_note, load_prompts, make_prompts, parse_pins,
-    pick_port, pins_to_install, server_argv, server_env,
+    KERNEL_NOTE, LABELS, Client, LabelResult, ProtocolError, SGLangBuilder, SGLangProbe, _port_free, avg_kl,
+    build_commands, classify_changes, generate_payload, k3_kl, kernel_note, load_prompts, make_prompts,
+    parse_pins, pick_port, pins_to_install, server_argv, server_env,
 )
 
 
@@ -749,6 +749,36 @@ def test_probe_separates_good_and_culprit(repo, tmp_path):
         g = [r.values[label] for r in good]
         # 80 in-process runs each: good 0.0041 +- 0.0004 (max 0.0053), bad 0.0096 +- 0.0009 (min 0.0081)
         assert max(g) < 0.006 < bad.values[label], (label, g, bad.values[label])
+
+
+def test_a_server_launched_with_an_api_key_is_measured_and_the_key_stays_out_of_klbisects_lines(repo, tmp_path):
+    """A tester's --server-args "--api-key ...": the key went to the
+    server but no request carried it (401 on every run: "measured
+    nothing"), and every run log and server log header held it in plain
+    text, as did the server lines copied into run logs (SGLang logs its
+    ServerArgs)."""
+    key = "mysglangkey12345"
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    pidfile = tmp_path / "pids"
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile)})
+    probe = _probe(repo, server_args=f"--api-key {key} --random-seed 3")
+    try:
+        r = probe.run(wt, tmp_path / "good.log", slot)
+        server_log = tmp_path / "good.server.log"
+        copied: list[str] = []
+        probe._say_tail(copied.append, server_log)     # what a failed run copies into its log
+        bare = Client(probe._held[0].server.url)       # a client without the key is refused, and told why
+        with pytest.raises(ProtocolError, match="checks an API key"):
+            bare.flush_cache()
+    finally:
+        probe.close()
+    _assert_nothing_left(pidfile)
+    run_log = Path(r.log_path).read_text()
+    assert r.status == "ok" and set(r.values) == set(LABELS), run_log
+    assert key not in run_log and "--api-key <redacted>" in run_log
+    assert server_log.read_text().splitlines()[0].startswith("$ ") and key not in server_log.read_text().splitlines()[0]
+    assert f"api_key='{key}'" in server_log.read_text()          # the server's own output, kept as written
+    assert any("ServerArgs" in line for line in copied) and not any(key in line for line in copied), copied
 
 
 # ---------------------------------------------------------------------------

@@ -332,8 +332,19 @@ def make_handler(state: State):
             n = int(self.headers.get("Content-Length") or 0)
             return json.loads(self.rfile.read(n) or b"{}") if n else {}
 
+        def _refused(self, path: str) -> bool:
+            # SGLang's API-key middleware: everything but /health* and /metrics needs the bearer token
+            key = state.args.api_key
+            if not key or path.startswith("/health") or path == "/metrics" \
+                    or self.headers.get("Authorization") == f"Bearer {key}":
+                return False
+            self._send(401, {"error": "Unauthorized"})
+            return True
+
         def do_GET(self):
             path = urlsplit(self.path).path
+            if self._refused(path):
+                return
             if path in ("/health", "/health_generate"):
                 if path == "/health_generate" and not state.ready():
                     return self._send(503, "")
@@ -352,6 +363,8 @@ def make_handler(state: State):
 
         def do_POST(self):
             path = urlsplit(self.path).path
+            if self._refused(path):
+                return
             if path == "/flush_cache":
                 self._body()
                 return self._flush()
@@ -413,7 +426,11 @@ def serve(argv: list[str]) -> None:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--disable-radix-cache", action="store_true")
+    p.add_argument("--api-key", default=None)
     args, unknown = p.parse_known_args(argv)
+    # SGLang logs its ServerArgs at start, the API key among them
+    print(f"server_args=ServerArgs(model_path={args.model_path!r}, port={args.port}, api_key={args.api_key!r})",
+          flush=True)
     if unknown:
         print(f"[fake sglang] ignoring server args {unknown}", flush=True)
     state = State(args)
