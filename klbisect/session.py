@@ -1999,6 +1999,11 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                 _check_unchanged(ws, sha)
                 out = measurer.measure(sha, slot)
                 _keep_env(ws, sess.id, builder)
+                try:
+                    _check_unchanged(ws, sha, measured=True)
+                except KlbisectError:
+                    ws.store.put(built_key, "")     # whatever was built, it may not be this commit's
+                    raise
                 if out.build is not None and out.build.ok and build_key:
                     ws.store.put(built_key, sha)
                 run = record(ws, sess.id, probe.key, build_key, out, ws.top)
@@ -2016,11 +2021,20 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
         ws.close()
 
 
-def _check_unchanged(ws: Workspace, sha: str) -> None:
+def _check_unchanged(ws: Workspace, sha: str, measured: bool = False) -> None:
     """Under git bisect the probe runs in the user's checkout: an edited
     tracked file (by hand, or by a probe or build that writes into the
-    tree) would be measured and its runs stored as HEAD's, which later
-    sessions reuse. Checked before every run; 152 makes git abort."""
+    tree), or another commit checked out while it ran, would be measured
+    and its runs stored as HEAD's, which later sessions reuse. Checked
+    before every run and, ``measured``, after it, before it is recorded;
+    152 makes git abort."""
+    now = gitrepo.head_sha(ws.top)
+    if now != sha:
+        lost = ("its last run measured whichever code was checked out and is not recorded" if measured
+                else "nothing more was measured")
+        raise KlbisectError(f"HEAD moved from {sha[:12]} to {now[:12]} while `klbisect probe` judged it: {lost}; "
+                            f"`git checkout {sha[:12]}` (or `git bisect reset` and start again), then "
+                            "`git bisect run klbisect probe` again", EXIT_REPO_STATE)
     dirty = gitrepo.dirty_files(ws.repo, submodules=False)
     if dirty:
         shown = gitrepo.describe_dirty(ws.repo, dirty)

@@ -189,6 +189,27 @@ def test_a_probe_whose_output_nobody_reads_answers_by_its_exit_code(history):
     assert klb("reset", cwd=repo).returncode == 0
 
 
+def test_probe_does_not_record_a_run_made_while_head_moved(history, tmp_path):
+    """A tester checked out another commit while `klbisect probe` ran: its
+    runs measured that commit's code and were recorded as the first's (a
+    commit before the culprit called BAD at 671:1). The run is dropped and
+    152 makes git abort; with HEAD back, the probe judges it."""
+    h = history(n_commits=40, seed=8, noise=SEPARATED, culprit_index=20)
+    repo, move = h.path, tmp_path / "move-to"
+    mover = f"if [ -f {move} ]; then git checkout -q $(cat {move}); rm {move}; fi"
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{mover}; {probe_cmd()}",
+               cwd=repo).returncode == 0
+    good = h.shas[10]
+    git(repo, "checkout", "-q", good)
+    move.write_text(h.shas[30])                      # the first run checks out a bad commit, then measures it
+    line = error_line(klb("probe", cwd=repo), 152)
+    assert f"HEAD moved from {good[:12]} to {h.shas[30][:12]}" in line and "not recorded" in line, line
+    assert db_query(repo, "SELECT * FROM runs WHERE sha = ?", (good,)) == []
+    git(repo, "checkout", "-q", good)
+    p = klb("probe", cwd=repo)
+    assert p.returncode == 0 and f"{good[:12]} is GOOD" in p.stderr, p.stderr
+
+
 def test_probe_refuses_a_checkout_with_uncommitted_changes(history):
     """Under git bisect the probe runs in the user's checkout: an edited
     tracked file would be measured and stored as HEAD's runs. 152, so git
