@@ -586,6 +586,19 @@ def needs_runs(rate: float, confidence: float) -> str:
             f"needs at least {n} runs (--runs {n})")
 
 
+TAIL_REFUTED_P = 0.1    # this unlikely at the fit's rate (its 95% bound: less likely still), runs past it contradict it
+
+
+def tail_p(k: int, n: int, rate: float) -> float:
+    """P(at least k of n runs at or past a threshold whose true rate is ``rate``)."""
+    from scipy import stats  # noqa: PLC0415 - slow to import; only calibrate's report needs it
+    return float(stats.binom.sf(k - 1, n, rate)) if k else 1.0
+
+
+def tail_refuted(k: int, n: int, rate: float) -> bool:
+    return k > 0 and tail_p(k, n, rate) < TAIL_REFUTED_P
+
+
 def recommendation_lines(ls: LabelStats, rate: float, confidence: float, side: str = "above") -> list[str]:
     """The recommendation with the bound it carries: a tail fit aims at
     ``rate`` but only the runs bound it, so it must not read as a bound."""
@@ -603,6 +616,11 @@ def recommendation_lines(ls: LabelStats, rate: float, confidence: float, side: s
              else "a bound only if the tail is log-normal")
     lines = [f"      recommended threshold for {rate:g} false failures: {fmt_value(ls.recommended)} "
              f"({ls.recommended_how}): {short}; {seen}"]
+    if tail_refuted(b["above"], b["runs"], rate):
+        # a tester's good runs had 8% outliers: the fit's 0.0102 failed 5.5% of them, 3 of 100 here
+        lines.append(f"      the runs contradict the tail fit: {b['above']} of {b['runs']} already at or {side} it, where "
+                     f"{rate:g} false failures would put {rate * b['runs']:.2g} (p={tail_p(b['above'], b['runs'], rate):.2g}); "
+                     f"the tail is heavier than log-normal, so this threshold fails good commits more often")
     if b["runs"] < b["runs_for_bound"]:
         lines.append(f"      {needs_runs(rate, confidence)}")
     return lines

@@ -199,3 +199,21 @@ def test_a_cost_estimate_can_end_early_and_says_when_bisects_ran_to_the_cap():
     calm = simulate_cost(list(0.004 * np.exp(0.1 * rng.standard_normal(20))),
                          list(0.012 * np.exp(0.1 * rng.standard_normal(20))), 100, trials=5)
     assert calm.capped == 0 and calm.trials == 5 and "run cap" not in cost_line(calm)
+
+
+def test_a_tail_fit_that_its_own_runs_contradict_says_so():
+    """A tester's good runs were log-normal with 8% outliers 2-4x: the fit
+    recommended 0.0102 for 1% false failures, which fails 5.5% of good
+    runs, while 3 of the 100 runs already lay above it, and nothing said
+    so. Runs that are log-normal get no such line."""
+    from klbisect.calibrate import label_stats, recommendation_lines
+    rng = np.random.default_rng(1)
+    clean = 0.004 * np.exp(0.2 * rng.standard_normal(100))
+    spiky = clean.copy()
+    hit = rng.random(100) < 0.08
+    spiky[hit] *= rng.uniform(2, 4, hit.sum())
+    for values, contradicted in ((clean, False), (spiky, True)):
+        ls, = label_stats([{"kl": float(x)} for x in values], None, 0.01, 0.95)
+        text = "\n".join(recommendation_lines(ls, 0.01, 0.95))
+        assert "log-normal tail fit" in text
+        assert ("the runs contradict the tail fit" in text) is contradicted, text
