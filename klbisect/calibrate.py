@@ -24,7 +24,7 @@ from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval,
                      exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run,
                      recommend_threshold, runs_lower_bound, sample_bits, separation, summarize, worse_tail)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
-from .metric import broke, fmt_value, scalar
+from .metric import broke, fmt_value, over_labels, scalar
 from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _silent_when_passing, _typical,
                       _usual_labels, clearer_label, close_builder, commit_runs, ended_on_errors, hold_env, label_hint,
                       make_builder, make_probe, run_shown, since, valued_runs)
@@ -517,13 +517,20 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
         crashed = res.crashes + res.bad_crashes
         res.cost = simulate_cost(gv, bv, commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
                                  after_trial=_cost_clock(progress))
-        lab, clear = clearer_label(ws, probe.key, sha, bad_sha, cfg, sep.p_value) if res.cost else ("", "")
+        # a label far clearer than the max is priced beside it; where the max prices nothing
+        # (its values do not separate the revisions), a label that does is priced alone
+        lab, clear = clearer_label(ws, probe.key, sha, bad_sha, cfg, sep.p_value if res.cost else 1.0)
         if clear:
             progress(f"estimating the same bisect with --metric {lab}...")
             alone = simulate_cost(*([own(r)[lab] for r in rs if lab in own(r)] for rs in (with_values, bad_runs)),
                                   commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
                                   after_trial=_cost_clock(progress))
-            if alone and alone.simulated_mean_runs < res.cost.simulated_mean_runs:
+            if alone and res.cost is None:
+                res.notes.append(f"a bisect with --metric {lab}: {alone.simulated_mean_runs:.1f} runs on average (p95 "
+                                 f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%} of "
+                                 f"{alone.trials} replays); the {over_labels(cfg.worse)} over labels does not "
+                                 "separate the revisions, so it has no cost to give")
+            elif alone and alone.simulated_mean_runs < res.cost.simulated_mean_runs:
                 res.notes.append(f"{clear}: {alone.simulated_mean_runs:.1f} runs on average with it (p95 "
                                  f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%}), against "
                                  f"{res.cost.simulated_mean_runs:.1f} (p95 {res.cost.simulated_p95_runs:.0f}) over "

@@ -455,6 +455,9 @@ def test_calibrate_names_a_label_the_max_hides(history, tmp_path):
     assert p.returncode == 0, p.stderr
     assert "do not separate" in p.stdout and "label steady alone differs" in p.stdout \
         and "--metric steady" in p.stdout, p.stdout
+    # it announced a cost estimate: the label's is given, the max's has none (a tester saw neither)
+    assert "estimating a bisect over 50 commits" in p.stderr
+    assert "a bisect with --metric steady:" in p.stdout and "runs on average" in p.stdout, p.stdout
 
 
 def test_calibrate_warns_when_only_failing_runs_print(history, tmp_path):
