@@ -120,8 +120,25 @@ def cli() -> None:
     """
 
 
-# a session number as sqlite stores it: a larger one was an OverflowError, exit 159
-SESSION_ID = click.IntRange(1, 2**63 - 1)
+class _SessionId(click.ParamType):
+    """A session number as sqlite stores it (a larger one was an
+    OverflowError, exit 159), refused in words a user reads, not as
+    "not in the range 1<=x<=9223372036854775807"."""
+
+    name = "N"
+
+    def convert(self, value, param, ctx):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a session number (1, 2, ...: `klbisect log` lists them)", param, ctx)
+        if not 1 <= n <= 2**63 - 1:
+            self.fail(f"{n} is not a session number: {'they start at 1' if n < 1 else 'no session has it'} "
+                      "(`klbisect log` lists them)", param, ctx)
+        return n
+
+
+SESSION_ID = _SessionId()
 
 repo_option = click.option("--repo", "repo", default=None, metavar="PATH",
                            help="Repository (default: the one of the current directory).")

@@ -885,7 +885,7 @@ def main(argv=None) -> int:
                     help="your own noise model instead of a set, as key=value words, e.g. "
                          "\"name=mine kind=lognormal good=0.004,0.3 bad=1.3,1.5 outliers=0.05 "
                          "crashes=0.02\"; repeatable; the keys are listed at the end")
-    ap.add_argument("--random-models", type=int, default=0, metavar="K",
+    ap.add_argument("--random-models", type=int, default=None, metavar="K",
                     help="K random --model specs drawn with --seed (printed with the table)")
     ap.add_argument("--confidence", type=float, default=CONFIDENCE,
                     help="klbisect's --confidence (the posterior mass it stops at)")
@@ -918,7 +918,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     writable_docs(ap, a.write_docs)
 
-    a.custom += [random_model(k, a.seed) for k in range(a.random_models)]
+    a.custom += [random_model(k, a.seed) for k in range(a.random_models or 0)]
     if a.custom:
         try:
             register_custom(a.custom)
@@ -947,7 +947,8 @@ def main(argv=None) -> int:
          f"give a posterior mass above 0.5 and at most {decide.MAX_CONFIDENCE:g} (klbisect's own limit), e.g. 0.99"),
         ("--bayesect-confidence", 0.5 < a.bayesect_confidence < 1, "give a mass between 0.5 and 1, e.g. 0.95"),
         ("--bayesect-max-runs", a.bayesect_max_runs >= 1, "give at least 1 run"),
-        ("--random-models", a.random_models >= 0, "give 0 or more models"),
+        ("--random-models", a.random_models is None or a.random_models >= 1,
+         "give 1 or more models (without it the set's own models run)"),
         ("--endpoint-runs", a.endpoint_runs is None or 2 <= a.endpoint_runs <= decide.MAX_ENDPOINT_RUNS,
          f"give 2 to {decide.MAX_ENDPOINT_RUNS} runs per endpoint (klbisect's --max-endpoint-runs caps it there)"),
     ])

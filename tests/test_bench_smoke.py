@@ -353,6 +353,7 @@ def test_out_of_range_options_are_one_line_before_any_trial():
              ("bench_bisect.py", ["--endpoint-runs", "100000"], "give 2 to 40 runs"),
              ("bench_bisect.py", ["--bayesect-max-runs", "0"], "--bayesect-max-runs"),
              ("bench_bisect.py", ["--random-models", "-1"], "--random-models"),
+             ("bench_bisect.py", ["--random-models", "0"], "give 1 or more models"),
              ("bench_bisect.py", ["--jobs", "100000"], "--jobs: give at most"),
              ("bench_bisect.py", ["--confidence", "0.999999"], "at most 0.99999"),
              ("target_floor.py", ["--known-trials", "0"], "--known-trials"),

@@ -788,6 +788,11 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
             assert empty.stdout == ""
     assert "no klbisect session 99999" in error_line(klb("log", "--session", "99999", "--repo", repo,
                                                          cwd=elsewhere), 150)
+    # numbers that cannot be a session's say so in a user's words, not click's range (1<=x<=2**63-1)
+    for bad, words in (("0", "they start at 1"), ("abc", "'abc' is not a session number"),
+                       (str(2**64), "no session has it")):
+        line = error_line(klb("status", "--session", bad, "--repo", repo, cwd=elsewhere), 150)
+        assert words in line and "klbisect log" in line and "<=" not in line, line
 
 
 def test_a_range_whose_values_fell_is_a_fix_not_a_regression(history):
