@@ -165,6 +165,10 @@ def format_status(st: dict) -> str:
     elif m and m.get("kind") == "threshold":
         lines.append(f"Classic mode: a run fails at or above {m['threshold']:g}; majority of {m['votes']} runs")
     starred = False
+    if any(c.get("p_bad") is not None for c in st.get("commits", [])):
+        # a tester read a commit 1,600 times likelier good at P(bad) 0.018 as a contradiction
+        lines.append("  P(bad): the chance a commit is bad (the first bad commit is at or before it), from its "
+                     "own runs and every other commit's")
     for c in st.get("commits", []):
         p = c.get("p_bad")
         shown, star = shown_verdict(c.get("verdict"), p)
@@ -183,7 +187,21 @@ def format_status(st: dict) -> str:
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:
             names = ", ".join(s[:12] for s in t["candidates"])
-            lines.append(f"  {t['mass']:.4f}  {names}  {fmt_subject(t['subjects'][-1], 60)}")
+            # a block: the subject is its last commit's, the one it could be told apart at
+            also = f" (or the {fmt_count(len(t['candidates']) - 1, 'untestable commit')} before it)" \
+                if len(t["candidates"]) > 1 else ""
+            lines.append(f"  {t['mass']:.4f}  {names}  {fmt_subject(t['subjects'][-1], 60)}{also}")
+        ev = st.get("evidence")
+        if ev:
+            b, a, nxt = ev["before"], ev["after"], ev.get("next")
+            lines.extend(textwrap.wrap(
+                f"Evidence: the {fmt_count(b['runs'], 'run')} of the {fmt_count(b['commits'], 'commit')} before "
+                f"{ev['first_bad'][:12]} read median {fmt_value(b['median'])}, the {fmt_count(a['runs'], 'run')} of the "
+                f"{fmt_count(a['commits'], 'commit')} from it on {fmt_value(a['median'])}; one distribution would give "
+                f"both with p = {ev['p_value']:.2g} (Welch's t on the log values or Mann-Whitney, the smaller). Over "
+                f"every place the change could be, the posterior puts {ev['mass']:.4f} here"
+                + (f" and {nxt['mass']:.2g} on the next ({', '.join(c[:12] for c in nxt['candidates'])})"
+                   if nxt else "") + ".", width=100, initial_indent="  ", subsequent_indent="  "))
         res = st.get("result") or {}
         answer = next((t["mass"] for t in st["top"] if res.get("candidates") == t["candidates"]), None)
         if answer is not None and res.get("confidence") is not None and abs(answer - res["confidence"]) >= 5e-4:

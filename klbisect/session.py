@@ -2278,21 +2278,37 @@ def explain_commit(entry: dict, model) -> str:
             fails = sum(v >= model.threshold for v in vals)
             parts.append(f"{len(vals)} run(s) [{shown}]: {fails} at or above the threshold {model.threshold:g}")
         elif model is not None and entry.get("integrated"):
-            parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))} (good runs sit "
-                         f"near {fmt_value(model.centre(GOOD))}, bad near {fmt_value(model.centre(BAD))}; the two "
-                         "overlap, so the search weighs every run with both sides' distributions integrated out, "
-                         "not by one commit's ratio)")
+            # the sides overlap: the header says so once; a commit's own ratio decides nothing here
+            parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))}")
         elif model is not None:
             parts.append(f"{len(vals)} run(s) [{shown}] look {side}: weighed now, with the model every run so far "
-                         f"gives, together {math.exp(min(abs(llr), 700)):.3g} times likelier if the commit is {side} "
-                         f"(good runs sit near {fmt_value(model.centre(GOOD))}, bad near "
-                         f"{fmt_value(model.centre(BAD))})")
-    if "p_bad" in entry:
-        parts.append(f"with every other run, P(this commit is bad) = {entry['p_bad']:.4f}")
+                         f"gives, together {math.exp(min(abs(llr), 700)):.3g} times likelier if the commit is {side}")
     if entry.get("verdict") and entry.get("reason"):
         # the runs and the model as they stood then: its ratio differs from the one above
         parts.append(f"verdict {entry['verdict']}, when it was given: {entry['reason']}")
     return "; ".join(parts)
+
+
+def boundary_evidence(commits: list[dict], post, shas: list[str]) -> dict | None:
+    """What the most likely answer rests on, for `status`: every run before
+    it against every run from it on (the endpoints' included), and how
+    much of the posterior it holds against the next place. Where the sides
+    overlap no one commit's runs decide; this is the evidence that does."""
+    blocks = post.top_blocks(2)
+    top = blocks[0]
+    before = [v for c in commits if c["index"] < top.first for v in c["values"]]
+    after = [v for c in commits if c["index"] >= top.last for v in c["values"]]
+    if len(before) < 2 or len(after) < 2:
+        return None
+    sep = separation(before, after)
+
+    def side(values: list[float], inside) -> dict:
+        return {"runs": len(values), "commits": sum(1 for c in commits if c["values"] and inside(c["index"])),
+                "median": statistics.median(values)}
+    return {"first_bad": shas[top.last], "mass": top.mass, "p_value": sep.p_value,
+            "before": side(before, lambda i: i < top.first), "after": side(after, lambda i: i >= top.last),
+            "next": {"candidates": [shas[i] for i in blocks[1].indices], "mass": blocks[1].mass}
+            if len(blocks) > 1 else None}
 
 
 def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, runs, pl) -> list[dict]:
@@ -2422,6 +2438,7 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["model"] = pl.model.to_dict()
             out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
                            "subjects": [cands[i][1] for i in b.indices]} for b in pl.posterior.top_blocks(5)]
+            out["evidence"] = boundary_evidence(commits, pl.posterior, shas)
         if sess.kind == "gitbisect" and not (sess.state == "ended" and sess.result):
             res = gitbisect_result(ws, sess, analysis)
             out["result"] = res.to_json() if res else None

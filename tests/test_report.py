@@ -425,13 +425,21 @@ def test_status_of_an_overlapping_search_gives_the_evidence_it_used(history):
             "--json", cwd=h.path)
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
     st = status(h.path)
-    assert "integrates over both distributions" in format_status(st)
+    text = format_status(st)
+    assert "integrates over both distributions" in text
     interior = [c for c in st["commits"] if 0 < c["index"] < 16 and c["values"]]
     assert interior
     for c in interior:
-        assert "times likelier" not in c["explain"] and "integrated out" in c["explain"], c["explain"]
+        assert "times likelier" not in c["explain"] and "median" in c["explain"], c["explain"]
         want = "good" if c["p_bad"] < 0.01 else "bad" if c["p_bad"] > 0.99 else "undecided"
         assert c["verdict"] == want, c
+    # no one commit's runs decide where the sides overlap: the runs either side of the answer do (a tester
+    # found only "the two overlap" repeated at every commit, and no evidence for the boundary)
+    ev = st["evidence"]
+    assert ev["first_bad"] == h.culprit and ev["p_value"] < 0.01 and ev["after"]["median"] > ev["before"]["median"]
+    assert ev["before"]["runs"] + ev["after"]["runs"] == sum(len(c["values"]) for c in st["commits"])
+    assert f"Evidence: the {ev['before']['runs']} runs of the" in text and f"before {h.culprit[:12]}" in text, text
+    assert "the two overlap" not in text
 
 
 def test_status_keeps_its_columns_under_subjects_in_chinese(bisected):
