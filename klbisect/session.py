@@ -884,10 +884,11 @@ def _never_built(ws: Workspace, build_key: str | None, log_path: str | None,
     builds = ws.store.builds(build_key)
     if any(b["ok"] for b in builds) or len(builds) < NEVER_BUILT_LIMIT:
         return None
-    full = _disk_full(ws, f"the build failed on all {len(builds)} commits it was tried on", log_path)
+    tried = f"the build failed on all {len(builds)} commits it was tried on in this repository (any session)"
+    full = _disk_full(ws, tried, log_path)
     if full:
         return full
-    return KlbisectError(f"the build failed on all {len(builds)} commits it was tried on and has never "
+    return KlbisectError(f"{tried} and has never "
                          f"succeeded here: {build_fix_hint(build_key)}, and {rerun}; log: {log_path}",
                          EXIT_NO_SIGNAL,
                          detail=log_tail(log_path or ""))
