@@ -141,6 +141,14 @@ def format_status(st: dict) -> str:
     reused = f" (+{st['reused_runs']} reused from other sessions)" if st.get("reused_runs") else ""
     lines = [f"Session {st['session']} ({st['kind']}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
+    left = st.get("unfinished")
+    if left:
+        how = ("`git bisect run klbisect probe` goes on with it" if left["kind"] == "gitbisect"
+               else "the same `klbisect run` resumes it")
+        lines.insert(0, f"(Session {left['session']} ({left['kind']}: good {str(left['good'])[:12]} bad "
+                        f"{str(left['bad'])[:12]}, {fmt_count(left['runs'], 'run')}) is unfinished: {how}, "
+                        f"`klbisect status --session {left['session']}` shows it, `klbisect reset` ends it. "
+                        f"Shown below: session {st['session']}.)")
     cut = st.get("interrupted_calibration")
     if cut:
         of = f" (--runs {cut['wanted']})" if cut.get("wanted") else ""

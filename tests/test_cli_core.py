@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from conftest import (HEX40, HIDDEN_LABEL_PROBE, PY, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query,
-                      error_line, git, json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir,
+                      error_line, git, interrupted, json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir,
                       user_state, wait_gone)
 from klbisect import repo as gitrepo
 from klbisect.histgen import NoiseModel
@@ -2252,3 +2252,21 @@ def test_an_answer_whose_checks_of_earlier_runs_all_timed_out_does_not_stand(his
     again = klb(*args, "--timeout", "60", "--json", cwd=h.path)
     assert again.returncode == 0 and json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
     assert "resuming" in again.stderr and "checking" in again.stderr, again.stderr
+
+
+def test_status_names_an_unfinished_session_behind_the_one_it_shows(history):
+    """A tester's `run` of a second range was killed; the first range's
+    `run` again showed its finished answer, and `status` showed that one
+    alone: only `reset` ("ended session 2") ever named the unfinished one."""
+    h = history(n_commits=40, seed=4, noise=SEPARATED, culprit_index=25)
+    first = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd())
+    assert klb(*first, cwd=h.path).returncode == 0
+    done = len(db_query(h.path, "SELECT id FROM runs"))
+    proc, _ = interrupted("run", "--good", h.shas[5], "--bad", h.shas[30], "--probe-cmd", probe_cmd(),
+                          "--fresh", cwd=h.path, env={"KL_DRIVER_SLEEP": "0.2"}, after=done + 3)
+    assert proc.returncode == 130
+    assert klb(*first, cwd=h.path).returncode == 0
+    st = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    assert st["session"] == 1 and st["unfinished"]["session"] == 2, st.get("unfinished")
+    text = klb("status", cwd=h.path).stdout
+    assert f"(Session 2 (run: good {h.shas[5][:12]} bad {h.shas[30][:12]}" in text and "is unfinished" in text, text
