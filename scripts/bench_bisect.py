@@ -593,7 +593,7 @@ def run_bayesect(o: Oracle, confidence: float, repo_dir: Path | None, max_runs: 
 def run_klbisect(o: Oracle, endpoint_runs: int | None = None,
                  max_endpoint_runs: int | None = None, confidence: float = CONFIDENCE,
                  max_runs: int | None = None, crash_limit: int = 2,
-                 max_total_runs: int | None = None):
+                 max_total_runs: int | None = None, why: list[str] | None = None):
     """session.run_bisect with one slot, step for step (klbisect.simulate).
     Every default is read from ``decide`` at the call, so --constant reaches it."""
     t = o.t
@@ -601,7 +601,7 @@ def run_klbisect(o: Oracle, endpoint_runs: int | None = None,
         t.n, o.run, t.untestable, confidence,
         decide.MIN_ENDPOINT_RUNS if endpoint_runs is None else endpoint_runs,
         decide.MAX_ENDPOINT_RUNS if max_endpoint_runs is None else max_endpoint_runs,
-        max_runs, crash_limit, decide.MAX_TOTAL_RUNS if max_total_runs is None else max_total_runs)[0]
+        max_runs, crash_limit, decide.MAX_TOTAL_RUNS if max_total_runs is None else max_total_runs, why)[0]
 
 
 def run_known(o: Oracle, confidence: float = CONFIDENCE):
@@ -678,6 +678,7 @@ class TrialResult(NamedTuple):
     trial: int
     block: list          # the right answer
     named: list | None   # the strategy's answer; None when it gave up
+    why: str = ""        # klbisect's reason for giving up, as its session would exit
 
 
 def _job(args) -> TrialResult:
@@ -687,6 +688,7 @@ def _job(args) -> TrialResult:
     rng = np.random.default_rng([seed, mi, n, trial, si, 1 + STRATEGIES.index(strat)])
     t0 = time.perf_counter()
     o = Oracle(sc, truth, rng)
+    why: list[str] = []
     if strat == "plain":
         ans = run_plain(o, 1)
     elif strat == "maj5":
@@ -698,9 +700,9 @@ def _job(args) -> TrialResult:
     elif strat == "known":
         ans = run_known(o, opts["confidence"])
     else:
-        ans = run_klbisect(o, opts["endpoint_runs"], confidence=opts["confidence"], max_runs=sc.max_runs)
+        ans = run_klbisect(o, opts["endpoint_runs"], confidence=opts["confidence"], max_runs=sc.max_runs, why=why)
     return TrialResult(sc.key, n, strat, ans == truth.block, o.runs, time.perf_counter() - t0, o.roles(),
-                   trial, truth.block, None if ans is None else list(ans))
+                   trial, truth.block, None if ans is None else list(ans), why[0] if why else "")
 
 
 def job(set_name: str, model: str, n: int, strat: str, trial: int, seed: int, opts: dict) -> tuple:
@@ -1044,7 +1046,7 @@ def render_wrong(out: list[TrialResult], most: int = 20) -> list[str]:
              "--trial T; runs: good end, bad end, last good, first bad, elsewhere):"]
     for (m, n, s), wrong in rows.items():
         for o in wrong[:most]:
-            named = "gave up" if o.named is None else f"named {_span(o.named)}"
+            named = (f"gave up ({o.why})" if o.why else "gave up") if o.named is None else f"named {_span(o.named)}"
             lines.append(f"  {m} N={n:,} {s} trial {o.trial}: culprit {_span(o.block)}, {named}, "
                          f"{o.runs} runs {tuple(int(x) for x in o.roles)}")
         if len(wrong) > most:

@@ -329,6 +329,12 @@ def test_wrong_lists_the_trials_that_replay_alike():
     assert row[3] == "1" and row[4] == "0.0%"
     right = _bench("--strategies", "klbisect", "--trials", "3", "--wrong")
     assert "wrong trials: none" in right
+    # a search that gives up says why, as its session would exit (a tester saw only "gave up")
+    same = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--commits", "100",
+                           "--strategies", "klbisect", "--trials", "2", "--wrong",
+                           "--model", "name=same kind=lognormal good=0.004,0.2 bad=1,1.001"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert "gave up (154, the endpoints " in same.stdout, same.stdout
     none = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--commits", "100",
                            "--models", "seed", "--strategies", "klbisect", "--trials", "3", "--trial", "5"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
