@@ -215,29 +215,45 @@ def run_task(spec: TaskSpec) -> dict:
             env["CUDA_VISIBLE_DEVICES"] = cvd
         port_base = port_bases(1, start=int(cache.name[:4], 16) + n)[0]
         slot = Slot(n, wt, env, port_base, cache / "pids")
-        last_file = cache / f"wt-{n}.last_built"
-        last = None
-        if builder is not None and last_file.exists():
-            key, _, sha = last_file.read_text().strip().partition(" ")
-            last = sha if key == builder.key and sha else None
-        measurer = Measurer(git.Repo(str(clone)), probe, builder, cache / "logs", use_worktree=False,
-                            last_built={n: last})
-        turns = (filelock.FileLock(str(cache.parent / "one-python.lock")) if spec.take_turns
+        # --build sglang where the range's pinned wheels change: the node's tasks take
+        # turns in its one Python, and a worktree's own build stands only while it was the
+        # last to install there (another's wheel may be in it now); named by host, since
+        # home directories, where the cache lives, may be shared between nodes
+        host = socket.gethostname()
+        installed = cache.parent / f"one-python-{host}.installed"
+        me = f"{cache}/wt-{n}"
+        turns = (filelock.FileLock(str(cache.parent / f"one-python-{host}.lock")) if spec.take_turns
                  else contextlib.nullcontext())
-        try:
-            with turns:
+        with turns:
+            last_file = cache / f"wt-{n}.last_built"
+            last = None
+            if builder is not None and last_file.exists():
+                key, _, sha = last_file.read_text().strip().partition(" ")
+                last = sha if key == builder.key and sha else None
+            if spec.take_turns and _read_text(installed) != me:
+                last = None
+            measurer = Measurer(git.Repo(str(clone)), probe, builder, cache / "logs", use_worktree=False,
+                                last_built={n: last})
+            try:
                 out = measurer.measure(spec.sha, slot)
-        except BaseException:
-            last_file.unlink(missing_ok=True)   # a half-finished build: rebuild next time
-            raise
-        finally:
-            _node_origin(cache, builder, keep=True)
-        if builder is not None:
-            now = measurer.last_built.get(n)
-            if now:
-                last_file.write_text(f"{builder.key} {now}\n")
-            else:
-                last_file.unlink(missing_ok=True)
+            except BaseException:
+                last_file.unlink(missing_ok=True)   # a half-finished build: rebuild next time
+                if spec.take_turns:
+                    installed.unlink(missing_ok=True)
+                raise
+            finally:
+                _node_origin(cache, builder, keep=True)
+            now = measurer.last_built.get(n) if builder is not None else None
+            if builder is not None:
+                if now:
+                    last_file.write_text(f"{builder.key} {now}\n")
+                else:
+                    last_file.unlink(missing_ok=True)
+            if spec.take_turns:
+                if now:
+                    installed.write_text(me)
+                else:
+                    installed.unlink(missing_ok=True)
         logs = {}
         for p in (out.build.log_path if out.build else None, out.run.log_path if out.run else None):
             data = _read_tail(p)
@@ -253,6 +269,13 @@ def run_task(spec: TaskSpec) -> dict:
             except Exception:
                 pass
         wt_lock.release()
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
 
 
 def _node_id() -> str | None:
@@ -340,7 +363,9 @@ class RayExecutor:
                                   dict(config or {}), probe_key, build_key, take_turns)
         self._remote = ray.remote(run_task).options(
             num_gpus=gpus_per_probe if gpus_per_probe > 0 else 0, num_cpus=num_cpus,
-            max_retries=max_retries, retry_exceptions=False, name="klbisect-probe")
+            max_retries=max_retries, retry_exceptions=False, name="klbisect-probe",
+            # taking turns on a node: spread the tasks over nodes rather than queue them on one
+            scheduling_strategy="SPREAD" if take_turns else "DEFAULT")
         self._refs: dict[Any, tuple[str, int]] = {}   # ref -> (sha, logical slot)
         self.task_info: list[dict] = []               # node, worktree, env of each finished task
         self._builder = builder if hasattr(builder, "adopt_origin") else None

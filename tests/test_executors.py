@@ -284,6 +284,60 @@ def test_ray_tasks_on_one_node_take_turns_when_they_share_its_pinned_wheels(ray_
     assert bool(list(_overlapping(recs))) is not take_turns, recs
 
 
+def test_a_node_s_worktree_builds_again_after_another_installed_into_its_python(tmp_path):
+    """A reviewer's: with tasks taking turns, a worktree that had built its
+    commit before skipped the build and probed with the wheel another
+    worktree had installed since (A probed with B's pin). A worktree's
+    build stands only while it was the last to install into the node's
+    Python. run_task directly, two tasks at a time, as Ray runs them."""
+    from dataclasses import dataclass
+
+    from klbisect.measure import BuildResult
+    from klbisect.ray_executor import TaskSpec, run_task
+    repo, python = tmp_path / "repo", tmp_path / "installed-pin"
+    repo.mkdir()
+    shas = []
+    for pin, note in (("1", "a"), ("2", "b"), ("2", "b2")):
+        (repo / "pin").write_text(pin)
+        (repo / "note").write_text(note)
+        for args in (("init", "-q", "-b", "main"),) if not shas else ():
+            subprocess.run(["git", *args], cwd=repo, check=True)
+        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", "commit", "-qm", note], cwd=repo,
+                       check=True)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                   check=True).stdout.strip())
+
+    @dataclass
+    class PinInstaller:                 # --build sglang's part that matters: the pin goes into one Python
+        key: str = "pin-installer"
+
+        def needs_build(self, changed):
+            return changed is None or "pin" in changed
+
+        def build(self, checkout, log, slot):
+            time.sleep(0.3)
+            python.write_text((Path(checkout) / "pin").read_text())
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+            Path(log).write_text("installed\n")
+            return BuildResult(True, 0.3, str(log), "")
+    probe = CommandProbe(f'sleep 0.5; if [ "$(cat pin)" = "$(cat {python})" ]; then echo "kl: 0.001"; '
+                         'else echo "kl: 9"; fi', metric_regex=r"kl: ([0-9.]+)")
+    seen: list[tuple[str, dict]] = []
+
+    def task(sha: str) -> None:
+        spec = TaskSpec(sha, str(repo), str(tmp_path / "cache"), 0, probe, PinInstaller(), {}, probe.key,
+                        "pin-installer", take_turns=True)
+        seen.append((sha, run_task(spec)["outcome"].run.values))
+    for wave in ((shas[0], shas[1]), (shas[0], shas[2]), (shas[0], shas[2])):
+        threads = [threading.Thread(target=task, args=(sha,)) for sha in wave]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(seen) == 6 and all(values == {"value": 0.001} for _, values in seen), seen
+
+
 def test_ray_worker_death_is_retried_and_counted_once(ray_cluster, history, state, tmp_path, monkeypatch):
     from klbisect.ray_executor import RayExecutor
     probe = CommandProbe(f"KLB_KILL_WORKER=1 {sys.executable} {state / 'wrapper.py'} {state}")
