@@ -97,15 +97,17 @@ def worktree_id(repo: git.Repo) -> str:
 
 
 def worktree_path(repo: git.Repo, wid: str) -> Path | None:
-    """Where worktree ``wid`` (``worktree_id``) is checked out now, or None
-    when git no longer knows it."""
-    if not wid:
-        return None if repo.bare else common_dir(repo).parent
+    """Where linked worktree ``wid`` (``worktree_id``) is checked out now, or
+    None when git no longer knows it. The main worktree is not asked for:
+    `git worktree move` cannot move it, and its git dir need not sit in it
+    (--separate-git-dir, a submodule)."""
+    record = common_dir(repo) / "worktrees" / wid / "gitdir"
     try:
-        dotgit = (common_dir(repo) / "worktrees" / wid / "gitdir").read_text().strip()
+        dotgit = record.read_text().strip()
     except OSError:
         return None
-    return Path(dotgit).parent
+    # git 2.48's worktree.useRelativePaths writes it relative to the record
+    return (record.parent / dotgit).resolve().parent
 
 
 def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:

@@ -1732,7 +1732,7 @@ def _elsewhere(ws: Workspace, sess: SessionRow) -> Path | None:
         if top != str(ws.top):
             ws.store.put(_checkout_key(sess.id), str(ws.top))
         return None
-    return gitrepo.worktree_path(ws.repo, wid) or Path(top or wid)
+    return (gitrepo.worktree_path(ws.repo, wid) if wid else None) or Path(top or wid)
 
 
 def stop_reason(st: Store, sid: int) -> str | None:

@@ -971,3 +971,20 @@ def test_a_start_session_follows_its_worktree_when_git_moves_it(history):
     assert status["culprit"] == h.culprit, status
     p = klb("reset", cwd=h.path)
     assert p.returncode == 0 and f"git bisect reset in the worktree {moved}" in p.stdout, p.stdout + p.stderr
+
+
+def test_a_start_session_in_a_main_worktree_with_its_git_dir_elsewhere_is_found_from_a_linked_one(history, tmp_path):
+    """A reviewer's: with --separate-git-dir the main worktree is not the
+    git dir's parent; a linked worktree's `start` named that parent, and
+    its `reset` left the main checkout's git bisect running."""
+    h = history(n_commits=20, seed=3, noise=SEPARATED)
+    git(h.path, "init", "-q", f"--separate-git-dir={tmp_path / 'store.git'}")
+    other = tmp_path / "linked"
+    git(h.path, "worktree", "add", "-q", str(other), "main~2")
+    start = ("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd())
+    assert klb(*start, cwd=h.path).returncode == 0
+    line = error_line(klb(*start, cwd=other), 152)
+    assert f"runs in the worktree {h.path}:" in line, line
+    p = klb("reset", cwd=other)
+    assert p.returncode == 0 and f"git bisect reset in the worktree {h.path}" in p.stdout, p.stdout + p.stderr
+    assert not in_bisect(h.path)
