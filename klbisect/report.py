@@ -205,8 +205,8 @@ def format_status(st: dict) -> str:
             lines.extend(textwrap.wrap(
                 f"Evidence: the {fmt_count(b['runs'], 'run')} of the {fmt_count(b['commits'], 'commit')} before "
                 f"{ev['first_bad'][:12]} read median {fmt_value(b['median'])}, the {fmt_count(a['runs'], 'run')} of the "
-                f"{fmt_count(a['commits'], 'commit')} from it on {fmt_value(a['median'])}; one distribution would give "
-                f"both with p = {ev['p_value']:.2g} (Welch's t on the log values or Mann-Whitney, the smaller). Over "
+                f"{fmt_count(a['commits'], 'commit')} from it on {fmt_value(a['median'])}; the endpoints alone differ "
+                f"at p = {ev['endpoints_p']:.2g} (Welch's t on the log values or Mann-Whitney, the smaller). Over "
                 f"every place the change could be, the posterior puts {ev['mass']:.4f} here"
                 + (f" and {nxt['mass']:.2g} on the next ({', '.join(c[:12] for c in nxt['candidates'])})"
                    if nxt else "") + ".", width=100, initial_indent="  ", subsequent_indent="  "))

@@ -436,7 +436,7 @@ def test_status_of_an_overlapping_search_gives_the_evidence_it_used(history):
     # no one commit's runs decide where the sides overlap: the runs either side of the answer do (a tester
     # found only "the two overlap" repeated at every commit, and no evidence for the boundary)
     ev = st["evidence"]
-    assert ev["first_bad"] == h.culprit and ev["p_value"] < 0.01 and ev["after"]["median"] > ev["before"]["median"]
+    assert ev["first_bad"] == h.culprit and ev["endpoints_p"] < 0.05 and ev["after"]["median"] > ev["before"]["median"]
     assert ev["before"]["runs"] + ev["after"]["runs"] == sum(len(c["values"]) for c in st["commits"])
     assert f"Evidence: the {ev['before']['runs']} runs of the" in text and f"before {h.culprit[:12]}" in text, text
     assert "the two overlap" not in text
