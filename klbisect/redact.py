@@ -44,10 +44,12 @@ def _secret_values() -> list[str]:
                   key=len, reverse=True)
 
 
-def _kept(value: str) -> bool:
-    # a number (num_token=32) or a reference ($HF_TOKEN, $(cat ~/.hf)) is no secret
+def _kept(value: str, name: str = "") -> bool:
+    # a reference ($HF_TOKEN, $(cat ~/.hf)) is no secret, nor a count (num_token=32,
+    # --max-tokens 64); a key or password of digits is one (--api-key 12345678)
     bare = value.strip("\"'\\")
-    return bare.startswith("$") or re.fullmatch(r"[\d.]+", bare) is not None
+    count = not name or re.search(r"(?:num|max|min|top|n)[-_]?(?:new[-_])?tokens?$|tokens$", name, re.I) is not None
+    return bare.startswith("$") or (count and re.fullmatch(r"[\d.]+", bare) is not None)
 
 
 _FLAG_NAME = re.compile(r"--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key)",
@@ -64,9 +66,12 @@ def flag_secrets(argv) -> list[str]:
         if not _FLAG_NAME.fullmatch(name):
             continue
         value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-        if len(value) >= 4 and not _kept(value):
+        if len(value) >= KNOWN_MIN and not _kept(value, name):
             out.append(value)
     return out
+
+
+KNOWN_MIN = 6   # a secret klbisect was given this short is masked only as a whole word anyway
 
 
 def redact(text: str, known=()) -> str:
@@ -74,10 +79,14 @@ def redact(text: str, known=()) -> str:
     and every one of ``known`` (secrets klbisect was given) wherever it is."""
     if not text:
         return text
-    for v in sorted({*_secret_values(), *known}, key=len, reverse=True):
+    for v in _secret_values():
         text = text.replace(v, MASK)
-    text = _ASSIGN.sub(lambda m: m.group(0) if _kept(m.group(2)) else f"{m.group(1)}={MASK}", text)
-    text = _FLAG.sub(lambda m: m.group(0) if _kept(m.group(3)) else f"{m.group(1)}{m.group(2)}{MASK}", text)
+    for v in sorted(set(known), key=len, reverse=True):
+        # as a whole word: an --api-key of "testkey" must not eat "testkeys_passed"
+        text = re.sub(r"(?<![\w-])" + re.escape(v) + r"(?![\w-])", MASK, text)
+    text = _ASSIGN.sub(lambda m: m.group(0) if _kept(m.group(2), m.group(1)) else f"{m.group(1)}={MASK}", text)
+    text = _FLAG.sub(lambda m: m.group(0) if _kept(m.group(3), m.group(1)) else f"{m.group(1)}{m.group(2)}{MASK}",
+                     text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) + ' ' if m.group(3) else ''}{MASK}", text)
     text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     return _SHAPES.sub(MASK, text)

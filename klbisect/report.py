@@ -141,8 +141,7 @@ def format_status(st: dict) -> str:
     reused = f" (+{st['reused_runs']} reused from other sessions)" if st.get("reused_runs") else ""
     lines = [f"Session {st['session']} ({st['kind']}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
-    left = st.get("unfinished")
-    if left:
+    for left in reversed(st.get("unfinished") or []):
         how = ("`git bisect run klbisect probe` goes on with it" if left["kind"] == "gitbisect"
                else "the same `klbisect run` resumes it")
         lines.insert(0, f"(Session {left['session']} ({left['kind']}: good {str(left['good'])[:12]} bad "

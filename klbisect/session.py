@@ -2418,12 +2418,12 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["interrupted_calibration"] = {
                 "session": later.id, "rev": later.good, "runs": len(st.session_runs(later.id)),
                 "wanted": later.config.get("runs")}
-        other = st.active_session() if session_id is None else None
-        if other is not None and other.id != sess.id and other.kind in ("run", "gitbisect"):
+        if session_id is None:
             # a tester's killed `run` of another question stayed active behind a finished one
             # shown here, and only `reset` ("ended session 11") ever named it
-            out["unfinished"] = {"session": other.id, "kind": other.kind, "good": other.good, "bad": other.bad,
-                                 "runs": len(st.session_runs(other.id))}
+            out["unfinished"] = [{"session": o.id, "kind": o.kind, "good": o.good, "bad": o.bad,
+                                  "runs": len(st.session_runs(o.id))}
+                                 for o in st.active_sessions(("run", "gitbisect")) if o.id != sess.id]
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
             # a resumed calibration counts the runs its commits already had

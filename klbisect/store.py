@@ -264,6 +264,12 @@ class Store:
             args = (kind,)
         return self._session(self.db.execute(q + " ORDER BY id DESC LIMIT 1", args).fetchone())
 
+    def active_sessions(self, kinds: tuple[str, ...]) -> list[SessionRow]:
+        """Every unfinished session of ``kinds``, newest first."""
+        rows = self.db.execute(f"SELECT * FROM sessions WHERE state NOT IN ('done', 'ended') AND kind IN "
+                               f"({','.join('?' * len(kinds))}) ORDER BY id DESC", kinds).fetchall()
+        return [self._session(r) for r in rows]
+
     def latest_session(self, kinds: tuple[str, ...] = ("run", "gitbisect"),
                        shown_only: bool = False, touched: bool = False) -> SessionRow | None:
         """The latest session of ``kinds``; ``shown_only`` leaves out the

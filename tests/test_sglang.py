@@ -779,6 +779,8 @@ def test_a_server_launched_with_an_api_key_is_measured_and_the_key_stays_out_of_
     assert server_log.read_text().splitlines()[0].startswith("$ ") and key not in server_log.read_text().splitlines()[0]
     assert f"api_key='{key}'" in server_log.read_text()          # the server's own output, kept as written
     assert any("ServerArgs" in line for line in copied) and not any(key in line for line in copied), copied
+    # a bare mention, which no pattern knows for a secret: --server-args says it is one
+    assert "server| [fake sglang] requests need the bearer token <redacted>" in copied, copied
 
 
 # ---------------------------------------------------------------------------

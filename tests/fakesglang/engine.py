@@ -431,6 +431,8 @@ def serve(argv: list[str]) -> None:
     # SGLang logs its ServerArgs at start, the API key among them
     print(f"server_args=ServerArgs(model_path={args.model_path!r}, port={args.port}, api_key={args.api_key!r})",
           flush=True)
+    if args.api_key:
+        print(f"[fake sglang] requests need the bearer token {args.api_key}", flush=True)
     if unknown:
         print(f"[fake sglang] ignoring server args {unknown}", flush=True)
     state = State(args)
