@@ -1199,7 +1199,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="overlapping log-normal values (issue 3's model b) instead of the seed case's uniform")
     ap.add_argument("--outliers", type=float, default=0.0, help="share of runs 3-10x larger")
     ap.add_argument("--crashes", type=float, default=0.0, help="share of runs that crash before a value")
-    ap.add_argument("--broken-builds", type=int, default=0, help=f"commits that do not build (a later one fixes them) among the {WINDOW} before the "
+    ap.add_argument("--broken-builds", type=int, default=0,
+                    help=f"commits that do not build (a later one fixes them) among the {WINDOW} before the "
                     "culprit, never the one right before it: the answer stays one commit")
     ap.add_argument("--answer", help="write the ground truth (culprit, block) here as JSON instead of printing it")
     a = ap.parse_args(argv)
