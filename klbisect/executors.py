@@ -10,6 +10,8 @@ outside the commit went wrong: the caller may submit the commit again; a
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import queue
 import shutil
@@ -156,9 +158,17 @@ def make_slots(root: Path, parallel: int, gpus_per_probe: int = 0, gpus: Sequenc
 
 
 class LocalExecutor:
-    """One thread per busy slot; each job puts exactly one result on a queue."""
+    """One thread per busy slot; each job puts exactly one result on a queue.
 
-    def __init__(self, slots: list[Slot], measure: Callable[[str, Slot], Outcome]):
+    With ``spare_checkouts`` the slots (GPUs, ports) run in a pool of
+    checkouts that many larger than the slots: a commit goes to a free
+    checkout that last had it (checked out and built), else to a new one,
+    else to the one idle longest. A search revisits a few commits (the
+    endpoints, the two beside the boundary) from whichever slot is free:
+    a checkout per slot rebuilt them again and again (a tester's
+    --parallel 2 built one commit six times in one run)."""
+
+    def __init__(self, slots: list[Slot], measure: Callable[[str, Slot], Outcome], spare_checkouts: int = 0):
         if not slots:
             raise ValueError("LocalExecutor needs at least one slot")
         self._slots = {s.index: s for s in slots}
@@ -166,7 +176,14 @@ class LocalExecutor:
         self._measure = measure
         self._idle: list[int] = sorted(self._slots)
         self._busy: dict[int, str] = {}
-        self._last: dict[int, str] = {}
+        self._pooled = spare_checkouts > 0
+        root = slots[0].checkout.parent
+        self._pool = [s.checkout for s in slots] + [root / f"slot-{len(slots) + k}" for k in range(spare_checkouts)]
+        self._last: dict[Path, str] = {}         # checkout -> the commit last given to it
+        self._used: dict[Path, int] = {}         # checkout -> when it was last given a job
+        self._in_use: dict[int, Path] = {}       # busy slot -> its checkout
+        self._slot_at: dict[Path, int] = {}      # checkout -> the slot that last ran in it
+        self._jobs = 0
         self._done: "queue.Queue[Outcome | Failure]" = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -177,9 +194,19 @@ class LocalExecutor:
     def in_flight(self) -> list[str]:
         return list(self._busy.values())
 
+    def checkouts(self) -> list[Path]:
+        """Every checkout a job may have used (to remove at the end)."""
+        return list(self._pool)
+
+    def _free_checkouts(self) -> list[Path]:
+        if not self._pooled:
+            return [self._slots[i].checkout for i in self._idle]
+        busy = set(self._in_use.values())
+        return [c for c in self._pool if c not in busy]
+
     def warm(self, sha: str) -> bool:
-        """Whether a free slot last probed ``sha`` (has it checked out and built)."""
-        return any(self._last.get(i) == sha for i in self._idle)
+        """Whether a free checkout last had ``sha`` (checked out and built)."""
+        return bool(self._idle) and any(self._last.get(c) == sha for c in self._free_checkouts())
 
     def slot_of(self, index: int) -> Slot:
         return self._slots[index]
@@ -187,24 +214,43 @@ class LocalExecutor:
     def submit(self, sha: str) -> None:
         if not self._idle:
             raise RuntimeError("no free slot: call wait() first")
-        # A slot that last probed this commit has it checked out and built
-        # (and, for server probes, may still have its server up).
-        index = next((i for i in self._idle if self._last.get(i) == sha), self._idle[0])
+        # A checkout that last had this commit has it built (and the slot that
+        # ran there, for server probes, may still have its server up).
+        free = self._free_checkouts()
+        checkout = next((c for c in free if self._last.get(c) == sha), None)
+        if checkout is None and self._pooled:
+            # one that needs no build for it (its packaging is the same), else a fresh one,
+            # which keeps every other checkout's build, else the one idle longest
+            would_build = getattr(getattr(self._measure, "__self__", None), "would_build", None)
+            used = [c for c in free if c in self._last]
+            ready = [c for c in used if would_build is not None and not would_build(c, sha)]
+            fresh = [c for c in free if c not in self._last]
+            checkout = (max(ready, key=lambda c: self._used[c]) if ready else fresh[0] if fresh
+                        else min(used, key=lambda c: self._used[c]))
+        elif checkout is None:
+            checkout = self._slots[self._idle[0]].checkout
+        if self._pooled:
+            index = self._slot_at.get(checkout)
+            index = index if index in self._idle else self._idle[0]
+        else:
+            index = next(i for i in self._idle if self._slots[i].checkout == checkout)
         self._idle.remove(index)
-        self._last[index] = sha
+        self._jobs += 1
+        self._last[checkout], self._used[checkout] = sha, self._jobs
+        self._in_use[index], self._slot_at[checkout] = checkout, index
         self._busy[index] = sha
-        t = threading.Thread(target=self._work, args=(sha, self._slots[index]),
-                             name=f"klbisect-slot-{index}", daemon=True)
+        slot = dataclasses.replace(self._slots[index], checkout=checkout)
+        t = threading.Thread(target=self._work, args=(sha, slot), name=f"klbisect-slot-{index}", daemon=True)
         t.start()   # before it is listed: close() on a signal in between joins only started threads
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
     def _forget_build(self, slot: Slot) -> None:
         # After a failure mid-job the checkout may hold a half-finished
-        # build: make the slot's next commit rebuild.
+        # build: make its next commit rebuild.
         owner = getattr(self._measure, "__self__", None)
         last = getattr(owner, "last_built", None)
         if isinstance(last, dict):
-            last[slot.index] = None
+            last[str(slot.checkout)] = None
 
     def _work(self, sha: str, slot: Slot) -> None:
         result: Outcome | Failure = Failure(sha, slot.index, "worker ended without a result")
@@ -247,6 +293,7 @@ class LocalExecutor:
         for r in out:
             if self._busy.pop(r.slot, None) is not None:
                 self._idle.append(r.slot)
+                self._in_use.pop(r.slot, None)
         self._idle.sort()
         return out
 

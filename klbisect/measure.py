@@ -25,6 +25,7 @@ class Outcome:
     build: BuildResult | None = None   # set when a build ran
     run: RunResult | None = None       # None when the build failed
     changed_since_build: list[str] | None = field(default=None)
+    checkout: str = ""                 # where it ran (a slot may run in any checkout of a pool)
 
     @property
     def build_failed(self) -> bool:
@@ -33,27 +34,37 @@ class Outcome:
 
 @dataclass
 class Measurer:
-    """Holds what a slot knows between measurements: which commit its
-    checkout last built successfully."""
+    """Holds what is known between measurements: which commit each
+    checkout last built successfully (by its path)."""
 
     repo: git.Repo
     probe: Probe
     builder: Builder | None
     log_dir: Path
     use_worktree: bool = True
-    last_built: dict[int, str | None] = field(default_factory=dict)
+    last_built: dict[str, str | None] = field(default_factory=dict)
     # told (sha, build log) before a build starts: a multi-minute pip
     # install must not look like a hang
     on_build: Callable[[str, Path], None] | None = None
 
+    def would_build(self, checkout: Path, sha: str) -> bool:
+        """Whether measuring ``sha`` in ``checkout`` would build first."""
+        if self.builder is None:
+            return False
+        last = self.last_built.get(str(checkout))
+        if last == sha:
+            return False
+        return self.builder.needs_build(None if last is None else gitrepo.changed_files(self.repo, last, sha))
+
     def measure(self, sha: str, slot: Slot) -> Outcome:
         started = time.time()
-        out = Outcome(sha, slot.index, started)
+        out = Outcome(sha, slot.index, started, checkout=str(slot.checkout))
+        where = str(slot.checkout)
         if self.use_worktree:
             gitrepo.worktree_checkout(self.repo, slot.checkout, sha)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
         if self.builder is not None:
-            last = self.last_built.get(slot.index)
+            last = self.last_built.get(where)
             changed = None if last is None else gitrepo.changed_files(self.repo, last, sha)
             if self.builder.needs_build(changed):
                 log = self.log_dir / f"build-{sha[:12]}-{stamp}.log"
@@ -63,8 +74,8 @@ class Measurer:
                 if not out.build.ok:
                     # a half-finished build may have left the environment
                     # changed: the next commit rebuilds whatever it touches
-                    self.last_built[slot.index] = None
+                    self.last_built[where] = None
                     return out
-                self.last_built[slot.index] = sha
+                self.last_built[where] = sha
         out.run = self.probe.run(slot.checkout, self.log_dir / f"run-{sha[:12]}-{stamp}-s{slot.index}.log", slot)
         return out

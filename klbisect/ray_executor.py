@@ -233,7 +233,7 @@ def run_task(spec: TaskSpec) -> dict:
             if spec.take_turns and _read_text(installed) != me:
                 last = None
             measurer = Measurer(git.Repo(str(clone)), probe, builder, cache / "logs", use_worktree=False,
-                                last_built={n: last})
+                                last_built={str(wt): last})
             try:
                 out = measurer.measure(spec.sha, slot)
             except BaseException:
@@ -243,7 +243,7 @@ def run_task(spec: TaskSpec) -> dict:
                 raise
             finally:
                 _node_origin(cache, builder, keep=True)
-            now = measurer.last_built.get(n) if builder is not None else None
+            now = measurer.last_built.get(str(wt)) if builder is not None else None
             if builder is not None:
                 if now:
                     last_file.write_text(f"{builder.key} {now}\n")

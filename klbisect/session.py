@@ -1539,8 +1539,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     if failures[r.sha] >= 3:
                         raise _infrastructure_error(r)
                     continue
-            run = record(ws, sid, probe_key, build_key, r, slot_by_index[r.slot].checkout
-                         if r.slot in slot_by_index else Path("?"))
+            run = record(ws, sid, probe_key, build_key, r, Path(r.checkout) if r.checkout
+                         else slot_by_index[r.slot].checkout if r.slot in slot_by_index else Path("?"))
             if r.build is not None:
                 _keep_env(ws, sid, builder)   # the pinned wheels this build changed, for a restore after a kill
             i = shas.index(r.sha)
@@ -1694,9 +1694,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         close = getattr(probe, "close", None)
         if close:
             close()
-        for s in slots:
-            if s.checkout.exists():
-                gitrepo.worktree_remove(ws.repo, s.checkout)
+        for checkout in dict.fromkeys([s.checkout for s in slots] + list(getattr(ex, "checkouts", list)())):
+            if checkout.exists():
+                gitrepo.worktree_remove(ws.repo, checkout)
         close_builder(builder, progress, ws, sid)
 
 
@@ -1810,7 +1810,8 @@ def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, 
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor  # noqa: PLC0415 - optional extra
         return RayExecutor.from_config(cfg, ws, measurer, take_turns=take_turns)
-    return LocalExecutor(slots, measurer.measure)
+    # spare checkouts keep built the few commits a search revisits from whichever slot is free
+    return LocalExecutor(slots, measurer.measure, spare_checkouts=len(slots) + 1)
 
 
 def _finish(ws, sid, cands, pl, complete, reason, probe_key, build_key, progress) -> Result:
@@ -1963,7 +1964,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             measurer = Measurer(ws.repo, probe, builder, ws.logs / f"s{sess.id}", use_worktree=False,
                                 on_build=on_build)
             last = ws.store.get(built_key) if build_key else None
-            measurer.last_built[0] = last or None
+            measurer.last_built[str(ws.top)] = last or None
             # a build that failed in an earlier command is tried once more (the README's promise):
             # the environment may have been fixed since
             started = time.time()

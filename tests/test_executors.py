@@ -171,19 +171,17 @@ def test_local_parallel_with_declared_gpus_finds_culprit(history, state, monkeyp
     assert res.complete and res.culprit == history.culprit
     recs = _ledger(state)
     assert len(recs) == len(_session_runs(history)) == res.probe_runs
-    by_slot = {}
-    for r in recs:
-        slot = Path(r["cwd"]).name
-        by_slot.setdefault(slot, set()).add((r["cvd"], r["port"]))
-    # each slot: one worktree, one GPU pair, one port range, for all its runs
-    assert sorted(by_slot) == ["slot-0", "slot-1"]
-    assert by_slot["slot-0"] == {("0,1", by_slot["slot-0"].copy().pop()[1])}
-    assert by_slot["slot-1"] == {("2,3", by_slot["slot-1"].copy().pop()[1])}
-    ports = [int(next(iter(v))[1]) for v in by_slot.values()]
+    # each slot: one GPU pair and one port range for all its runs; the slots run in a pool of
+    # worktrees (a commit goes back to the one that has it built), never two runs in one at once
+    pairs = {(r["cvd"], r["port"]) for r in recs}
+    assert sorted(cvd for cvd, _ in pairs) == ["0,1", "2,3"], pairs
+    ports = [int(port) for _, port in pairs]
     assert abs(ports[0] - ports[1]) >= PORT_SPAN
+    assert {Path(r["cwd"]).name for r in recs} <= {f"slot-{i}" for i in range(5)}
     overlaps = list(_overlapping(recs))
     assert overlaps, "the two slots never probed at the same time"
-    assert all(set(a["cvd"].split(",")).isdisjoint(b["cvd"].split(",")) for a, b in overlaps)
+    assert all(set(a["cvd"].split(",")).isdisjoint(b["cvd"].split(",")) and a["cwd"] != b["cwd"]
+               for a, b in overlaps)
 
 
 def test_worker_dying_mid_probe_loses_and_doubles_nothing(history, state, monkeypatch):
@@ -439,3 +437,55 @@ def test_three_slots_keep_the_endpoint_they_built(tmp_path):
     # 5 as the runs usually finish; on a loaded machine one slot's last run can finish
     # after the queue moved on, and that slot switches once more (seen 1 in 5 under load)
     assert sum(b[0] in (h.good, h.bad) for b in builds) <= 6
+
+
+def test_parallel_slots_keep_revisited_commits_built_in_a_pool_of_checkouts(tmp_path):
+    """A tester's --parallel 2 built one commit six times in one run: each
+    slot had one checkout, and the commits a search revisits (endpoints,
+    the pair beside the boundary), sent to whichever slot was free, were
+    rebuilt there (41 builds, 16 of one commit, on a 60-commit overlapping
+    history; 8 with the pool). Two slots, three commits: X and Y, then Z,
+    then X again while Z runs: X goes back to the checkout that built it."""
+    import git as gitpython
+
+    from klbisect import repo as gitrepo
+    from klbisect.measure import BuildResult, Measurer
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    shas = []
+    for name in ("x", "y", "z"):
+        (repo / "pyproject.toml").write_text(f"name = {name!r}\n")    # each commit needs its own build
+        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", "commit", "-qm", name], cwd=repo,
+                       check=True)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                   check=True).stdout.strip())
+    x, y, z = shas
+    built: list[str] = []
+
+    class Builder:
+        key = "count"
+
+        def needs_build(self, changed):
+            return changed is None or bool(changed)
+
+        def build(self, checkout, log, slot):
+            built.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True,
+                                        text=True).stdout.strip())
+            return BuildResult(True, 0.0, str(log), "")
+    measurer = Measurer(gitpython.Repo(repo), CommandProbe("sleep 0.3; echo kl: 1", metric_regex=r"kl: (\d+)"),
+                        Builder(), tmp_path / "logs")
+    ex = LocalExecutor(make_slots(tmp_path / "worktrees", 2), measurer.measure, spare_checkouts=3)
+    try:
+        for batch in ((x, y), (z, x)):
+            for sha in batch:
+                ex.submit(sha)
+            while ex.in_flight():
+                ex.wait()
+    finally:
+        ex.close()
+        for c in ex.checkouts():
+            if c.exists():
+                gitrepo.worktree_remove(gitpython.Repo(repo), c)
+    assert sorted(built) == sorted([x, y, z]), built          # X once: its second run needed no build
