@@ -182,6 +182,23 @@ def test_the_cost_estimate_draws_fresh_values_where_the_sides_overlap_and_counts
     assert calm.disjoint and crashing.simulated_mean_runs > calm.simulated_mean_runs * 1.2
 
 
+def test_a_few_outliers_do_not_widen_the_kernel_over_every_run():
+    """A tester's good and bad runs had 5% outliers 3-8x out: the kernel's
+    width from their standard deviation blurred every ordinary run, the
+    replays overlapped far more than real runs, and the estimate read 590
+    runs for a bisect that took 334. The spread is the interquartile
+    range's where that is smaller."""
+    from klbisect.calibrate import resampler
+    rng = np.random.default_rng(2)
+    runs = list(0.004 * np.exp(0.1 * rng.standard_normal(57))) + [0.02, 0.025, 0.03]
+
+    def ordinary_spread(robust: bool) -> float:
+        draw = resampler(runs, np.random.default_rng(3), robust=robust)
+        logs = np.log([v for v in (draw() for _ in range(4000)) if v < 0.008])
+        return float(np.std(logs))
+    assert ordinary_spread(robust=True) < 0.13 < 0.2 < ordinary_spread(robust=False)
+
+
 def test_a_cost_estimate_can_end_early_and_says_when_bisects_ran_to_the_cap():
     """A tester waited 12 minutes, with nothing printed, on 40 simulated
     bisects of overlapping runs that each went to the 2,000-run cap: the
