@@ -214,6 +214,12 @@ def fmt_count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
+def fmt_confidence(p: float) -> str:
+    """Four decimals, but never "1.0000": a posterior short of certainty
+    must not read as certain."""
+    return f"{p:.4f}" if p < 0.99995 else "> 0.9999"
+
+
 def cells(s: str) -> int:
     """Terminal columns ``s`` takes: CJK characters take two, combining
     marks none (a subject in Chinese pushed `status`'s verdicts out of line)."""

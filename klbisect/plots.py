@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import EXIT_USAGE, KlbisectError
-from .metric import broke, fmt_value
+from .metric import broke, fmt_confidence, fmt_value
 
 GOOD_C, BAD_C, UNK_C, CULPRIT_C = "#2b7bba", "#d62728", "#7f7f7f", "#ff7f0e"
 
@@ -120,10 +120,10 @@ def session_plot(data: dict, out: str | Path | None = None) -> bytes:
             lo, hi = min(cands), max(cands)
             if lo == hi:
                 ax.axvline(lo, c=CULPRIT_C, lw=1.5, alpha=0.9,
-                           label=f"culprit {res['candidates'][0][:10]} (P={res['confidence']:.3f})")
+                           label=f"culprit {res['candidates'][0][:10]} (P={fmt_confidence(res['confidence'])})")
             else:
                 ax.axvspan(lo - 0.5, hi + 0.5, color=CULPRIT_C, alpha=0.25,
-                           label=f"candidate block ({len(cands)} commits, P={res['confidence']:.3f})")
+                           label=f"candidate block ({len(cands)} commits, P={fmt_confidence(res['confidence'])})")
         ax.set_xlim(-0.5 - n * 0.01, n + 0.5 + n * 0.01)
         from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

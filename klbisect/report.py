@@ -7,7 +7,7 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
-from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
+from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_text
 from .session import Result
@@ -26,12 +26,6 @@ def _range(s: dict) -> str:
 
 def pr_text(pr: int | None) -> str:
     return f"#{pr}" if pr else "no PR number"
-
-
-def fmt_confidence(p: float) -> str:
-    """Four decimals, but never "1.0000": a posterior short of certainty
-    must not read as certain."""
-    return f"{p:.4f}" if p < 0.99995 else "> 0.9999"
 
 
 def _with_pr(subject: str, pr: int | None) -> str:
@@ -212,8 +206,11 @@ def format_status(st: dict) -> str:
         res = st.get("result") or {}
         answer = next((t["mass"] for t in st["top"] if res.get("candidates") == t["candidates"]), None)
         if answer is not None and res.get("confidence") is not None and abs(answer - res["confidence"]) >= 5e-4:
-            lines.append("  (recomputed now from every run stored for these commits, later sessions' too; the "
-                         "Confidence below is the answer's when its search stopped)")
+            # a tester's single session read "later sessions' too" and looked for one
+            lines.append("  (recomputed now, from every run stored for these commits"
+                         + (", later sessions' too" if st.get("later_runs") else "")
+                         + ", with the model refitted to them; the Confidence below is the answer's when its "
+                           "search stopped)")
     if st.get("result"):
         lines.append("")
         lines.append(format_result(st["result"]))
