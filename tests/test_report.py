@@ -331,7 +331,7 @@ def test_status_says_why_its_masses_and_the_answers_confidence_differ(bisected):
     st = status(h.path)
     assert "recomputed now" not in format_status(st)
     st["result"]["confidence"] = st["top"][0]["mass"] - 0.01
-    assert "recomputed now from every run stored" in format_status(st)
+    assert "recomputed now, from every run stored" in format_status(st)
     for t in st["top"][:3]:      # status lists three
         line = next(ln for ln in format_status(st).splitlines() if ln.startswith(f"  {t['mass']:.4f}"))
         assert not re.search(r"\(#\d*$", line), line        # never half a PR number
