@@ -173,7 +173,7 @@ class Judgement:
 def judge_night(head: list[float], baseline: list[float], borderline: list[float] | None = None,
                 open_bad: list[float] | None = None, alpha: float = 0.001, min_effect: float = 0.1,
                 min_baseline: int = 3, open_head: list[float] | None = None,
-                open_whole: list[float] | None = None) -> Judgement:
+                open_whole: list[float] | None = None, open_label: str = "") -> Judgement:
     """Tonight's verdict from its runs, the good baseline, the runs of the
     suspect nights just before it (``borderline``) and the runs of the open
     regression's heads (``open_bad``). A night that stays borderline once
@@ -189,7 +189,8 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
     ``open_whole`` the open regression's max over labels: a night back at
     the baseline whose max is shown better than it is fixed, whatever that
     one label says (a bisect judged a label that had drawn low by chance,
-    and the fix of the real one was never seen)."""
+    and the fix of the real one was never seen); ``open_label`` names that
+    label in the reason (the night's run lines show the max over labels)."""
     c = compare(head, baseline, alpha, min_effect, min_baseline)
     mine = open_head or head
     if c.verdict in ("crashed", "baseline"):
@@ -216,7 +217,7 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
                              other_side="open" if again.suspicious else "")
         fixed = compare(open_bad, mine, alpha, min_effect, min_baseline)
         mo, mt = float(np.median(open_bad)), float(np.median(mine))
-        over = ""
+        over = f"label {open_label}: " if open_head and open_label else ""
         if fixed.verdict != "regressed" and open_head and open_whole and not c.suspicious:
             whole = compare(open_whole, head, alpha, min_effect, min_baseline)
             if whole.verdict == "regressed":
@@ -634,7 +635,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         mine = label_values([head]) if open_bad_label else []
         j = judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
                         opts.min_effect, opts.min_baseline, open_head=mine or None,
-                        open_whole=open_bad if mine else None)
+                        open_whole=open_bad if mine else None, open_label=open_label or "")
         if mine and j.verdict == "known" and not j.more:
             # the open regression's label is as it was, but another label may have moved on
             # top of it: the max over labels against the open regression's says so
@@ -1332,14 +1333,21 @@ def _post_locked(ws, path, opts: NightlyOptions, rec: dict, target: tuple[str, i
     if ws.store.get(key) and not opts.dry_run:
         progress(f"already posted to {slug}#{issue} for night {rec['night']}: not posting again")
         return rec
-    data = None
-    if rec.get("verdict") == "regressed" and rec.get("bisect_session"):
-        from .report import report_data  # noqa: PLC0415
-        try:
-            data = report_data(path, rec["bisect_session"], offline=opts.offline)
-        except KlbisectError as e:
-            rec["notes"].append(f"no report: {e.message}")
-    body = comment_body(rec, data) if rec.get("verdict") == "regressed" else fixed_body(rec)
+    # rendered once: a post retried on a later night (or shown again by --dry-run) is the
+    # night's own, not recomputed from runs added since (a tester's read "Confidence
+    # 0.9978" above a table that had moved to 0.977)
+    body_key = f"nightly-body:{rec['session']}:{rec.get('verdict')}"
+    body = ws.store.get(body_key)
+    if not body:
+        data = None
+        if rec.get("verdict") == "regressed" and rec.get("bisect_session"):
+            from .report import report_data  # noqa: PLC0415
+            try:
+                data = report_data(path, rec["bisect_session"], offline=opts.offline)
+            except KlbisectError as e:
+                rec["notes"].append(f"no report: {e.message}")
+        body = comment_body(rec, data) if rec.get("verdict") == "regressed" else fixed_body(rec)
+        ws.store.put(body_key, body)
     # hidden in the rendered comment: how a retry finds a post whose answer was lost
     marker = f"<!-- klbisect nightly: night {rec['night']}, session {rec['session']}, {rec.get('verdict')} -->"
     body = f"{body.rstrip()}\n\n{marker}\n"

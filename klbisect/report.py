@@ -386,7 +386,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
                 "model": model.to_dict(),
                 "session": {"id": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
                             "probe": cfg.probe_cmd if cfg.probe == "cmd" else cfg.probe,
-                            "repo": str(ws.top), "worse": cfg.worse}}
+                            "repo": str(ws.top), "worse": cfg.worse, "metric": cfg.metric}}
     finally:
         ws.close()
 
@@ -466,7 +466,9 @@ def _headline(data: dict) -> str:
 
 def _commit_rows_md(data: dict, rows: list[dict]) -> list[str]:
     slug = data.get("slug")
-    out = [f"| # | commit | subject | PR | {_noun(data)} values | verdict | P(bad) |",
+    label = (data.get("session") or {}).get("metric")
+    # a nightly bisects one label: its values are not the test's max over labels (a tester's read so)
+    out = [f"| # | commit | subject | PR | {_noun(data)} values{f' ({label})' if label else ''} | verdict | P(bad) |",
            "|---:|---|---|---|---|---|---:|"]
     starred = False
     for c in rows:
@@ -524,11 +526,13 @@ def judged_by(data: dict) -> str | None:
     how = "sit close for their spread" if overlap and model.disjoint else \
         "overlap or sit under 3/4 of a spread apart"
     per_commit = (data.get("session") or {}).get("kind") == "gitbisect"
-    return (_VERDICTS_FOR_GIT + "; " if per_commit and not (model is not None and model.decisive) else
-            f"good and bad runs {how}, so every run was weighed with both sides' distributions "
-            "integrated out (rank based), not plugged in; " if overlap else
-            "a model learned from the endpoints and the commits placed on a side; ") \
-        + f"a run is as likely good as bad at {fmt_value(data['boundary'])}"
+    label = (data.get("session") or {}).get("metric")
+    how_weighed = (_VERDICTS_FOR_GIT + "; " if per_commit and not (model is not None and model.decisive) else
+                   f"good and bad runs {how}, so every run was weighed with both sides' distributions "
+                   "integrated out (rank based), not plugged in; " if overlap else
+                   "a model learned from the endpoints and the commits placed on a side; ")
+    return ((f"label {label} alone (--metric); " if label else "") + how_weighed
+            + f"a run is as likely good as bad at {fmt_value(data['boundary'])}")
 
 
 def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: str | None = None) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import fake_github
+from conftest import fake_github, klb
 from klbisect.histgen import make_history
 from klbisect.nightly import compare, judge_trend
 
@@ -547,6 +547,9 @@ def test_a_second_regression_on_another_label_than_the_open_ones_is_bisected(tmp
     first = lv.commit("Quantize the logprobs path (#103)", 0.004, {"logprobs_match": 0.006})
     p3 = nightly(repo, "d3", *two)
     assert tail_json(p3)["culprit"] == first and "bisecting on the label logprobs_match" in p3.stderr, p3.stderr
+    # the report (what is posted) names the label its values are of: not the test's max over labels
+    report = Path(tail_json(p3)["report"]).read_text()
+    assert "values (logprobs_match)" in report and "label logprobs_match alone (--metric)" in report, report
     second = lv.commit("Fuse the prefill kernel (#104)", 0.012, {"logprobs_match": 0.006})
     lv.commit("Docs (#105)")
     p4 = nightly(repo, "d4", *two)
@@ -832,6 +835,11 @@ def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):
     assert "would POST" in dry.stdout and "nightly d4" in dry.stdout and culprit[:12] in dry.stdout, dry.stdout
     assert TOKEN not in dry.stdout + dry.stderr and _comments(reqs) == []
     assert json.loads(dry.stdout.strip().splitlines()[-1])["earlier"][0]["posted"] is False
+    shown = dry.stdout.split("with this body:\n", 1)[1].rsplit("\n{", 1)[0]
+    # runs added at the culprit since (here a calibration) do not change what d4 posts: its report
+    # is d4's (a tester's re-rendered one kept its old Confidence over a recomputed table)
+    assert klb("calibrate", "--rev", culprit, "--runs", "3", "--probe-cmd", f"{PY} probe.py",
+               cwd=lv.path).returncode == 0
     p5 = nightly(lv.path, "d5", *post, env=up)
     assert p5.returncode == 0, p5.stderr
     assert "nightly d4" in p5.stderr and "failed" in p5.stderr and "finishing it first" in p5.stderr
@@ -841,6 +849,7 @@ def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):
     assert d4["night"] == "d4" and d4["culprit"] == culprit and d4["pr"] == 200 and d4["posted"]
     [body] = _comments(reqs)
     assert culprit[:12] in body and "#200" in body and "nightly d4" in body
+    assert body.strip() == shown.strip()
     lv.commit("Docs d6 (#401)")
     assert "earlier" not in json.loads(nightly(lv.path, "d6", *post, env=up).stdout.strip().splitlines()[-1])
     assert len(_comments(reqs)) == 1
@@ -1277,3 +1286,16 @@ def test_a_post_whose_answer_came_too_late_is_not_posted_again(tmp_path):
         srv.server_close()
     assert _SlowIssue.posts == 1 and len(_SlowIssue.comments) == 1
     assert f"{culprit[:12]}" in _SlowIssue.comments[0]["body"] and TOKEN not in d4.stderr + d5.stderr
+
+
+def test_a_fix_judged_on_the_open_label_names_it():
+    """A tester read "tonight's median 0.003223" beside run lines of the
+    max over labels (0.006): the median was the open regression's label's."""
+    from klbisect.nightly import judge_night
+    rng = np.random.default_rng(4)
+    baseline = list(rng.uniform(0.0055, 0.0065, 12))          # the max over labels, before
+    open_bad = list(rng.uniform(0.0050, 0.0060, 12))          # the label the bisect judged, when it regressed
+    tonight_label = list(rng.uniform(0.0030, 0.0034, 8))      # that label, fixed
+    tonight_max = list(rng.uniform(0.0055, 0.0065, 8))        # the max over labels, back at the baseline
+    j = judge_night(tonight_max, baseline, None, open_bad, open_head=tonight_label, open_label="prefill_cache_hit")
+    assert j.verdict == "good" and "label prefill_cache_hit: tonight's median 0.003" in j.reason, j.reason
