@@ -30,7 +30,7 @@ from .decide import (BAD, DECISIVE_RUNS, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS
                      OVERLAP_ENDPOINT_RUNS, OVERLAP_P, SEPARATION_P, SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS,
                      STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, EndpointStep, Model, ThresholdModel,
                      contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step, is_undecided_skip, judge,
-                     labels_apart, separation, summarize, verdict_model, worse_tail)
+                     labels_apart, runs_per_commit, separation, summarize, verdict_model, worse_tail)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_bases
@@ -1903,7 +1903,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             if isinstance(model, Model) and not model.decisive:
                 how = ("overlap" if not model.disjoint else "sit close for their spread" if not model.separates
                        else f"separate on only {min(model.n_good, model.n_bad)} runs a side")
-                progress(f"warning: good and bad {how}, and `git bisect` needs a final verdict per commit: "
+                progress(f"warning: good and bad {how}{verdict_cost(model, cfg.max_runs)}, and `git bisect` needs a final verdict per commit: "
                          + ("each is judged against the endpoints' runs themselves, which takes tens of runs "
                             "and leaves some commits skipped undecided; " if not model.separates else "")
                          + "`klbisect run` weighs all runs together and is the cheaper and safer choice here")
@@ -1912,6 +1912,23 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                     "top": str(ws.top)}
     finally:
         ws.close()
+
+
+def verdict_cost(model: Model, max_runs: int | None) -> str:
+    """What a verdict per commit costs at the endpoints' separation, where
+    that is many runs: a tester's endpoints read 0.2 spreads apart, and
+    `git bisect run` spent 100 runs on each of two commits, then stopped."""
+    # a normal shift of d spreads gives d^2/2 of log likelihood ratio a run on average
+    per_commit = math.log(VERDICT_LR) / max(model.effect ** 2 / 2, 1e-9)
+    if per_commit < VERDICT_COST_NOTE:
+        return ""
+    limit = runs_per_commit(model, max_runs)
+    return (f" (they read {model.effect:.2g} spreads apart: a verdict at {VERDICT_LR:g}:1 takes some "
+            f"{per_commit:,.0f} runs a commit" + (f", past its cap of {limit} (--max-runs), so commits will be "
+                                                  "skipped undecided" if per_commit > limit else "") + ")")
+
+
+VERDICT_COST_NOTE = 20   # runs a verdict takes before start's warning says how many
 
 
 @dataclass

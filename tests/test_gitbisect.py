@@ -988,3 +988,21 @@ def test_a_start_session_in_a_main_worktree_with_its_git_dir_elsewhere_is_found_
     p = klb("reset", cwd=other)
     assert p.returncode == 0 and f"git bisect reset in the worktree {h.path}" in p.stdout, p.stdout + p.stderr
     assert not in_bisect(h.path)
+
+
+def test_start_on_overlapping_endpoints_says_what_a_verdict_per_commit_costs():
+    """A tester's endpoints read 0.2 spreads apart; `git bisect run` then
+    spent 100 runs on each of two commits without a verdict and stopped
+    with 157. `start`'s warning says what a verdict costs at the separation
+    it saw, when that is many runs."""
+    import numpy as np
+
+    from klbisect.decide import Model
+    from klbisect.session import verdict_cost
+    rng = np.random.default_rng(7)
+    good = list(0.004 * np.exp(0.3 * rng.standard_normal(40)))
+    close = verdict_cost(Model.fit(good, [v * 1.07 for v in good]), None)
+    m = re.search(r"read ([\d.]+) spreads apart: a verdict at 500:1 takes some ([\d,]+) runs a commit, past its "
+                  r"cap of (\d+) \(--max-runs\), so commits will be skipped undecided", close)
+    assert m and int(m.group(2).replace(",", "")) > int(m.group(3)), close
+    assert verdict_cost(Model.fit(good, [v * 2.5 for v in good]), None) == ""      # a few runs: nothing to say
