@@ -430,7 +430,8 @@ def log(repo, session_id, as_json):
         return 0
     if not rows:
         click.echo("no probe runs in this session yet")
-    for r in rows:
+    # in the order they started (the time shown): parallel slots record runs as they finish
+    for r in sorted(rows, key=lambda r: r["started"] or 0.0):
         t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
         vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or r["status"]
         reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
