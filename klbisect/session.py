@@ -1810,8 +1810,9 @@ def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, 
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor  # noqa: PLC0415 - optional extra
         return RayExecutor.from_config(cfg, ws, measurer, take_turns=take_turns)
-    # spare checkouts keep built the few commits a search revisits from whichever slot is free
-    return LocalExecutor(slots, measurer.measure, spare_checkouts=len(slots) + 1)
+    # spare checkouts keep built the few commits a search revisits from whichever slot is free;
+    # one slot keeps its one worktree, built incrementally from commit to commit
+    return LocalExecutor(slots, measurer.measure, spare_checkouts=len(slots) + 1 if len(slots) > 1 else 0)
 
 
 def _finish(ws, sid, cands, pl, complete, reason, probe_key, build_key, progress) -> Result:
