@@ -230,8 +230,14 @@ class LocalExecutor:
         elif checkout is None:
             checkout = self._slots[self._idle[0]].checkout
         if self._pooled:
-            index = self._slot_at.get(checkout)
-            index = index if index in self._idle else self._idle[0]
+            was = self._slot_at.get(checkout)
+            index = was if was in self._idle else self._idle[0]
+            if was is not None and was != index:
+                # the slot that ran here may still hold a server started from this checkout
+                probe = getattr(getattr(self._measure, "__self__", None), "probe", None)
+                release = getattr(probe, "release_checkout", None)
+                if release is not None:
+                    release(was, checkout)
         else:
             index = next(i for i in self._idle if self._slots[i].checkout == checkout)
         self._idle.remove(index)

@@ -1195,6 +1195,14 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
             rep = {"path": f"none ({e.message})"}
         else:
             rec.update(report=rep["path"], plot=rep["plot"], report_error=None)
+        if res.complete and (opts.post_to or opts.post_issue) and not opts.dry_run:
+            # what it will post, as of tonight: a kill before the post, a failed post or a
+            # dry run leaves it to a later night, whose runs must not rewrite it
+            ws = Workspace(path)
+            try:
+                _night_body(ws, path, opts, {**rec, "verdict": "regressed"})
+            finally:
+                ws.close()
         if res.culprit:
             progress(f"nightly {rec['night']}: culprit {res.culprit[:12]} {fmt_subject(res.subject)}; report {rep['path']}")
         else:
@@ -1313,6 +1321,29 @@ def fixed_body(rec: dict) -> str:
                   f"({what}) is fixed.\n\n> {rec['reason']}\n")
 
 
+def _night_body(ws, path, opts: NightlyOptions, rec: dict, keep: bool = True) -> str:
+    """What the night posts, rendered once: a post retried on a later night
+    (or shown again by --dry-run) is the night's own, not recomputed from
+    runs added since (a tester's read "Confidence 0.9978" above a table
+    that had moved to 0.977). ``keep`` stores a body rendered now; one
+    without the report it should have (report_data failed) is not kept."""
+    key = f"nightly-body:{rec['session']}:{rec.get('verdict')}"
+    body = ws.store.get(key)
+    if body:
+        return body
+    data = None
+    if rec.get("verdict") == "regressed" and rec.get("bisect_session"):
+        from .report import report_data  # noqa: PLC0415
+        try:
+            data = report_data(path, rec["bisect_session"], offline=opts.offline)
+        except KlbisectError as e:
+            rec["notes"].append(f"no report: {e.message}")
+    body = comment_body(rec, data) if rec.get("verdict") == "regressed" else fixed_body(rec)
+    if keep and (data is not None or not rec.get("bisect_session")):
+        ws.store.put(key, body)
+    return body
+
+
 def _post(path, opts: NightlyOptions, rec: dict, target: tuple[str, int], progress: Progress,
           post_out: Callable[[str], None] | None) -> dict:
     from .session import Workspace  # noqa: PLC0415
@@ -1333,21 +1364,7 @@ def _post_locked(ws, path, opts: NightlyOptions, rec: dict, target: tuple[str, i
     if ws.store.get(key) and not opts.dry_run:
         progress(f"already posted to {slug}#{issue} for night {rec['night']}: not posting again")
         return rec
-    # rendered once: a post retried on a later night (or shown again by --dry-run) is the
-    # night's own, not recomputed from runs added since (a tester's read "Confidence
-    # 0.9978" above a table that had moved to 0.977)
-    body_key = f"nightly-body:{rec['session']}:{rec.get('verdict')}"
-    body = ws.store.get(body_key)
-    if not body:
-        data = None
-        if rec.get("verdict") == "regressed" and rec.get("bisect_session"):
-            from .report import report_data  # noqa: PLC0415
-            try:
-                data = report_data(path, rec["bisect_session"], offline=opts.offline)
-            except KlbisectError as e:
-                rec["notes"].append(f"no report: {e.message}")
-        body = comment_body(rec, data) if rec.get("verdict") == "regressed" else fixed_body(rec)
-        ws.store.put(body_key, body)
+    body = _night_body(ws, path, opts, rec, keep=not opts.dry_run)
     # hidden in the rendered comment: how a retry finds a post whose answer was lost
     marker = f"<!-- klbisect nightly: night {rec['night']}, session {rec['session']}, {rec.get('verdict')} -->"
     body = f"{body.rstrip()}\n\n{marker}\n"

@@ -1694,7 +1694,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         close = getattr(probe, "close", None)
         if close:
             close()
-        for checkout in dict.fromkeys([s.checkout for s in slots] + list(getattr(ex, "checkouts", list)())):
+        # a killed run of more slots left more of the pool behind (each may hold a build)
+        stale = sorted(ws.worktrees.glob("slot-*")) if ws.worktrees.exists() else []
+        for checkout in dict.fromkeys([s.checkout for s in slots] + list(getattr(ex, "checkouts", list)()) + stale):
             if checkout.exists():
                 gitrepo.worktree_remove(ws.repo, checkout)
         close_builder(builder, progress, ws, sid)

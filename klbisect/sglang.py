@@ -705,6 +705,18 @@ class SGLangProbe:
         if held is not None:
             held.server.stop()
 
+    def release_checkout(self, slot_index: int, checkout: Path) -> None:
+        """Stop the server ``slot_index`` holds, if it runs from ``checkout``:
+        another slot is about to check out and build there (a pool of
+        worktrees), under a server that would otherwise be reused later."""
+        with self._lock:
+            held = self._held.get(slot_index)
+            mine = held is not None and held.identity[0] == str(Path(checkout).resolve())
+            if mine:
+                self._held.pop(slot_index)
+        if mine:
+            held.server.stop()
+
     def close(self) -> None:
         """Kill every server this probe holds (end of a session)."""
         with self._lock:

@@ -489,3 +489,49 @@ def test_parallel_slots_keep_revisited_commits_built_in_a_pool_of_checkouts(tmp_
             if c.exists():
                 gitrepo.worktree_remove(gitpython.Repo(repo), c)
     assert sorted(built) == sorted([x, y, z]), built          # X once: its second run needed no build
+
+
+def test_a_checkout_handed_to_another_slot_stops_the_server_started_from_it(tmp_path):
+    """A reviewer's: slot 0's server, started from a pool checkout, kept
+    running while slot 1 checked out and built another commit there, and
+    would have been reused had slot 0 come back to it at the same commit."""
+    released: list[tuple[int, Path]] = []
+
+    class Probe:
+        def release_checkout(self, slot_index, checkout):
+            released.append((slot_index, checkout))
+
+    class Meter:
+        probe = Probe()
+
+        def measure(self, sha, slot):
+            time.sleep(0.2 if sha == "long" else 0.05)
+            return Outcome(sha, slot.index, time.time(), run=RunResult({"kl": 1.0}, 0, "ok", 0.05, ""),
+                           checkout=str(slot.checkout))
+    ex = LocalExecutor([Slot(0, tmp_path / "slot-0"), Slot(1, tmp_path / "slot-1")], Meter().measure,
+                       spare_checkouts=1)
+    ex.submit("a")                      # slot 0, in slot-0
+    ex.wait()
+    ex.submit("long")                   # slot 0 again, in an unused checkout (slot-1)
+    ex.submit("a")                      # back to slot-0, which has it: slot 1 runs there now
+    done = []
+    while ex.in_flight():
+        done += ex.wait()
+    ex.close()
+    assert sorted((r.sha, r.slot, Path(r.checkout).name) for r in done) == [("a", 1, "slot-0"), ("long", 0, "slot-1")]
+    assert released == [(0, tmp_path / "slot-0")]
+
+
+def test_a_run_removes_the_pool_worktrees_a_killed_run_left(history, state):
+    """A reviewer's: a run of three slots killed with -9 left its pool of
+    worktrees (each may hold a build) under the git dir, and a later
+    complete run of one slot removed only its own."""
+    left = history.path / ".git" / "klbisect" / "worktrees" / "slot-6"
+    subprocess.run(["git", "worktree", "add", "-q", "--detach", str(left), history.good], cwd=history.path,
+                   check=True)
+    res = run_bisect(history.path, _cfg(history, state), progress=lambda m: None)
+    assert res.complete and res.culprit == history.culprit
+    assert not left.exists()
+    listed = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=history.path, capture_output=True,
+                            text=True, check=True).stdout
+    assert listed.count("worktree ") == 1, listed
