@@ -220,13 +220,18 @@ class LocalExecutor:
         checkout = next((c for c in free if self._last.get(c) == sha), None)
         if checkout is None and self._pooled:
             # one that needs no build for it (its packaging is the same), else a fresh one,
-            # which keeps every other checkout's build, else the one idle longest
-            would_build = getattr(getattr(self._measure, "__self__", None), "would_build", None)
+            # which keeps every other checkout's build, else the one idle longest; but where
+            # builds from nothing have cost far more than builds in place (an in-tree C++
+            # build), the one idle longest before a fresh one
+            meter = getattr(self._measure, "__self__", None)
+            would_build = getattr(meter, "would_build", None)
             used = [c for c in free if c in self._last]
             ready = [c for c in used if would_build is not None and not would_build(c, sha)]
             fresh = [c for c in free if c not in self._last]
-            checkout = (max(ready, key=lambda c: self._used[c]) if ready else fresh[0] if fresh
-                        else min(used, key=lambda c: self._used[c]))
+            dear = bool(used) and bool(getattr(meter, "fresh_costs_more", lambda: False)())
+            checkout = (max(ready, key=lambda c: self._used[c]) if ready
+                        else fresh[0] if fresh and not dear
+                        else min(used, key=lambda c: self._used[c]) if used else fresh[0])
         elif checkout is None:
             checkout = self._slots[self._idle[0]].checkout
         if self._pooled:

@@ -46,6 +46,19 @@ class Measurer:
     # told (sha, build log) before a build starts: a multi-minute pip
     # install must not look like a hang
     on_build: Callable[[str, Path], None] | None = None
+    # seconds of the builds that began from nothing and of those that built on an earlier one
+    build_seconds: dict[str, list[float]] = field(default_factory=lambda: {"fresh": [], "incremental": []})
+
+    def fresh_costs_more(self) -> bool:
+        """Whether a build from nothing costs far more here than one on top of
+        an earlier build (an in-tree C++/CUDA build): then a new checkout is
+        the dearest place to build, not the cheapest. Until a build in place
+        has been timed, a fresh one that took minutes is taken to."""
+        fresh, inc = self.build_seconds["fresh"], self.build_seconds["incremental"]
+        if not fresh:
+            return False
+        mean = sum(fresh) / len(fresh)
+        return mean > FRESH_BUILD_RATIO * sum(inc) / len(inc) + 1.0 if inc else mean > DEAR_FRESH_SECONDS
 
     def would_build(self, checkout: Path, sha: str) -> bool:
         """Whether measuring ``sha`` in ``checkout`` would build first."""
@@ -71,6 +84,7 @@ class Measurer:
                 if self.on_build is not None:
                     self.on_build(sha, log)
                 out.build = self.builder.build(slot.checkout, log, slot)
+                self.build_seconds["fresh" if last is None else "incremental"].append(out.build.duration)
                 if not out.build.ok:
                     # a half-finished build may have left the environment
                     # changed: the next commit rebuilds whatever it touches
@@ -79,3 +93,7 @@ class Measurer:
                 self.last_built[where] = sha
         out.run = self.probe.run(slot.checkout, self.log_dir / f"run-{sha[:12]}-{stamp}-s{slot.index}.log", slot)
         return out
+
+
+FRESH_BUILD_RATIO = 2.0      # fresh builds this many times dearer than builds in place: rebuild in place
+DEAR_FRESH_SECONDS = 120.0   # ... or, before a build in place is timed, fresh builds this long

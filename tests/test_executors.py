@@ -491,6 +491,56 @@ def test_parallel_slots_keep_revisited_commits_built_in_a_pool_of_checkouts(tmp_
     assert sorted(built) == sorted([x, y, z]), built          # X once: its second run needed no build
 
 
+def test_where_builds_from_nothing_take_minutes_the_pool_rebuilds_in_place(tmp_path):
+    """A reviewer's: the pool sent a commit that needed a build to an unused
+    checkout, a build from scratch, before an idle one that would build on
+    what it had (an in-tree C++ build: minutes against hours). Once fresh
+    builds have taken minutes, the idle one is used."""
+    import git as gitpython
+
+    from klbisect import repo as gitrepo
+    from klbisect.measure import BuildResult, Measurer
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    shas = []
+    for name in ("x", "y", "z"):
+        (repo / "CMakeLists.txt").write_text(f"project({name})\n")
+        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", "commit", "-qm", name], cwd=repo,
+                       check=True)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                   check=True).stdout.strip())
+    x, y, z = shas
+    where: list[str] = []
+
+    class CMake:
+        key = "cmake"
+
+        def needs_build(self, changed):
+            return changed is None or bool(changed)
+
+        def build(self, checkout, log, slot):
+            fresh = str(checkout) not in where
+            where.append(str(checkout))
+            return BuildResult(True, 1800.0 if fresh else 60.0, str(log), "")    # as it would report them
+    measurer = Measurer(gitpython.Repo(repo), CommandProbe("echo kl: 1", metric_regex=r"kl: (\d+)"), CMake(),
+                        tmp_path / "logs")
+    ex = LocalExecutor(make_slots(tmp_path / "worktrees", 2), measurer.measure, spare_checkouts=3)
+    try:
+        for batch in ((x, y), (z,), (x,)):
+            for sha in batch:
+                ex.submit(sha)
+            while ex.in_flight():
+                ex.wait()
+    finally:
+        ex.close()
+        for c in ex.checkouts():
+            if c.exists():
+                gitrepo.worktree_remove(gitpython.Repo(repo), c)
+    assert sorted({Path(w).name for w in where}) == ["slot-0", "slot-1"], where     # no third build from scratch
+
+
 def test_a_checkout_handed_to_another_slot_stops_the_server_started_from_it(tmp_path):
     """A reviewer's: slot 0's server, started from a pool checkout, kept
     running while slot 1 checked out and built another commit there, and
