@@ -267,9 +267,17 @@ def _kill_unmarked_orphans(since: int) -> None:
     started after ``since`` with neither of klbisect's variables (servers
     and runs carry ours) can only be that."""
     found = []
+    try:
+        ours = psutil.Process().cmdline()
+    except psutil.Error:
+        ours = None
     for p in _adopted():
         try:
             if (_start_ticks(p.pid) or 0) < since:
+                continue
+            # a child another thread is starting right now, forked but not yet exec'd, shows
+            # our own command line and environment (a tester's parallel probes got SIGTERM)
+            if ours is not None and p.cmdline() == ours:
                 continue
             env = p.environ()
         except (OSError, psutil.Error):
@@ -593,14 +601,13 @@ def run_logged(
     try:
         return _run_marked(cmd, cwd, log_path, timeout, full_env, mark, pid_dir, header, start)
     finally:
-        with _running_lock:
-            _running -= 1
-            # with other runs in flight an orphan may be theirs (still in use): the last one sweeps
-            sweep = _running == 0
-            since = _running_since
         with _unkillable_cleanup():
-            if sweep:
-                _kill_unmarked_orphans(since)
+            with _running_lock:
+                _running -= 1
+                # with other runs in flight an orphan may be theirs (still in use): the last one
+                # sweeps, and no run starts until it has (its child would be taken for an orphan)
+                if _running == 0:
+                    _kill_unmarked_orphans(_running_since)
             _reap_adopted_zombies()
 
 

@@ -612,3 +612,30 @@ def test_a_pid_file_the_full_disk_refuses_does_not_leave_the_probe_running(small
         run_logged(_sleeper(tag), cwd=tmp_path, log_path=tmp_path / "run.log", timeout=60, pid_dir=pids)
     assert not wait_gone(tag)
     assert not list(pids.glob("*.pid"))
+
+
+def test_the_orphan_sweep_spares_a_child_another_thread_is_still_starting(monkeypatch):
+    """A tester's --parallel 3 had its own probes killed from outside (exit
+    -15, retried) three times in 2,000 runs: one slot's sweep for orphans
+    without klbisect's marker ran while another slot forked its probe,
+    whose environment is ours until it execs. A fork that has not exec'd
+    shows our command line: it is spared."""
+    import os
+
+    from klbisect import proc
+    monkeypatch.setattr(proc, "_subreaper", True)
+    monkeypatch.delenv("KLBISECT_OWNER", raising=False)
+    monkeypatch.delenv("KLBISECT_PROBE_ID", raising=False)
+    since = proc._boot_ticks() - 100
+    pid = os.fork()
+    if pid == 0:                     # as subprocess's child is before exec: setsid, then waiting
+        os.setsid()
+        time.sleep(3)
+        os._exit(0)
+    try:
+        time.sleep(0.3)
+        proc._kill_unmarked_orphans(since)
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the starting child was killed"
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
