@@ -91,7 +91,10 @@ class Measurer:
                     self.last_built[where] = None
                     return out
                 self.last_built[where] = sha
-        out.run = self.probe.run(slot.checkout, self.log_dir / f"run-{sha[:12]}-{stamp}-s{slot.index}.log", slot)
+        # slot (GPUs, ports) and worktree in the name: in a pool they vary apart
+        where_to = Path(slot.checkout).name
+        out.run = self.probe.run(slot.checkout, self.log_dir / f"run-{sha[:12]}-{stamp}-s{slot.index}-{where_to}.log",
+                                 slot)
         return out
 
 
