@@ -439,46 +439,53 @@ def test_three_slots_keep_the_endpoint_they_built(tmp_path):
     assert sum(b[0] in (h.good, h.bad) for b in builds) <= 6
 
 
-def test_parallel_slots_keep_revisited_commits_built_in_a_pool_of_checkouts(tmp_path):
-    """A tester's --parallel 2 built one commit six times in one run: each
-    slot had one checkout, and the commits a search revisits (endpoints,
-    the pair beside the boundary), sent to whichever slot was free, were
-    rebuilt there (41 builds, 16 of one commit, on a 60-commit overlapping
-    history; 8 with the pool). Two slots, three commits: X and Y, then Z,
-    then X again while Z runs: X goes back to the checkout that built it."""
-    import git as gitpython
-
-    from klbisect import repo as gitrepo
-    from klbisect.measure import BuildResult, Measurer
-    repo = tmp_path / "repo"
+def _packaging_commits(repo: Path, name: str, text: str) -> list[str]:
+    """Three commits x, y, z whose file ``name`` (read as packaging) differs:
+    each needs its own build."""
     repo.mkdir()
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
     shas = []
-    for name in ("x", "y", "z"):
-        (repo / "pyproject.toml").write_text(f"name = {name!r}\n")    # each commit needs its own build
+    for tag in ("x", "y", "z"):
+        (repo / name).write_text(text.format(tag))
         subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", "commit", "-qm", name], cwd=repo,
+        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", "commit", "-qm", tag], cwd=repo,
                        check=True)
         shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
                                    check=True).stdout.strip())
-    x, y, z = shas
-    built: list[str] = []
+    return shas
 
-    class Builder:
-        key = "count"
 
-        def needs_build(self, changed):
-            return changed is None or bool(changed)
+class _RecordingBuilder:
+    """Builds whenever the packaging changed (every commit here); records
+    (commit, checkout) and reports ``seconds(fresh)`` as its duration."""
+    key = "recording"
 
-        def build(self, checkout, log, slot):
-            built.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True,
-                                        text=True).stdout.strip())
-            return BuildResult(True, 0.0, str(log), "")
-    measurer = Measurer(gitpython.Repo(repo), CommandProbe("sleep 0.3; echo kl: 1", metric_regex=r"kl: (\d+)"),
-                        Builder(), tmp_path / "logs")
-    ex = LocalExecutor(make_slots(tmp_path / "worktrees", 2), measurer.measure, spare_checkouts=3)
+    def __init__(self, seconds):
+        self.seconds, self.builds = seconds, []
+
+    def needs_build(self, changed):
+        return changed is None or bool(changed)
+
+    def build(self, checkout, log, slot):
+        from klbisect.measure import BuildResult
+        fresh = all(str(checkout) != where for _, where in self.builds)
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True).stdout
+        self.builds.append((sha.strip(), str(checkout)))
+        return BuildResult(True, self.seconds(fresh), str(log), "")
+
+
+def _pool_rounds(repo: Path, builder, worktrees: Path, rounds) -> None:
+    """Two slots in a pool of five checkouts: each round's commits submitted
+    together and waited for; the pool removed at the end."""
+    import git as gitpython
+
+    from klbisect import repo as gitrepo
+    from klbisect.measure import Measurer
+    measurer = Measurer(gitpython.Repo(repo), CommandProbe("echo kl: 1", metric_regex=r"kl: (\d+)"), builder,
+                        worktrees.parent / "logs")
+    ex = LocalExecutor(make_slots(worktrees, 2), measurer.measure, spare_checkouts=3)
     try:
-        for batch in ((x, y), (z, x)):
+        for batch in rounds:
             for sha in batch:
                 ex.submit(sha)
             while ex.in_flight():
@@ -488,6 +495,19 @@ def test_parallel_slots_keep_revisited_commits_built_in_a_pool_of_checkouts(tmp_
         for c in ex.checkouts():
             if c.exists():
                 gitrepo.worktree_remove(gitpython.Repo(repo), c)
+
+
+def test_parallel_slots_keep_revisited_commits_built_in_a_pool_of_checkouts(tmp_path):
+    """A tester's --parallel 2 built one commit six times in one run: each
+    slot had one checkout, and the commits a search revisits (endpoints,
+    the pair beside the boundary), sent to whichever slot was free, were
+    rebuilt there (41 builds, 16 of one commit, on a 60-commit overlapping
+    history; 8 with the pool). Two slots, three commits: X and Y, then Z,
+    then X again while Z runs: X goes back to the checkout that built it."""
+    x, y, z = _packaging_commits(tmp_path / "repo", "pyproject.toml", "name = {!r}\n")
+    builder = _RecordingBuilder(lambda fresh: 0.0)
+    _pool_rounds(tmp_path / "repo", builder, tmp_path / "worktrees", ((x, y), (z, x)))
+    built = [sha for sha, _ in builder.builds]
     assert sorted(built) == sorted([x, y, z]), built          # X once: its second run needed no build
 
 
@@ -496,48 +516,10 @@ def test_where_builds_from_nothing_take_minutes_the_pool_rebuilds_in_place(tmp_p
     checkout, a build from scratch, before an idle one that would build on
     what it had (an in-tree C++ build: minutes against hours). Once fresh
     builds have taken minutes, the idle one is used."""
-    import git as gitpython
-
-    from klbisect import repo as gitrepo
-    from klbisect.measure import BuildResult, Measurer
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
-    shas = []
-    for name in ("x", "y", "z"):
-        (repo / "CMakeLists.txt").write_text(f"project({name})\n")
-        subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-        subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", "commit", "-qm", name], cwd=repo,
-                       check=True)
-        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                                   check=True).stdout.strip())
-    x, y, z = shas
-    where: list[str] = []
-
-    class CMake:
-        key = "cmake"
-
-        def needs_build(self, changed):
-            return changed is None or bool(changed)
-
-        def build(self, checkout, log, slot):
-            fresh = str(checkout) not in where
-            where.append(str(checkout))
-            return BuildResult(True, 1800.0 if fresh else 60.0, str(log), "")    # as it would report them
-    measurer = Measurer(gitpython.Repo(repo), CommandProbe("echo kl: 1", metric_regex=r"kl: (\d+)"), CMake(),
-                        tmp_path / "logs")
-    ex = LocalExecutor(make_slots(tmp_path / "worktrees", 2), measurer.measure, spare_checkouts=3)
-    try:
-        for batch in ((x, y), (z,), (x,)):
-            for sha in batch:
-                ex.submit(sha)
-            while ex.in_flight():
-                ex.wait()
-    finally:
-        ex.close()
-        for c in ex.checkouts():
-            if c.exists():
-                gitrepo.worktree_remove(gitpython.Repo(repo), c)
+    x, y, z = _packaging_commits(tmp_path / "repo", "CMakeLists.txt", "project({})\n")
+    builder = _RecordingBuilder(lambda fresh: 1800.0 if fresh else 60.0)     # as such a build would report
+    _pool_rounds(tmp_path / "repo", builder, tmp_path / "worktrees", ((x, y), (z,), (x,)))
+    where = [checkout for _, checkout in builder.builds]
     assert sorted({Path(w).name for w in where}) == ["slot-0", "slot-1"], where     # no third build from scratch
 
 
