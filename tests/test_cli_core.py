@@ -1763,7 +1763,10 @@ def test_status_shows_the_bisect_that_finished_after_an_interrupted_one(history)
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path)
     assert p.returncode == 0, p.stderr
     st = klb("status", cwd=h.path).stdout
-    assert st.startswith("Session 2 (run, done)") and f"First bad commit: {h.culprit}" in st, st
+    # the interrupted one is named first, as unfinished, and the finished one shown
+    first_line, shown = st.splitlines()[:2]
+    assert first_line.startswith("(Session 1 (run: ") and "is unfinished" in first_line, st
+    assert shown.startswith("Session 2 (run, done)") and f"First bad commit: {h.culprit}" in st, st
     rep = klb("report", "--offline", cwd=h.path).stdout
     assert h.culprit[:12] in rep.splitlines()[0]
 
