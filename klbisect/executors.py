@@ -11,7 +11,6 @@ outside the commit went wrong: the caller may submit the commit again; a
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import queue
 import shutil
@@ -223,7 +222,7 @@ class LocalExecutor:
             # which keeps every other checkout's build, else the one idle longest; but where
             # builds from nothing have cost far more than builds in place (an in-tree C++
             # build), the one idle longest before a fresh one
-            meter = getattr(self._measure, "__self__", None)
+            meter = self._meter()
             would_build = getattr(meter, "would_build", None)
             used = [c for c in free if c in self._last]
             ready = [c for c in used if would_build is not None and not would_build(c, sha)]
@@ -239,8 +238,7 @@ class LocalExecutor:
             index = was if was in self._idle else self._idle[0]
             if was is not None and was != index:
                 # the slot that ran here may still hold a server started from this checkout
-                probe = getattr(getattr(self._measure, "__self__", None), "probe", None)
-                release = getattr(probe, "release_checkout", None)
+                release = getattr(getattr(self._meter(), "probe", None), "release_checkout", None)
                 if release is not None:
                     release(was, checkout)
         else:
@@ -255,11 +253,15 @@ class LocalExecutor:
         t.start()   # before it is listed: close() on a signal in between joins only started threads
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
+    def _meter(self):
+        """The Measurer whose ``measure`` this runs, when it is one: what it
+        knows of builds and probes steers where a commit goes."""
+        return getattr(self._measure, "__self__", None)
+
     def _forget_build(self, slot: Slot) -> None:
         # After a failure mid-job the checkout may hold a half-finished
         # build: make its next commit rebuild.
-        owner = getattr(self._measure, "__self__", None)
-        last = getattr(owner, "last_built", None)
+        last = getattr(self._meter(), "last_built", None)
         if isinstance(last, dict):
             last[str(slot.checkout)] = None
 

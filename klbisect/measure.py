@@ -71,15 +71,14 @@ class Measurer:
 
     def measure(self, sha: str, slot: Slot) -> Outcome:
         started = time.time()
-        out = Outcome(sha, slot.index, started, checkout=str(slot.checkout))
         where = str(slot.checkout)
+        out = Outcome(sha, slot.index, started, checkout=where)
         if self.use_worktree:
             gitrepo.worktree_checkout(self.repo, slot.checkout, sha)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
         if self.builder is not None:
             last = self.last_built.get(where)
-            changed = None if last is None else gitrepo.changed_files(self.repo, last, sha)
-            if self.builder.needs_build(changed):
+            if self.would_build(slot.checkout, sha):
                 log = self.log_dir / f"build-{sha[:12]}-{stamp}.log"
                 if self.on_build is not None:
                     self.on_build(sha, log)
@@ -92,9 +91,8 @@ class Measurer:
                     return out
                 self.last_built[where] = sha
         # slot (GPUs, ports) and worktree in the name: in a pool they vary apart
-        where_to = Path(slot.checkout).name
-        out.run = self.probe.run(slot.checkout, self.log_dir / f"run-{sha[:12]}-{stamp}-s{slot.index}-{where_to}.log",
-                                 slot)
+        name = f"run-{sha[:12]}-{stamp}-s{slot.index}-{Path(where).name}.log"
+        out.run = self.probe.run(slot.checkout, self.log_dir / name, slot)
         return out
 
 

@@ -1906,7 +1906,8 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             if isinstance(model, Model) and not model.decisive:
                 how = ("overlap" if not model.disjoint else "sit close for their spread" if not model.separates
                        else f"separate on only {min(model.n_good, model.n_bad)} runs a side")
-                progress(f"warning: good and bad {how}{verdict_cost(model, cfg.max_runs)}, and `git bisect` needs a final verdict per commit: "
+                progress(f"warning: good and bad {how}{verdict_cost(model, cfg.max_runs)}, and `git bisect` needs a "
+                         "final verdict per commit: "
                          + ("each is judged against the endpoints' runs themselves, which takes tens of runs "
                             "and leaves some commits skipped undecided; " if not model.separates else "")
                          + "`klbisect run` weighs all runs together and is the cheaper and safer choice here")
@@ -1993,6 +1994,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             crashed = sum(c.crashes for c in ends.values())
             crash_limit = crash_skip_limit(crashed, crashed + sum(len(c.values) for c in ends.values()),
                                            cfg.crash_limit)
+            checked = False
             while True:
                 cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha],
                            before)
@@ -2018,7 +2020,9 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
                     # git bisect run aborts on it: `status` is where the user looks next
                     _note_stop(ws.store, sess.id, stop.message)
                     raise stop
-                _check_unchanged(ws, sha)
+                if not checked:     # after the first run, the check after each run covers the next
+                    _check_unchanged(ws, sha)
+                    checked = True
                 out = measurer.measure(sha, slot)
                 _keep_env(ws, sess.id, builder)
                 try:
