@@ -112,6 +112,14 @@ def _halted() -> bool:
     return threading.current_thread() in _HALTED
 
 
+def refuse_if_stopping() -> None:
+    """Raise KeyboardInterrupt where no new process may start: in a thread
+    ``kill_all_active`` halted, or after a stop signal."""
+    if _halted():
+        raise KeyboardInterrupt("klbisect is stopping: no new process")
+    raise_if_signalled()
+
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -127,7 +135,8 @@ def interrupt_on_stop_signals() -> Iterator[None]:
         _signalled.set()
         if signum == signal.SIGHUP:
             _leave_terminal(ttys)
-        raise KeyboardInterrupt
+        if not _spawning:   # else raised once the child is registered (``_run_marked``)
+            raise KeyboardInterrupt
 
     ours = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -158,6 +167,13 @@ def interrupt_on_stop_signals() -> Iterator[None]:
 # finalizer is printed as "Exception ignored" and lost, and the command ran
 # on to its end and exit 0 after a Ctrl-C. Every new process checks this.
 _signalled = threading.Event()
+
+# The main thread is inside Popen: a KeyboardInterrupt raised there (while
+# it waits for the child's exec) would leave the child running with its pid
+# known to nobody, so nothing kills it (a reviewer's: a probe's background
+# server outlived klbisect's exit 130). The stop handler only notes the
+# signal then; ``_run_marked`` raises it once the pid is registered.
+_spawning = False
 
 
 def raise_if_signalled() -> None:
@@ -584,9 +600,7 @@ def run_logged(
     nothing for an interrupted run; so it does for a run that
     ``kill_all_active`` killed, and in a thread that may start nothing more.
     """
-    if _halted():
-        raise KeyboardInterrupt("klbisect is stopping: no new process")
-    raise_if_signalled()
+    refuse_if_stopping()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = child_environ()
     if env:
@@ -614,31 +628,41 @@ def run_logged(
 def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: float | None,
                 full_env: dict[str, str], mark: str, pid_dir: Path | None, header: str | None,
                 start: float) -> ProcResult:
-    with open(log_path, "wb") as log:
+    with private_log(log_path) as log:
         if header:
             log.write(redact(header).encode() + b"\n")
             log.flush()
-        proc = subprocess.Popen(
-            cmd,
-            shell=isinstance(cmd, str),
-            cwd=str(cwd),
-            env=full_env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_child_setup,
-        )
+        global _spawning
+        main = threading.current_thread() is threading.main_thread()
+        _spawning = main
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                shell=isinstance(cmd, str),
+                cwd=str(cwd),
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_child_setup,
+            )
+        except BaseException:
+            _spawning = False
+            if main:
+                raise_if_signalled()
+            raise
         _STOPPED.discard(proc.pid)   # left by an earlier process with this pid
         _ACTIVE.add(proc.pid)
         pid_file = None
         timed_out = False
         code: int | None = None
         try:
+            _spawning = False
             # inside the try: a pid file that cannot be written (a full disk) must not
             # leave the probe running with no timeout until klbisect exits
             pid_file = write_pid_file(pid_dir, proc.pid) if pid_dir is not None else None
-            if threading.current_thread() is threading.main_thread():
-                raise_if_signalled()   # a Ctrl-C lost in the fork
+            if main:
+                raise_if_signalled()   # a stop signal during the fork
             if _halted():   # kill_all_active ran while we forked
                 _STOPPED.add(proc.pid)
             else:
@@ -664,6 +688,17 @@ def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: fl
     if stopped:
         raise KeyboardInterrupt(f"klbisect is stopping: killed {cmd if isinstance(cmd, str) else ' '.join(cmd)}")
     return ProcResult(code, timed_out, time.monotonic() - start)
+
+
+def _private(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
+
+
+def private_log(path: str | Path, mode: str = "wb"):
+    """A log only its user can read: a probe or server writes what it
+    writes (SGLang logs its ServerArgs, --api-key included), kept as
+    written, and a GPU box is often shared. An existing file keeps its mode."""
+    return open(path, mode, opener=_private)
 
 
 def log_tail(path: str | Path, lines: int = 15) -> str:

@@ -5,7 +5,7 @@ A probe command often carries a token (``HF_TOKEN=hf_... python3 test.py``,
 lines, advice to paste, error lines and log tails, run-log headers, and
 reports that go to GitHub. The session store keeps the command as given,
 since `klbisect probe` must run it again; what a probe itself writes to its
-log is kept as written.
+log is kept as written, in a file only its user can read (``proc.private_log``).
 """
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ _SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{30,}|githu
 _HEADER = re.compile(r"\b(Authorization|X-Api-Key|Api-Key|Private-Token)(\s*:\s*)(?:(Bearer|Basic|token)\s+)?"
                      r"[^\s'\"\\;,]+", re.I)
 _URL_CREDENTIALS = re.compile(r"(://[^/\s:@'\"]+:)[^/\s@'\"]+@")
+# a token alone as the user (https://TOKEN@pypi.fury.io/..., deploy tokens): long enough not to be
+# a user name (ssh://git@github.com)
+_URL_TOKEN = re.compile(r"(://)[^/\s:@'\"]{12,}@")
 
 
 _SECRET_VAR = re.compile(r"[A-Za-z0-9_]*" + _NAME + r"$", re.I)
@@ -89,6 +92,7 @@ def redact(text: str, known=()) -> str:
                      text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) + ' ' if m.group(3) else ''}{MASK}", text)
     text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+    text = _URL_TOKEN.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     return _SHAPES.sub(MASK, text)
 
 

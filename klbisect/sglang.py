@@ -408,9 +408,11 @@ class SGLangServer:
         """Launch and wait for ``/health_generate``; raises ServerStartError
         (after killing the tree) when the server exits or is never ready."""
         t0 = time.monotonic()
+        # a slot past its checkout when Ctrl-C came would load a model on its GPUs for minutes
+        proc.refuse_if_stopping()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with open(self.log_path, "ab") as log:
+            with proc.private_log(self.log_path, "ab") as log:
                 log.write(("$ " + redact(shlex.join(self.argv), flag_secrets(self.argv)) + "\n").encode())
                 log.flush()
                 fut = _SPAWNER.submit(
@@ -425,6 +427,7 @@ class SGLangServer:
             with _LIVE_LOCK:
                 _LIVE.add(self)
             proc._ACTIVE.add(self.proc.pid)   # killed by the executor's Ctrl-C path too
+            proc.refuse_if_stopping()          # halted while it forked: kill_all_active may have missed it
             if self.pid_dir is not None:
                 self._pid_file = proc.write_pid_file(self.pid_dir, self.proc.pid)
             limit = t0 + self.launch_timeout
@@ -439,6 +442,7 @@ class SGLangServer:
         session.trust_env = False
         started, delay = time.monotonic(), 0.1
         while True:
+            proc.refuse_if_stopping()
             code = self.proc.poll()
             if code is not None:
                 raise ServerStartError(f"server exited with code {code} before it was ready", code)
@@ -734,7 +738,7 @@ class SGLangProbe:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         values: dict[str, float] = {}
         status, exit_code = STATUS_CRASH, None
-        with open(log_path, "w") as log:
+        with proc.private_log(log_path, "w") as log:
             def say(line: str) -> None:
                 log.write(line + "\n")
                 log.flush()
@@ -1101,6 +1105,19 @@ def _say_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+_PIP_TURNS: dict[str, threading.RLock] = {}
+_PIP_TURNS_LOCK = threading.Lock()
+
+
+def _pip_turn(python: str) -> threading.RLock:
+    """One pip at a time into one Python: parallel slots share it, and two
+    pips at once remove and write the same dist-info, ``.pth`` and
+    ``__pycache__`` (a reviewer's: 3 of 40 concurrent builds failed, an
+    endpoint's failure stopping the bisect with 154)."""
+    with _PIP_TURNS_LOCK:
+        return _PIP_TURNS.setdefault(os.path.realpath(python), threading.RLock())
+
+
 @dataclass
 class SGLangBuilder:
     """Reinstall only what a commit's diff requires.
@@ -1165,14 +1182,15 @@ class SGLangBuilder:
             pins = parse_pins(pyproject.read_text()) if self.install_pins else {}
         except OSError:
             pins = {}
-        installed = installed_versions(self.python, list(pins)) if pins else {}
-        todo = pins_to_install(installed, pins)
-        self._remember_pins({n: installed.get(n) for n in todo})
+        with _pip_turn(self.python):   # what is installed, read while no other slot's pip changes it
+            installed = installed_versions(self.python, list(pins)) if pins else {}
+            todo = pins_to_install(installed, pins)
+            self._remember_pins({n: installed.get(n) for n in todo})
+            with open(log_path, "wb") as log:
+                log.write(f"pins in python/pyproject.toml: {pins or 'none'}\n".encode())
+                failed = self._run(build_commands(self.python, todo, self.pip_args, self.editable),
+                                   Path(checkout), log, log_path, slot.env, slot.pid_dir)
         note_parts = [f"installed {n}=={v}" for n, v in sorted(todo.items())]
-        with open(log_path, "wb") as log:
-            log.write(f"pins in python/pyproject.toml: {pins or 'none'}\n".encode())
-            failed = self._run(build_commands(self.python, todo, self.pip_args, self.editable), Path(checkout),
-                               log, log_path, slot.env, slot.pid_dir)
         if failed:
             return BuildResult(False, time.monotonic() - start, str(log_path), failed)
         return BuildResult(True, time.monotonic() - start, str(log_path), "; ".join(note_parts))
@@ -1181,6 +1199,11 @@ class SGLangBuilder:
              pid_dir: Path | None = None) -> str | None:
         """Run pip commands in order into ``log``; the first failure as
         "<pip args> exited N", or None when all succeeded."""
+        with _pip_turn(self.python):
+            return self._run_all(argvs, cwd, log, log_path, env, pid_dir)
+
+    def _run_all(self, argvs: list[list[str]], cwd: Path, log, log_path: Path, env: Mapping[str, str] | None,
+                 pid_dir: Path | None) -> str | None:
         for argv in argvs:
             part = log_path.with_name(log_path.name + ".part")
             res = run_logged(argv, cwd=cwd, log_path=part, timeout=self.timeout, env=env, pid_dir=pid_dir,
@@ -1189,7 +1212,7 @@ class SGLangBuilder:
             log.flush()
             part.unlink(missing_ok=True)
             if res.exit_code != 0:
-                return f"{shlex.join(argv[3:])} {'timed out' if res.timed_out else f'exited {res.exit_code}'}"
+                return f"{redact(shlex.join(argv[3:]))} {'timed out' if res.timed_out else f'exited {res.exit_code}'}"
         return None
 
     # -- the user's environment -------------------------------------------------

@@ -1353,13 +1353,16 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
     read "per-token <redacted>" in status and reports."""
     from klbisect.redact import redact, redact_text
     kept = ("hf_logprobs=0.003 sk-learn-compat --max-new-tokens 32 num_token=32 HF_TOKEN=$(cat ~/.hf) per token 0.00412"
-            " Add per-token FP8 quantization helper (#29578) multi-password reset")
+            " Add per-token FP8 quantization helper (#29578) multi-password reset ssh://git@github.com/o/r.git"
+            " git+https://github.com/sgl-project/sglang@0123456789abcdef#subdirectory=python")
     assert redact(kept) == kept
     for secret, text in (("SECRETAPI", "--server-args '--api-key SECRETAPI'"), ("tok1", "--hf_token tok1"),
                          ("QWxh", "Authorization: Basic QWxh"), ("pw", "git clone https://me:pw@example.com/r"),
                          ("abcd1234", "SECRET_KEY=abcd1234"), ("h" * 34, "hf_" + "h" * 34),
                          ("sk0", "launching ['python3', '-m', 'sglang.launch_server', '--api-key', 'sk0']"),
-                         ("abcdef123456", "error: 'python serve.py\\n--token abcdef123456'")):
+                         ("abcdef123456", "error: 'python serve.py\\n--token abcdef123456'"),
+                         # a reviewer's: a token alone as the URL's user (a private index in --pip-args)
+                         ("Fury5ecretT0ken42", "install --extra-index-url https://Fury5ecretT0ken42@pypi.fury.io/a/")):
         assert secret not in redact(text) and "<redacted>" in redact(text), text
     out = json.dumps({"probe": "python3 t.py --token ", "sglang": {}, "labels": {"hf_logprobs": 1},
                       "cmd": "HF_TOKEN=x y"})

@@ -310,10 +310,39 @@ def test_a_ctrl_c_lost_in_the_fork_still_stops_the_probe(tmp_path):
               "print('ran on', flush=True)\n")
     (tmp_path / "probe.py").write_text(f"import time, pathlib; time.sleep(2); pathlib.Path({str(marker)!r}).touch()")
     out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 130 and out.stdout == "stopped\n", out.stdout + out.stderr
+    # the hook may run on: while Popen waits for the exec, the signal is noted and raised after it
+    lines = out.stdout.splitlines()
+    assert out.returncode == 130 and lines[-1:] == ["stopped"] and "ran on" not in lines, out.stdout + out.stderr
     assert "Traceback" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
     time.sleep(2.5)
     assert not marker.exists(), "the probe started in the lost Ctrl-C's fork ran on"
+
+def test_a_stop_signal_while_popen_waits_for_the_exec_still_stops_the_probe(tmp_path):
+    """A reviewer's: SIGTERM landing while the main thread is inside Popen
+    (it waits for the child's exec) raised KeyboardInterrupt out of Popen
+    itself. The child was running but registered nowhere, so nothing
+    killed it, and its background server outlived the exit 130. The window
+    is a few milliseconds; a slow ``_child_setup`` widens it here."""
+    tag = uuid.uuid4().hex
+    script = ("import os, signal, sys, threading, time\n"
+              "from pathlib import Path\n"
+              "from klbisect import proc\n"
+              "setup = proc._child_setup\n"
+              "proc._child_setup = lambda: (time.sleep(0.5), setup())\n"
+              "threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
+              "with proc.interrupt_on_stop_signals():\n"
+              "    try:\n"
+              "        proc.run_logged(os.environ['KLB_TEST_CMD'], Path.cwd(), Path('run.log'))\n"
+              "    except KeyboardInterrupt:\n"
+              "        print('stopped', flush=True)\n"
+              "        sys.exit(130)\n"
+              "print('ran on', flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, KLB_TEST_CMD=f"{_sleeper(tag)} & wait"))
+    assert out.returncode == 130 and out.stdout == "stopped\n", out.stdout + out.stderr
+    time.sleep(1.0)    # long enough for a shell left running to start its server
+    assert _gone(tag), "the probe's server outlived klbisect"
+
 
 # ---- what a klbisect killed with SIGKILL left ---------------------------------------------------
 

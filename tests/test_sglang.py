@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -31,8 +32,8 @@ from klbisect.errors import EXIT_USAGE, KlbisectError
 from klbisect.metric import parse_values
 from klbisect.probe import Slot
 from klbisect.sglang import (
-    KERNEL_NOTE, LABELS, Client, LabelResult, ProtocolError, SGLangBuilder, SGLangProbe, _port_free, avg_kl,
-    build_commands, classify_changes, generate_payload, k3_kl, kernel_note, load_prompts, make_prompts,
+    KERNEL_NOTE, LABELS, Client, LabelResult, ProtocolError, SGLangBuilder, SGLangProbe, SGLangServer, _port_free,
+    avg_kl, build_commands, classify_changes, generate_payload, k3_kl, kernel_note, load_prompts, make_prompts,
     parse_pins, pick_port, pins_to_install, server_argv, server_env,
 )
 
@@ -140,6 +141,77 @@ def test_builder_runs_pins_then_editable(tmp_path):
                          ["-m", "pip", "install", "--no-deps", "sglang-kernel==0.4.4"],
                          ["-m", "pip", "install", "--no-deps", "-e", "python"]]
     assert "installed sglang-kernel==0.4.4" in res.note
+
+
+def test_parallel_slots_take_turns_at_pip_in_their_one_python(tmp_path):
+    """A reviewer's: two slots building at once ran two `pip install -e
+    python` into the one Python; they remove and write the same dist-info
+    and one failed now and then (3 of 40), an endpoint's failure ending the
+    bisect. Each pip here records when it ran: none may overlap another."""
+    fake_py = tmp_path / "py"
+    record = tmp_path / "spans.txt"
+    fake_py.write_text(f"#!{sys.executable}\nimport json, sys, time\n"
+                       "if sys.argv[1] == '-c':\n    print('{}'); sys.exit(0)\n"
+                       "start = time.time(); time.sleep(0.3)\n"
+                       f"open({str(record)!r}, 'a').write(json.dumps([start, time.time()]) + chr(10))\n")
+    fake_py.chmod(0o755)
+    builder = SGLangBuilder(python=str(fake_py))
+    results = []
+
+    def build(k: int) -> None:
+        checkout = tmp_path / f"co{k}"
+        (checkout / "python").mkdir(parents=True)
+        (checkout / "python" / "pyproject.toml").write_text(PYPROJECT_NEW)
+        results.append(builder.build(checkout, tmp_path / f"build{k}.log", Slot(k, checkout)))
+
+    threads = [threading.Thread(target=build, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.ok for r in results), [Path(r.log_path).read_text() for r in results]
+    spans = sorted(json.loads(line) for line in record.read_text().splitlines())
+    assert len(spans) == 9                                      # two pins and the package, three slots
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+
+
+def test_a_slot_halted_by_ctrl_c_launches_no_server(tmp_path):
+    """A reviewer's: Ctrl-C while a slot was still checking out its commit
+    killed nothing of that slot's (it ran nothing yet), and the slot went
+    on to launch its server, loading a model on its GPUs for minutes after
+    klbisect had begun to stop. A halted slot launches none, and one halted
+    while its server starts stops waiting for it."""
+    from klbisect import proc as klbproc
+    tag = uuid.uuid4().hex
+    argv = [sys.executable, "-c", "import sys, time; time.sleep(300)", tag]
+    got = {}
+
+    def slot(go: threading.Event, halted_at_start: bool) -> None:
+        go.wait()
+        server = SGLangServer(argv, tmp_path, klbproc.child_environ(), 1, tmp_path / f"s{halted_at_start}.log",
+                              launch_timeout=30)
+        t0 = time.monotonic()
+        try:
+            server.start()
+            got[halted_at_start] = "started"
+        except KeyboardInterrupt:
+            got[halted_at_start] = f"stopped after {time.monotonic() - t0:.1f} s"
+        finally:
+            server.stop()
+
+    early, late = threading.Event(), threading.Event()
+    threads = [threading.Thread(target=slot, args=(early, True)), threading.Thread(target=slot, args=(late, False))]
+    for t in threads:
+        t.start()
+    late.set()
+    time.sleep(1.0)                   # the second slot's server is starting
+    klbproc.kill_all_active()         # what a Ctrl-C does to the slots
+    early.set()
+    for t in threads:
+        t.join(60)
+    assert got[True].startswith("stopped after 0."), got
+    assert got[False].startswith("stopped"), got
+    assert not [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
 
 
 def test_k3_matches_sglang_formula():
@@ -777,7 +849,9 @@ def test_a_server_launched_with_an_api_key_is_measured_and_the_key_stays_out_of_
     assert r.status == "ok" and set(r.values) == set(LABELS), run_log
     assert key not in run_log and "--api-key <redacted>" in run_log
     assert server_log.read_text().splitlines()[0].startswith("$ ") and key not in server_log.read_text().splitlines()[0]
-    assert f"api_key='{key}'" in server_log.read_text()          # the server's own output, kept as written
+    assert f"api_key='{key}'" in server_log.read_text()          # the server's own output, kept as written,
+    assert server_log.stat().st_mode & 0o077 == 0                   # where only its user can read it
+    assert Path(r.log_path).stat().st_mode & 0o077 == 0
     assert any("ServerArgs" in line for line in copied) and not any(key in line for line in copied), copied
     # a bare mention, which no pattern knows for a secret: --server-args says it is one
     assert "server| [fake sglang] requests need the bearer token <redacted>" in copied, copied
