@@ -27,6 +27,9 @@ from .probe import STATUS_CRASH, Slot
 from .proc import kill_all_active
 
 PORT_SPAN = 100            # ports per slot: [port_base, port_base + PORT_SPAN)
+# SGLang picks its NCCL port 100-1000 above its server port (PortArgs.init_new), checked free but not
+# held: slots' ranges this far apart keep one slot's from landing on another's server port at launch
+SERVER_REACH = 1100
 PORT_LOW, PORT_HIGH = 10000, 32700   # below Linux's ephemeral range (32768-60999)
 MAX_PARALLEL = 256         # slots at once: each gets one of the (PORT_HIGH - PORT_LOW) // PORT_SPAN port ranges
 
@@ -120,24 +123,27 @@ def _range_free(base: int, span: int) -> bool:
 
 
 def port_bases(count: int, span: int = PORT_SPAN, taken: Sequence[int] = (),
-               start: int | None = None) -> list[int]:
+               start: int | None = None, apart: int = SERVER_REACH) -> list[int]:
     """``count`` disjoint ranges of ``span`` ports, each free right now (a
-    server's launch still checks its own port). The search starts at block
-    ``start`` (default: from the pid, so two klbisects on one machine usually
-    get different ranges)."""
+    server's launch still checks its own port), ``apart`` ports apart where
+    that many fit (else ``span``). The search starts at block ``start``
+    (default: from the pid, so two klbisects on one machine usually get
+    different ranges)."""
     blocks = (PORT_HIGH - PORT_LOW) // span
     start = (os.getpid() if start is None else start) % blocks
-    busy = set(taken)
     out: list[int] = []
-    for j in range(blocks):
-        base = PORT_LOW + ((start + j) % blocks) * span
-        if any(abs(base - t) < span for t in busy):
-            continue
-        if _range_free(base, span):
-            out.append(base)
-            busy.add(base)
-            if len(out) == count:
-                return out
+    for gap in dict.fromkeys((max(apart, span), span)):
+        busy = set(taken)
+        out = []
+        for j in range(blocks):
+            base = PORT_LOW + ((start + j) % blocks) * span
+            if any(abs(base - t) < gap for t in busy):
+                continue
+            if _range_free(base, span):
+                out.append(base)
+                busy.add(base)
+                if len(out) == count:
+                    return out
     out += [0] * (count - len(out))   # 0: no port range (the probe picks its own)
     return out
 

@@ -337,6 +337,11 @@ def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
     return list(out.values())
 
 
+# After SIGKILL: a CUDA process tears its contexts down before it is gone (seconds
+# for a TP-4 server's workers), and the next launch on its GPUs needs their memory
+KILL_WAIT = 10.0
+
+
 def _terminate(pgids: Sequence[int], procs: list[psutil.Process], grace: float) -> None:
     """SIGTERM the groups and processes, wait up to ``grace`` s, then SIGKILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -350,7 +355,7 @@ def _terminate(pgids: Sequence[int], procs: list[psutil.Process], grace: float) 
                 p.send_signal(sig)
             except psutil.Error:
                 pass
-        procs = _wait_exited(procs, grace if sig == signal.SIGTERM else 2.0)
+        procs = _wait_exited(procs, grace if sig == signal.SIGTERM else KILL_WAIT)
         if not procs and not any(_group_alive(g) for g in pgids):
             return
 

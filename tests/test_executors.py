@@ -16,7 +16,7 @@ import pytest
 
 from klbisect.errors import KlbisectError
 from klbisect.executors import (PORT_SPAN, Failure, LocalExecutor, gpu_groups, infrastructure_failure,
-                                make_slots, visible_gpus)
+                                make_slots, port_bases, visible_gpus)
 from klbisect.histgen import NoiseModel, make_history
 from klbisect.measure import Outcome
 from klbisect.probe import CommandProbe, RunResult, Slot
@@ -119,6 +119,10 @@ def test_declared_gpu_list_is_split_into_disjoint_groups(tmp_path, monkeypatch):
     assert len({s.checkout for s in slots}) == 2
     a, b = sorted(s.port_base for s in slots)
     assert a > 0 and b - a >= PORT_SPAN               # port ranges do not overlap
+    # a reviewer's: SGLang's NCCL port, 100-1000 above its server's, landed in the next slot's range
+    bases = sorted(s.port_base for s in make_slots(tmp_path, 4, gpus_per_probe=0))
+    assert all(b - a >= 1100 for a, b in zip(bases, bases[1:])), bases
+    assert len(set(port_bases(40, start=0))) == 40    # more slots than fit that far apart: as close as before
     # the declared order and names are honoured (a scheduler's GPU list)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,GPU-abc")
     assert gpu_groups(3, 1, visible_gpus()) == [["5"], ["7"], ["GPU-abc"]]

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""How long a killed CUDA process takes to be gone, and its GPU memory to
+come back: what ``proc.KILL_WAIT`` must cover before a slot launches the
+next server on the same GPU.
+
+Starts ``--procs`` processes (one group, as a probe's server and its
+workers), each holding ``--gib`` GiB on the GPU and running kernels, then
+kills them through ``proc.kill_tree`` (SIGTERM, the grace, SIGKILL) or with
+``--sigkill`` at once, and reports the seconds until every process is gone
+and until ``nvidia-smi`` shows the memory free again. Needs a GPU.
+
+    python scripts/cuda_teardown.py --procs 4 --gib 20 --trials 3
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from klbisect import proc  # noqa: E402
+
+WORKER = """
+import sys, time, torch
+x = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device="cuda")
+a = torch.randn(4096, 4096, device="cuda")
+torch.cuda.synchronize()
+print("ready", flush=True)
+while True:
+    a = (a @ a).clamp_(-1, 1)
+"""
+
+
+def used_mib() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True).stdout
+    return sum(int(v) for v in out.split())
+
+
+def trial(procs: int, gib: float, sigkill: bool, worker: str) -> tuple[float, float, int]:
+    base = used_mib()
+    one = f"{shlex.quote(sys.executable)} {shlex.quote(worker)} {gib}"
+    leader = subprocess.Popen(
+        ["bash", "-c", " & ".join([one] * procs) + " & wait"],
+        stdout=subprocess.PIPE, text=True, preexec_fn=proc._child_setup)
+    for _ in range(procs):
+        assert leader.stdout.readline().strip() == "ready"
+    held = used_mib() - base
+    tree = [leader] + psutil.Process(leader.pid).children(recursive=True)
+    t0 = time.monotonic()
+    if sigkill:
+        os.killpg(leader.pid, signal.SIGKILL)
+    else:
+        proc.kill_tree(leader.pid, grace=5.0)
+    leader.wait()
+    gone = None
+    while True:
+        alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive and gone is None:
+            gone = time.monotonic() - t0
+        if gone is not None and used_mib() - base < 0.05 * held:
+            return gone, time.monotonic() - t0, held
+        if time.monotonic() - t0 > 120:
+            return gone or float("nan"), float("nan"), held
+        time.sleep(0.05)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--gib", type=float, default=20.0)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--sigkill", action="store_true", help="SIGKILL at once (klbisect's last resort)")
+    args = ap.parse_args()
+    how = "SIGKILL" if args.sigkill else "kill_tree"
+    worker = os.path.join(tempfile.mkdtemp(), "worker.py")
+    with open(worker, "w") as f:
+        f.write(WORKER)
+    for k in range(args.trials):
+        gone, free, held = trial(args.procs, args.gib, args.sigkill, worker)
+        print(f"{how}: {args.procs} processes holding {held} MiB: gone after {gone:.2f} s, "
+              f"memory free after {free:.2f} s (trial {k + 1})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
