@@ -474,6 +474,70 @@ def write_pid_file(pid_dir: Path, pgid: int) -> Path:
     return path
 
 
+NOTE_EVERY = 1.0   # seconds between looks at a run's descendants (``note_descendants``)
+
+
+def _wait_noting(proc: subprocess.Popen, timeout: float | None, pid_file: Path | None) -> tuple[int | None, bool]:
+    """Wait for ``proc`` (exit code, timed out), noting its descendants in
+    its pid file every NOTE_EVERY s."""
+    if pid_file is None:
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            return None, True
+    deadline = None if timeout is None else time.monotonic() + timeout
+    noted: set[int] = set()
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        try:
+            return proc.wait(timeout=NOTE_EVERY if left is None else max(0.0, min(NOTE_EVERY, left))), False
+        except subprocess.TimeoutExpired:
+            if left is not None and left <= NOTE_EVERY:
+                return None, True
+        note_descendants(pid_file, proc.pid, noted)
+
+
+def note_descendants(pid_file: Path, pid: int, noted: set[int]) -> None:
+    """Add the run's descendants not yet in ``noted`` (pid and start) to its
+    pid file. One that cleared its environment and left the group (``env -i
+    setsid``) carries no marker: after the run ends it is init's, and when
+    klbisect was killed hard this is how the next command finds it (a
+    tester's daemon outlived every later command)."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    lines = []
+    for k in kids:
+        ticks = _start_ticks(k.pid) if k.pid not in noted else None
+        if ticks is not None:
+            noted.add(k.pid)
+            lines.append(f"{k.pid} {ticks}\n")
+    if lines:
+        try:
+            with open(pid_file, "a") as f:
+                f.write("".join(lines))
+        except OSError:
+            pass   # a full disk: the marker still finds the rest
+
+
+def _noted_alive(path: Path) -> list[psutil.Process]:
+    """The processes a pid file noted that still run (the same pid and start)."""
+    try:
+        lines = path.read_text().splitlines()[1:]
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            pid, ticks = map(int, line.split())
+            if _start_ticks(pid) == ticks:
+                out.append(psutil.Process(pid))
+        except (ValueError, psutil.Error):
+            continue
+    return out
+
+
 def _read_pid_file(path: Path) -> tuple[int, int, str | None] | None:
     try:
         owner, pgid, *rest = path.read_text().split()
@@ -516,12 +580,14 @@ def _marked_processes() -> list[tuple[psutil.Process, str]]:
     return out
 
 
-def _reap_owner(owner: int, pgid: int, marked: list[tuple[psutil.Process, str]]) -> bool:
+def _reap_owner(owner: int, pgid: int, marked: list[tuple[psutil.Process, str]],
+                noted: Sequence[psutil.Process] = ()) -> bool:
     """Kill what the dead klbisect ``owner`` left: every process with its
-    marker, wherever it went (setsid, a double fork), and the recorded group
-    when one of its members is ours (a group id is not handed out again
-    while the group has members). Returns whether anything was left."""
-    victims = [p for p, m in marked if _orphan_of(m, owner)]
+    marker, wherever it went (setsid, a double fork), those its pid file
+    noted, and the recorded group when one of its members is ours (a group
+    id is not handed out again while the group has members). Returns whether
+    anything was left."""
+    victims = [p for p, m in marked if _orphan_of(m, owner)] + list(noted)
     if not victims:
         return False
     ours = any(_pgid(p) == pgid for p in victims)
@@ -569,7 +635,7 @@ def reap_stale(pid_dir: Path) -> list[int]:
             continue
         if marked is None:
             marked = _marked_processes()   # one look at every process, only when an owner is gone
-        if _reap_owner(owner, pgid, marked):
+        if _reap_owner(owner, pgid, marked, _noted_alive(f)):
             reaped.append(pgid)
         f.unlink(missing_ok=True)
     return reaped
@@ -671,10 +737,7 @@ def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: fl
             if _halted():   # kill_all_active ran while we forked
                 _STOPPED.add(proc.pid)
             else:
-                try:
-                    code = proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+                code, timed_out = _wait_noting(proc, timeout, pid_file)
         finally:
             # Also after a normal exit: a server the probe started in the
             # background must not outlive the probe.

@@ -408,6 +408,33 @@ def test_what_a_killed_klbisect_left_is_reaped_wherever_it_went(tmp_path, owner)
             p.kill()
 
 
+def test_a_daemon_that_cleared_its_environment_is_reaped_after_a_kill_9(tmp_path):
+    """A tester's: a probe's daemon started with `env -i setsid` carries no
+    marker; klbisect killed with -9, the probe died with it and the daemon
+    went to init, where the next command's sweep could not tell it from any
+    other process. The run notes its descendants in its pid file as it
+    waits, and the sweep kills those still running (same pid, same start)."""
+    tag = uuid.uuid4().hex
+    pids = tmp_path / "pids"
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER_RUN_LOGGED, str(tmp_path), str(pids)],
+                             env=dict(os.environ, KLB_TEST_CMD=f"env -i setsid {_sleeper(tag)} & sleep 300"))
+    try:
+        _until(lambda: owner.poll() is not None or _running(tag), "the probe never started its daemon")
+        time.sleep(1.5)                         # the run has looked at its descendants at least once
+        assert owner.poll() is None
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        _until(lambda: all(p.ppid() != owner.pid for p in _alive(tag)), "the daemon was never orphaned")
+        assert _alive(tag), "the daemon went with the probe: nothing to find"
+        files = list(pids.glob("*.pid"))
+        assert reap_stale(pids) == [int(files[0].stem)] and _gone(tag)
+    finally:
+        for p in _alive(tag):
+            p.kill()
+
+
 def test_an_owner_killed_but_not_yet_waited_for_is_gone(tmp_path):
     """A klbisect probe SIGKILLed under git bisect run stays a zombie until
     its parent waits: its /proc entry, start time and all, is still there.
