@@ -23,6 +23,22 @@ from .metric import fmt_count, fmt_subject, fmt_value
 from .probe import DEFAULT_TIMEOUT
 
 
+def _text_only(argv: list[str]) -> None:
+    """Options are stored as text (UTF-8): an argument that is not (a byte
+    the shell passed raw) failed only when its session was written, as an
+    internal error that left the session half-made (a tester's --metric
+    $'\\xff')."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = arg[e.start:e.end].encode("utf-8", "surrogateescape")
+            flag = arg.partition("=")[0] if arg.startswith("--") and "=" in arg else (
+                argv[i - 1] if i and argv[i - 1].startswith("-") else f"argument {arg[:e.start]!r}...")
+            raise KlbisectError(f"{flag} is not valid UTF-8 (it has the byte 0x{bad[0]:02x}); klbisect keeps "
+                                "its options as text: write it in UTF-8", EXIT_USAGE) from None
+
+
 class Cli(click.Group):
     """Turns every failure into one line and a documented exit code. A
     traceback would exit 1, which `git bisect run` reads as 'bad'."""
@@ -48,6 +64,7 @@ class Cli(click.Group):
         self._json = "--json" in argv or _report_json_to_stdout(argv)
         self._nightly = argv[:1] == ["nightly"]
         try:
+            _text_only(argv)
             rv = super().main(*args, **kwargs)
             sys.exit(rv if isinstance(rv, int) else 0)
         except KlbisectError as e:

@@ -1452,6 +1452,17 @@ def test_usage_errors_exit_150(small, args):
     error_line(p, 150)
 
 
+def test_an_option_that_is_not_utf8_is_one_line_and_no_half_made_session(small):
+    """A tester's --metric $'\\xff': an internal error (159) when the session
+    was stored, leaving it "calibrating" for the next command to resume."""
+    p = subprocess.run([PY, "-m", "klbisect", "run", "--good", small.good, "--bad", "main", "--probe-cmd",
+                        probe_cmd(), "--metric", b"kl\xff"], cwd=small.path, env=child_env(), capture_output=True,
+                       text=True, timeout=120)
+    line = error_line(p, 150)
+    assert "--metric is not valid UTF-8 (it has the byte 0xff)" in line, line
+    assert "no klbisect session" in klb("status", cwd=small.path).stderr
+
+
 def test_kl_lines_in_a_form_klbisect_does_not_read_are_quoted_with_the_form_it_does(small):
     """A tester printed `label=a avg_kl_div=...`: "expected avg_kl_div=...
     lines" left them looking at lines that had avg_kl_div= in them."""
