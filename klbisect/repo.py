@@ -260,6 +260,18 @@ def bisect_in_progress(repo: git.Repo) -> bool:
     return (gd / "BISECT_START").exists()
 
 
+def bisect_id(repo: git.Repo) -> str | None:
+    """Which git bisect is in progress in this worktree (None: none). git
+    writes BISECT_START once, at `git bisect start`, and `git bisect reset`
+    removes it: one reset and started again by hand is another, which a
+    session must not take for its own."""
+    try:
+        st = (Path(repo.git_dir) / "BISECT_START").stat()
+    except OSError:
+        return None
+    return f"{st.st_ino}:{st.st_mtime_ns}"
+
+
 def changed_files(repo: git.Repo, a: str, b: str) -> list[str]:
     return [p for p in _git(repo, "diff", "--name-only", "--no-renames", a, b).splitlines() if p]
 
@@ -345,8 +357,21 @@ def bisect_start(repo: git.Repo, good: str, bad: str, first_parent: bool = True)
 
 
 def bisect_reset(repo: git.Repo) -> None:
-    if bisect_in_progress(repo):
+    if not bisect_in_progress(repo):
+        return
+    try:
         _git(repo, "bisect", "reset")
+    except KlbisectError as e:
+        if e.code != EXIT_REVISION:
+            raise
+        dirty = dirty_files(repo)
+        # git could not check the original branch out again: local changes (a probe that writes into
+        # a tracked file) would be overwritten; the bisect stays as it was
+        why = (f"it has uncommitted changes to {describe_dirty(repo, dirty)}; commit, stash or `git checkout "
+               "--` them" if dirty else "see `git status`")
+        raise KlbisectError(f"`git bisect reset` could not check out the branch it began on in {toplevel(repo)} "
+                            f"({e.message.removeprefix('git bisect failed: ')}): {why}, then rerun",
+                            EXIT_REPO_STATE) from None
 
 
 def bisect_refs(repo: git.Repo) -> dict[str, list[str]]:

@@ -1719,6 +1719,34 @@ def _note_checkout(ws: Workspace, sid: int) -> None:
     ws.store.put(_worktree_key(sid), gitrepo.worktree_id(ws.repo))
 
 
+def _bisect_key(sid: int) -> str:
+    return f"bisect:{sid}"
+
+
+def _own_bisect(ws: Workspace, sess: SessionRow, repo=None) -> bool:
+    """Whether the git bisect in progress in ``repo`` (default: the asking
+    checkout) is the one this `klbisect start` session began: after a
+    `git bisect reset` by hand, a bisect the user starts is theirs (a
+    tester's was judged by the old session's rule, then ended by `klbisect
+    reset`)."""
+    now = gitrepo.bisect_id(ws.repo if repo is None else repo)
+    began = ws.store.get(_bisect_key(sess.id))
+    return now is not None and (not began or began == now)   # a session from before bisects were told apart
+
+
+def _bisect_checkout(ws: Workspace, sess: SessionRow):
+    """The repository (worktree) a `klbisect start` session's git bisect
+    runs in, and its path when it is not the asking one; None when that
+    worktree is gone."""
+    there = _elsewhere(ws, sess)
+    if there is None:
+        return ws.repo, None
+    try:
+        return (gitrepo.open_repo(there) if there.exists() else None), there
+    except KlbisectError:
+        return None, there
+
+
 def _elsewhere(ws: Workspace, sess: SessionRow) -> Path | None:
     """The checkout a `klbisect start` session's git bisect runs in, when
     it is another worktree of this repository than the one asked from:
@@ -1912,6 +1940,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                             "and leaves some commits skipped undecided; " if not model.separates else "")
                          + "`klbisect run` weighs all runs together and is the cheaper and safer choice here")
             out = gitrepo.bisect_start(ws.repo, good, bad, cfg.first_parent)
+            ws.store.put(_bisect_key(sid), gitrepo.bisect_id(ws.repo) or "")
             return {"session": sid, "git": out, "model": model.to_dict(), "n_commits": len(cands) - 1,
                     "top": str(ws.top)}
     finally:
@@ -1968,6 +1997,11 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             if not gitrepo.bisect_in_progress(ws.repo):
                 progress(f"klbisect: warning: no git bisect is in progress (reset outside klbisect?); judging "
                          f"HEAD {sha[:12]} for session {sess.id} all the same (`klbisect reset` ends it)")
+            elif not _own_bisect(ws, sess):
+                raise KlbisectError(f"the git bisect in progress here is not the one session {sess.id} began (that "
+                                    "one was reset, and this one started since, outside klbisect): `klbisect "
+                                    f"reset` ends session {sess.id} and leaves this bisect alone; `klbisect start` "
+                                    "begins a session of its own", EXIT_USAGE)
             if sha not in {c[0] for c in ws.store.candidates(sess.id)}:
                 progress(f"klbisect: warning: HEAD {sha[:12]} is not one of the session's commits between "
                          f"{sess.good[:12]} and {sess.bad[:12]}{' (first parents)' if cfg.first_parent else ''}; "
@@ -2406,7 +2440,7 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
                 ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True)) if x]
             sess = max(found, key=lambda x: (st.last_touched(x), x.id), default=None)
             live = st.active_session("gitbisect")
-            if live is not None and sess is not None and sess.id != live.id and gitrepo.bisect_in_progress(ws.repo):
+            if live is not None and sess is not None and sess.id != live.id and _own_bisect(ws, live):
                 # the checkout is mid `git bisect run`: that session is the one being
                 # looked at, even if a `run` of another range finished since
                 sess = live
@@ -2469,7 +2503,9 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
         out["reused_runs"] = max(len(st.runs(probe_key, shas)) - out["probe_runs"], 0)
         out["n_commits"] = len(shas) - 1
         if sess.kind == "gitbisect" and sess.state == "bisecting":
-            out["git_bisect_running"] = gitrepo.bisect_in_progress(ws.repo)
+            # in the worktree it runs in: asked from another, this checkout's own state says nothing
+            there_repo, _ = _bisect_checkout(ws, sess)
+            out["git_bisect_running"] = there_repo is not None and _own_bisect(ws, sess, there_repo)
         if pl is not None:
             out["model"] = pl.model.to_dict()
             out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
@@ -2536,26 +2572,21 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                         res = gitbisect_result(ws, sess)
                         if res is not None:
                             st.update_session(sess.id, result=res.to_json())
+                reset_line = None
+                if sess.kind == "gitbisect":
+                    # before the session ends: a bisect git cannot end (local changes in the way) stays
+                    # the session's, for the next `klbisect reset`
+                    repo, there = _bisect_checkout(ws, sess)   # None: its worktree was removed since
+                    if repo is not None and _own_bisect(ws, sess, repo):
+                        gitrepo.bisect_reset(repo)
+                        reset_line = "git bisect reset" + (f" in the worktree {there}" if there else "")
                 st.update_session(sess.id, state="ended", ended=time.time())
-                done.append(f"ended session {sess.id} ({sess.kind})")
+                done += [f"ended session {sess.id} ({sess.kind})"] + ([reset_line] if reset_line else [])
                 ended.append(sess)
-                there = _elsewhere(ws, sess) if sess.kind == "gitbisect" else None
-                if there is not None:
-                    try:
-                        other = gitrepo.open_repo(there) if there.exists() else None  # removed since: nothing to reset
-                        if other is not None and gitrepo.bisect_in_progress(other):
-                            gitrepo.bisect_reset(other)
-                            done.append(f"git bisect reset in the worktree {there}")
-                    except KlbisectError as e:
-                        done.append(f"could not reset the git bisect in the worktree {there} ({e.message}): "
-                                    "run `git bisect reset` there")
             if gitrepo.bisect_in_progress(ws.repo):
-                if any(sess.kind == "gitbisect" and _elsewhere(ws, sess) is None for sess in ended):
-                    gitrepo.bisect_reset(ws.repo)
-                    done.append("git bisect reset")
-                else:   # the user's own bisect: its marks are not ours to throw away
-                    done.append("left the git bisect in progress alone: klbisect did not start it "
-                                "(`git bisect reset` ends it)")
+                # the user's own bisect: its marks are not ours to throw away
+                done.append("left the git bisect in progress alone: klbisect did not start it "
+                            "(`git bisect reset` ends it)")
             # after git's reset: an editable install of the checkout is at its HEAD again. Also what an
             # interrupted `run` or `calibrate` (ended since) could not put back
             left = {int(k.rsplit(":", 1)[1]) for k in st.keys("env_before:")}

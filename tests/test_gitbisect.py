@@ -548,6 +548,43 @@ def test_reset_leaves_a_git_bisect_the_user_started_alone(history):
     assert "git bisect good" in git(h.path, "bisect", "log")
 
 
+def test_a_bisect_the_user_starts_after_resetting_klbisects_by_hand_is_theirs(history):
+    """A tester's: after `git bisect reset` by hand, the user started a
+    bisect of their own; the old session took it for its own (`probe`
+    judged HEAD by its rule, `status` said "in progress") and `klbisect
+    reset` ended it."""
+    h = history(n_commits=12, seed=3, merges=0, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    git(h.path, "bisect", "reset")
+    time.sleep(0.01)   # a new BISECT_START, not the same moment
+    git(h.path, "bisect", "start", "main", "main~4")
+    line = error_line(klb("probe", cwd=h.path), 150)
+    assert "is not the one session" in line and "leaves this bisect alone" in line, line
+    assert "git bisect was reset outside klbisect" in klb("status", cwd=h.path).stdout
+    rs = klb("reset", cwd=h.path)
+    assert rs.returncode == 0 and "left the git bisect in progress alone" in rs.stdout, rs.stdout + rs.stderr
+    assert in_bisect(h.path)
+    git(h.path, "bisect", "reset")
+
+
+def test_reset_with_changes_in_the_way_keeps_the_session_and_its_bisect(history):
+    """A tester's: a probe wrote into a tracked file; `klbisect reset` could
+    not check the branch out again, exited 151 ("unknown revision"), ended
+    the session all the same, and the next reset disowned the bisect."""
+    h = history(n_commits=12, seed=3, merges=0, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    git(h.path, "checkout", "-q", "main~3")        # where git bisect would stand mid-way
+    tracked = git(h.path, "diff", "--name-only", "main~3", "main").split()[0]
+    (h.path / tracked).write_text("written by the probe\n")
+    line = error_line(klb("reset", cwd=h.path), 152)
+    assert "`git bisect reset` could not check out" in line and tracked in line, line
+    assert in_bisect(h.path) and "git bisect in progress" in klb("status", cwd=h.path).stdout
+    git(h.path, "checkout", "--", tracked)
+    rs = klb("reset", cwd=h.path)
+    assert rs.returncode == 0 and "git bisect reset" in rs.stdout.splitlines(), rs.stdout + rs.stderr
+    assert not in_bisect(h.path)
+
+
 def test_start_from_a_subdirectory_says_where_git_bisect_run_must_run(history):
     """git refuses `git bisect run` outside the top of the work tree."""
     h = history(n_commits=12, seed=3, merges=0, noise=SEPARATED)
@@ -946,6 +983,8 @@ def test_a_start_session_belongs_to_the_worktree_it_began_in(history):
     assert f"runs in the worktree {other}" in line, line
     line = error_line(klb("probe", cwd=h.path), 150)
     assert f"runs in the worktree {other}, not here" in line, line
+    # asked from here, the bisect there is in progress (a tester's status said "was reset")
+    assert "git bisect in progress" in klb("status", cwd=h.path).stdout.splitlines()[0]
     p = klb("reset", cwd=h.path)
     assert p.returncode == 0 and f"git bisect reset in the worktree {other}" in p.stdout, p.stdout + p.stderr
     assert subprocess.run(["git", "bisect", "log"], cwd=other, capture_output=True).returncode != 0
