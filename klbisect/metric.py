@@ -15,13 +15,14 @@ from .errors import EXIT_USAGE, KlbisectError
 
 # unittest writes its progress marks (". F E s x") to stderr, so a label line
 # read from the combined output can start with them: ".[logprobs_match] ..."
-_LABEL = re.compile(r"^[\s.FEsx]*\[([A-Za-z0-9_.:/-]+)\]")
+# A label is a word in any script (a tester's [résumé_1] was not read), with . : / - inside.
+_LABEL = re.compile(r"^[\s.FEsx]*\[([\w.:/-]+)\]")
 # A verbose runner writes the test's name without a newline, so the test's
 # first print continues that line: unittest -v "test_x (mod.Cls.test_x) ... "
 # (to stderr), pytest -v -s "file.py::Cls::test_x ". Mid-line, only SGLang's
 # own label line "[label] N samples, ..." after such a prefix counts: other
 # bracketed text mid-line (log prefixes, "[Cls] GSM8K accuracy") does not.
-_RUNNER_LABEL = re.compile(r"^(?:.* \.\.\. |\S+::\S+ )\[([A-Za-z0-9_.:/-]+)\] \d+ samples\b")
+_RUNNER_LABEL = re.compile(r"^(?:.* \.\.\. |\S+::\S+ )\[([\w.:/-]+)\] \d+ samples\b")
 # Only a line that starts with avg_kl_div (optionally after its [label]) is a
 # measurement: SGLang's assertion messages repeat "avg_kl_div=..." mid-line.
 # numpy 2 prints an f"{x=}" of a numpy scalar as "np.float64(0.004)"

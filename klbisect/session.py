@@ -742,7 +742,10 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
             seen = sorted({k for r in finished for k in r.values})
             return KlbisectError(f"--metric {metric}: {where} {sha[:12]} printed the labels "
                                  f"{', '.join(seen)} in {len(finished)} finished runs, never {metric}; pick one of "
-                                 f"them (or leave --metric out: the {over_labels(ws.worse)} over labels)", EXIT_USAGE)
+                                 f"them (or leave --metric out: the {over_labels(ws.worse)} over labels)"
+                                 + ("; a [label] with a space in it is not read as one: print labels without spaces, "
+                                    "or set --metric-regex with a group named label" if " " in metric else ""),
+                                 EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}
         full = _disk_full(ws, f"{where} {sha[:12]} does not build", b.get("log_path"))

@@ -30,6 +30,13 @@ def test_sglang_format_with_labels():
     assert len(v) == 3
 
 
+def test_labels_in_any_script():
+    """A tester's [résumé_1] and [ü] were not read as labels: their values
+    went to the label before them."""
+    v = parse_values("[alpha]\navg_kl_div=0.004\n[résumé_1]\navg_kl_div=0.011\n[ü]\navg_kl_div=0.005\n")
+    assert v == {"alpha": 0.004, "résumé_1": 0.011, "ü": 0.005}
+
+
 def test_value_without_label_and_number_forms():
     assert parse_values("avg_kl_div=0.004\n") == {DEFAULT_LABEL: 0.004}
     assert parse_values("avg_kl_div: 1.5e-3") == {DEFAULT_LABEL: 0.0015}
