@@ -35,8 +35,8 @@ from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSIN
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_bases
 from .measure import Measurer, Outcome
-from .metric import (check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception, over_labels,
-                     scalar)
+from .metric import (broke, check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception,
+                     over_labels, scalar)
 from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT, CommandProbe,
                     Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
@@ -1003,6 +1003,13 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             sep = step.separation
 
             hint_of_labels = partial(label_hint, ws, probe_key, good, bad, cfg)
+            if min(len(g.values), len(b.values)) >= cfg.endpoint_runs and all(map(broke, (*g.values, *b.values))):
+                # the same at both ends, run after run: up to --max-endpoint-runs would say no more
+                raise NoDifference(
+                    f"every run at both endpoints printed nan or inf ({len(g.values)}+{len(b.values)} runs, "
+                    f"{ws.metric or 'the ' + over_labels(ws.worse) + ' over labels'}): numerics broke at the good "
+                    "endpoint too, so nothing tells good from bad here; check the environment (driver, dtype, "
+                    "model files) with a run of the good endpoint, or pick an older --good")
             spikes = worse_tail(g.values, b.values, cfg.worse) if step.action == "ready" and _goes_better(cfg, sep) \
                 else 0
             if spikes and min(len(g.values), len(b.values)) < cfg.max_endpoint_runs:

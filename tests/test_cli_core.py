@@ -1472,6 +1472,14 @@ def test_kl_lines_in_a_form_klbisect_does_not_read_are_quoted_with_the_form_it_d
     assert "its log has 'label=a avg_kl_div=0.0043', which is not read" in line, line
     assert "[label]" in line and "--metric-regex" in line
 
+def test_endpoints_that_print_nan_every_run_stop_after_the_first_runs(small):
+    """A tester's: a probe whose numerics broke everywhere (nan at good
+    and bad) ran 40+40 runs to "do not separate ... median nan"."""
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "echo avg_kl_div=nan", cwd=small.path)
+    line = error_line(p, 154)
+    assert "every run at both endpoints printed nan or inf (6+6 runs" in line and "older --good" in line, line
+
+
 def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
     p = klb("run", "--good", small.good, "--bad", "main",
             "--probe-cmd", "echo hello-from-the-probe; echo second-line >&2; exit 3", cwd=small.path)
