@@ -113,11 +113,20 @@ def worktree_path(repo: git.Repo, wid: str) -> Path | None:
 def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
     if not rev or rev.startswith("-"):
         raise KlbisectError(f"{what} {rev!r} is not a revision; give a sha, branch or tag", EXIT_REVISION)
-    try:
-        return repo.git.execute(["git", "rev-parse", "--verify", "--quiet", "--end-of-options",
-                                 f"{rev}^{{commit}}"]).strip()
-    except git.GitCommandError:
-        pass
+    # the object first, then its commit: a suffix on ":/message" would join the message
+    obj = _rev_parse(repo, rev)
+    if obj is not None:
+        code, out, err = obj
+        if "ambiguous" in err:
+            # git took the ref over the sha prefix (or one ref over another): which was meant?
+            raise KlbisectError(f"{what} {rev!r} is ambiguous in {toplevel(repo)} (git: {err.strip().splitlines()[-1]}); "
+                                "give refs/heads/NAME, refs/tags/NAME or more characters of the sha", EXIT_REVISION)
+        commit = _rev_parse(repo, f"{out}^{{commit}}")
+        if commit is not None:
+            return commit[1]
+        kind = repo.git.execute(["git", "cat-file", "-t", out]).strip()
+        raise KlbisectError(f"{what} {rev!r} names a {kind}, not a commit; give a sha, branch or tag of a commit",
+                            EXIT_REVISION)
     if re.fullmatch(r"[0-9a-fA-F]{1,39}", rev):
         # git's --quiet says nothing about why a short sha failed: it may name several objects
         found = (_git(repo, "rev-parse", f"--disambiguate={rev}").split() if len(rev) >= 4 else [])
@@ -128,6 +137,16 @@ def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
                                 + "; give more characters of the sha (12 is plenty)", EXIT_REVISION)
     hint = (_SHALLOW_HINT if is_shallow(repo) else "check the name or fetch it first")
     raise KlbisectError(f"unknown {what} {rev!r}: no such commit in {toplevel(repo)}; {hint}", EXIT_REVISION)
+
+
+def _rev_parse(repo: git.Repo, rev: str) -> tuple[int, str, str] | None:
+    """git rev-parse --verify of one revision: (status, sha, stderr), None when it names nothing."""
+    try:
+        code, out, err = repo.git.execute(["git", "rev-parse", "--verify", "--end-of-options", rev],
+                                          with_extended_output=True)
+    except git.GitCommandError:
+        return None
+    return (code, out.strip(), err) if out.strip() else None
 
 
 _SHALLOW_HINT = ("this clone is shallow: run `git fetch --unshallow` (or `git fetch --shallow-since=DATE` "

@@ -2105,6 +2105,24 @@ def test_an_ambiguous_short_sha_is_called_ambiguous_not_unknown(tmp_path):
                                                       "true", cwd=tmp_path), 151)
 
 
+def test_revisions_git_names_other_ways(small):
+    """A tester's: ':/message' was "no such commit" (the ^{commit} klbisect
+    added joined the message), a tree or blob sent them fetching, and a
+    branch named like the good sha's prefix was taken silently ("good and
+    bad are the same commit")."""
+    repo = small.path
+    subject = git(repo, "log", "-1", "--format=%s", small.good).strip()
+    words = subject.split("(")[0].strip()
+    p = klb("run", "--good", f":/{words}", "--bad", "main", "--probe-cmd", "true", "--max-total-runs", "1",
+            cwd=repo)
+    assert "unknown good revision" not in p.stderr and "calibrating the endpoints" in p.stderr, p.stderr
+    assert "names a tree, not a commit" in error_line(klb("run", "--good", "main^{tree}", "--bad", "main",
+                                                          "--probe-cmd", "true", cwd=repo), 151)
+    git(repo, "branch", small.good[:8], "main")
+    line = error_line(klb("run", "--good", small.good[:8], "--bad", "main", "--probe-cmd", "true", cwd=repo), 151)
+    assert f"good revision '{small.good[:8]}' is ambiguous" in line and "refs/heads/NAME" in line, line
+
+
 def test_a_lock_the_state_directory_refuses_is_a_storage_error(tmp_path, monkeypatch):
     """An immutable .git/klbisect (chattr +i) fails in the lock's open with
     EPERM: that was exit 159 "internal error" (a tester's), it is 156 with
