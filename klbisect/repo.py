@@ -5,8 +5,10 @@ revision or path the user typed.
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +37,21 @@ def parse_pr(subject: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# git's variables that name another repository than the directory's: git commands
+# klbisect runs would act on theirs while klbisect reads the one it opened
+_GIT_PLACE = ("GIT_DIR", "GIT_WORK_TREE", "GIT_COMMON_DIR", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
+
+
 def open_repo(path: str | Path | None = None) -> git.Repo:
+    """The repository at ``path`` (default: the one GIT_DIR and
+    GIT_WORK_TREE name, else the current directory's). From then on every
+    git command runs in its checkout, not by those variables."""
+    if path is None and os.environ.get("GIT_DIR"):
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL)
+        path = top.stdout.strip() or None
+    for name in _GIT_PLACE:
+        os.environ.pop(name, None)
     where = Path(path or ".").resolve()
     if not where.exists():
         raise KlbisectError(f"{where} does not exist; pass --repo PATH of a git repository", EXIT_REVISION)

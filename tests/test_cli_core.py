@@ -2123,6 +2123,17 @@ def test_revisions_git_names_other_ways(small):
     assert f"good revision '{small.good[:8]}' is ambiguous" in line and "refs/heads/NAME" in line, line
 
 
+def test_the_repository_git_dir_and_work_tree_name_is_the_one_bisected(small, tmp_path):
+    """A tester's GIT_DIR=... GIT_WORK_TREE=... klbisect run from another
+    directory: "not a git repository", where git itself worked there."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"GIT_DIR": str(small.path / ".git"), "GIT_WORK_TREE": str(small.path)}
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--json", cwd=elsewhere,
+            env=env)
+    assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == small.culprit, p.stderr
+
+
 def test_a_lock_the_state_directory_refuses_is_a_storage_error(tmp_path, monkeypatch):
     """An immutable .git/klbisect (chattr +i) fails in the lock's open with
     EPERM: that was exit 159 "internal error" (a tester's), it is 156 with
