@@ -2497,7 +2497,9 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["probe_runs"] = len(st.session_runs(sess.id))
             # a resumed calibration counts the runs its commits already had
             at = [sha for sha in (sess.good, sess.bad) if sha]
-            out["reused_runs"] = max(len(st.runs(sess.probe_key, at)) - out["probe_runs"], 0)
+            # (those of earlier sessions: later ones' runs at the same commit are not in its table)
+            out["reused_runs"] = sum(1 for r in st.runs(sess.probe_key, at, every=True)
+                                     if r.session_id is None or r.session_id < sess.id)
             out["calibration"] = sess.result          # None until it finishes; rerun it to resume
             return out
         if sess.kind == "nightly":

@@ -86,6 +86,10 @@ def test_calibrate_resumes_from_the_run_store(history):
     assert st.returncode == 0, st.stderr
     assert "(calibrate, done)" in st.stdout and "2 probe runs (+4 reused" in st.stdout and "candidate" not in st.stdout
     assert "6 runs with values" in st.stdout and "runs at or above" in st.stdout
+    # a later session's runs at the commit are not the earlier calibration's (a tester's "+36 reused")
+    sid = re.search(r"Session (\d+)", st.stdout).group(1)
+    assert klb("calibrate", "--rev", h.good, "--runs", "9", "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    assert "2 probe runs (+4 reused" in klb("status", "--session", sid, cwd=h.path).stdout
     # its runs name their commit's subject, as a bisect's do
     subject = subprocess.run(["git", "log", "-1", "--format=%s", h.good], cwd=h.path, capture_output=True,
                              text=True).stdout.strip()
