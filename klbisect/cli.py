@@ -187,9 +187,13 @@ class _Number(click.ParamType):
         return v
 
 
-COUNT = _Number(int, lambda v: v >= 1, "a whole number, at least 1")
-SIDE_RUNS = _Number(int, lambda v: v >= 2, "a whole number, at least 2")   # one run per side tells nothing
-SECONDS = _Number(float, lambda v: v > 0, "seconds, above 0")
+# Upper bounds catch a typo (a tester's --runs 99999999999999999999 probed until Ctrl-C), not a need:
+# a million runs or a year of seconds is past any probe.
+MOST_RUNS, MOST_SECONDS = 1_000_000, 365 * 86400
+COUNT = _Number(int, lambda v: 1 <= v <= MOST_RUNS, f"a whole number from 1 to {MOST_RUNS:,}")
+SIDE_RUNS = _Number(int, lambda v: 2 <= v <= MOST_RUNS,   # one run per side tells nothing
+                    f"a whole number from 2 to {MOST_RUNS:,}")
+SECONDS = _Number(float, lambda v: 0.001 <= v <= MOST_SECONDS, f"seconds, from 0.001 to {MOST_SECONDS:,} (a year)")
 VALUE = _Number(float, lambda v: True, "a finite number")
 KL_VALUE = _Number(float, lambda v: v > 0, "a KL value above 0")
 CONFIDENCE = _Number(float, lambda v: 0.5 < v <= MAX_CONFIDENCE,
@@ -473,7 +477,7 @@ def reset(repo, purge):
 @cli.command()
 @repo_option
 @click.option("--rev", required=True, help="The commit to measure.")
-@click.option("--runs", type=int, default=30, show_default=True, help="Runs with a value to collect.")
+@click.option("--runs", type=COUNT, default=30, show_default=True, help="Runs with a value to collect.")
 @click.option("--bad-rev", default=None, help="Also measure a bad commit and estimate a bisect's cost.")
 @click.option("--commits", type=int, default=1000, show_default=True,
               help="Range size for the cost estimate (with --bad-rev).")

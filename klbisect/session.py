@@ -900,7 +900,7 @@ def _never_built(ws: Workspace, build_key: str | None, log_path: str | None,
 def _seconds(d: float | None) -> str:
     """A duration as a --timeout reads: 0.5 s stays 0.5 s, 1800 s stays whole."""
     d = d or 0.0
-    return f"{d:.1f} s" if d < 10 else f"{d:.0f} s"
+    return f"{d:.2g} s" if d < 0.1 else f"{d:.1f} s" if d < 10 else f"{d:.0f} s"
 
 
 REBUILD_BATCH = 3   # endpoint runs a side per round when each switch of endpoint rebuilds

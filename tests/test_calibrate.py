@@ -124,6 +124,8 @@ def test_calibrate_bad_options_are_refused_before_any_run(history):
     every probe run had been spent; now it is one line, before the first."""
     h = history(n_commits=20, seed=11)
     for opts, words in ((["--runs", "0"], "--runs 0"),
+                        # a typo's count: it probed until Ctrl-C (a tester's)
+                        (["--runs", "99999999999999999999"], "from 1 to 1,000,000"),
                         (["--false-fail-rate", "2"], "--false-fail-rate 2"),
                         (["--confidence", "1.5"], "--confidence 1.5"),
                         (["--bad-rev", h.bad, "--commits", "1"], "--commits 1"),
