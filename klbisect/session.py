@@ -1885,6 +1885,10 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                          "with these options")
                 active = None
             there = _elsewhere(ws, active) if active else None
+            if there is not None and not there.exists():
+                raise KlbisectError(f"a klbisect git bisect (session {active.id}) ran in the worktree {there}, which "
+                                    "was removed since: run `klbisect reset` (it ends that session) first",
+                                    EXIT_REPO_STATE)
             if there is not None:
                 raise KlbisectError(f"a klbisect git bisect (session {active.id}) runs in the worktree {there}: "
                                     "finish it there, or run `klbisect reset` (it ends that one too) first",

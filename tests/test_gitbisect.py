@@ -991,6 +991,12 @@ def test_a_start_session_belongs_to_the_worktree_it_began_in(history):
     # the next start, from this worktree, is this worktree's
     assert klb(*start, cwd=h.path).returncode == 0 and bisect_run(h.path).returncode == 0
     assert klb("reset", cwd=h.path).returncode == 0
+    # a session whose worktree was removed by hand is not "there" to finish (a tester's)
+    assert klb(*start, cwd=other).returncode == 0
+    git(h.path, "worktree", "remove", "--force", str(other))
+    line = error_line(klb(*start, cwd=h.path), 152)
+    assert f"ran in the worktree {other}, which was removed since" in line, line
+    assert klb("reset", cwd=h.path).returncode == 0
 
 
 def test_a_start_session_follows_its_worktree_when_git_moves_it(history):
