@@ -9,7 +9,7 @@ kills them through ``proc.kill_tree`` (SIGTERM, the grace, SIGKILL) or with
 ``--sigkill`` at once, and reports the seconds until every process is gone
 and until ``nvidia-smi`` shows the memory free again. Needs a GPU.
 
-    python scripts/cuda_teardown.py --procs 4 --gib 20 --trials 3
+    python scripts/cuda_teardown.py --procs 4 --gib 12 --trials 3
 """
 from __future__ import annotations
 
@@ -52,7 +52,10 @@ def trial(procs: int, gib: float, sigkill: bool, worker: str) -> tuple[float, fl
         ["bash", "-c", " & ".join([one] * procs) + " & wait"],
         stdout=subprocess.PIPE, text=True, preexec_fn=proc._child_setup)
     for _ in range(procs):
-        assert leader.stdout.readline().strip() == "ready"
+        line = leader.stdout.readline().strip()
+        if line != "ready":   # one failed to start (out of memory): stop the rest, say so
+            proc.kill_tree(leader.pid, grace=1.0)
+            raise SystemExit(f"a worker did not start ({line or 'no output'}): lower --procs or --gib")
     held = used_mib() - base
     tree = [leader] + psutil.Process(leader.pid).children(recursive=True)
     t0 = time.monotonic()
@@ -76,7 +79,7 @@ def trial(procs: int, gib: float, sigkill: bool, worker: str) -> tuple[float, fl
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--gib", type=float, default=20.0)
+    ap.add_argument("--gib", type=float, default=12.0, help="per process; all of them must fit on the GPU")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--sigkill", action="store_true", help="SIGKILL at once (klbisect's last resort)")
     args = ap.parse_args()
