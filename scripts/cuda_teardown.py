@@ -45,6 +45,13 @@ def used_mib() -> int:
     return sum(int(v) for v in out.split())
 
 
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def trial(procs: int, gib: float, sigkill: bool, worker: str) -> tuple[float, float, int]:
     base = used_mib()
     one = f"{shlex.quote(sys.executable)} {shlex.quote(worker)} {gib}"
@@ -57,7 +64,8 @@ def trial(procs: int, gib: float, sigkill: bool, worker: str) -> tuple[float, fl
             proc.kill_tree(leader.pid, grace=1.0)
             raise SystemExit(f"a worker did not start ({line or 'no output'}): lower --procs or --gib")
     held = used_mib() - base
-    tree = [leader] + psutil.Process(leader.pid).children(recursive=True)
+    root = psutil.Process(leader.pid)
+    tree = [root] + root.children(recursive=True)
     t0 = time.monotonic()
     if sigkill:
         os.killpg(leader.pid, signal.SIGKILL)
@@ -66,7 +74,7 @@ def trial(procs: int, gib: float, sigkill: bool, worker: str) -> tuple[float, fl
     leader.wait()
     gone = None
     while True:
-        alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in tree if _running(p)]
         if not alive and gone is None:
             gone = time.monotonic() - t0
         if gone is not None and used_mib() - base < 0.05 * held:
