@@ -158,6 +158,34 @@ def test_a_build_killed_by_shutdown_is_no_successful_build(tmp_path):
     assert not list((tmp_path / "pids").iterdir())
 
 
+def test_shutdown_kills_every_slots_probe_at_once(tmp_path):
+    """A reviewer's: Ctrl-C killed the slots' trees one after another, each
+    given its grace and then the wait after SIGKILL: eight slots' servers
+    that ignore SIGTERM took eight of each. Four such probes here go within
+    about one grace (2 s), not four."""
+    tags = [uuid.uuid4().hex for _ in range(4)]
+    done: list = []
+
+    def work(tag: str, k: int) -> None:
+        cmd = f"trap '' TERM; {_sleeper(tag)} & trap '' TERM; wait"
+        try:
+            run_logged(cmd, tmp_path, tmp_path / f"run{k}.log")
+        except KeyboardInterrupt:
+            done.append(tag)
+
+    threads = [threading.Thread(target=work, args=(t, k), daemon=True) for k, t in enumerate(tags)]
+    for t in threads:
+        t.start()
+    _until(lambda: all(_running(t) for t in tags), "the probes never started")
+    t0 = time.monotonic()
+    kill_all_active()
+    took = time.monotonic() - t0
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(done) == sorted(tags) and all(_alive(t) == [] for t in tags)
+    assert took < 5.0, f"{took:.1f} s: the trees were killed one after another"
+
+
 def test_a_thread_caught_by_shutdown_between_runs_starts_no_probe(tmp_path):
     """A build that ends just as Ctrl-C arrives: its thread, past the build
     and not yet at the probe when kill_all_active runs, must not start the
