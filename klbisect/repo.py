@@ -5,6 +5,7 @@ revision or path the user typed.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -129,14 +130,16 @@ def worktree_path(repo: git.Repo, wid: str) -> Path | None:
 def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
     if not rev or rev.startswith("-"):
         raise KlbisectError(f"{what} {rev!r} is not a revision; give a sha, branch or tag", EXIT_REVISION)
-    # the object first, then its commit: a suffix on ":/message" would join the message
-    obj = _rev_parse(repo, rev)
-    if obj is not None:
-        code, out, err = obj
+    # as a commit first (a short sha that a tree or blob shares stays a commit's), then as
+    # any object, peeled: ":/message^{commit}" would search for the suffix too
+    found = _rev_parse(repo, f"{rev}^{{commit}}") or _rev_parse(repo, rev)
+    if found is not None:
+        code, out, err = found
         if "ambiguous" in err:
             # git took the ref over the sha prefix (or one ref over another): which was meant?
-            raise KlbisectError(f"{what} {rev!r} is ambiguous in {toplevel(repo)} (git: {err.strip().splitlines()[-1]}); "
-                                "give refs/heads/NAME, refs/tags/NAME or more characters of the sha", EXIT_REVISION)
+            raise KlbisectError(f"{what} {rev!r} is ambiguous in {toplevel(repo)} (git: "
+                                f"{err.strip().splitlines()[-1]}); give refs/heads/NAME, refs/tags/NAME or more "
+                                "characters of the sha", EXIT_REVISION)
         commit = _rev_parse(repo, f"{out}^{{commit}}")
         if commit is not None:
             return commit[1]
@@ -296,15 +299,23 @@ def bisect_in_progress(repo: git.Repo) -> bool:
 
 
 def bisect_id(repo: git.Repo) -> str | None:
-    """Which git bisect is in progress in this worktree (None: none). git
-    writes BISECT_START once, at `git bisect start`, and `git bisect reset`
-    removes it: one reset and started again by hand is another, which a
-    session must not take for its own."""
+    """Which git bisect is in progress in this worktree (None: none): the
+    branch it began on and its `git bisect start` line, so one reset and
+    started again by hand on other endpoints is another, which a session
+    must not take for its own. By content, not the file's identity: `git
+    bisect replay` (git's way to undo a wrong mark) writes the files anew,
+    as does a copy of the repository (a reviewer's)."""
+    gd = Path(repo.git_dir)
     try:
-        st = (Path(repo.git_dir) / "BISECT_START").stat()
+        began = (gd / "BISECT_START").read_text(errors="replace")
     except OSError:
         return None
-    return f"{st.st_ino}:{st.st_mtime_ns}"
+    try:
+        log = (gd / "BISECT_LOG").read_text(errors="replace")
+    except OSError:
+        log = ""
+    start = next((ln for ln in log.splitlines() if ln.startswith("git bisect start")), "")
+    return hashlib.sha1(f"{began.strip()}\0{start}".encode()).hexdigest()[:16]
 
 
 def changed_files(repo: git.Repo, a: str, b: str) -> list[str]:

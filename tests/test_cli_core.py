@@ -2123,6 +2123,27 @@ def test_revisions_git_names_other_ways(small):
     assert f"good revision '{small.good[:8]}' is ambiguous" in line and "refs/heads/NAME" in line, line
 
 
+def test_a_short_sha_a_blob_shares_is_still_the_commits(tmp_path):
+    """A reviewer's: resolving the object before its commit made a prefix
+    that one commit and one blob share "ambiguous", where git (and klbisect
+    before) took the commit."""
+    git(tmp_path, "init", "-q")
+    for i in range(3000):
+        (tmp_path / "f").write_text(f"{i}\n")
+        git(tmp_path, "add", "f")
+        git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"c{i}")
+        commits = git(tmp_path, "rev-list", "HEAD").split()
+        others = {o.split()[0][:4] for o in git(tmp_path, "rev-list", "--objects", "HEAD").splitlines()
+                  if o.split()[0] not in commits}
+        shared = [c for c in commits if c[:4] in others and sum(x[:4] == c[:4] for x in commits) == 1]
+        if shared:
+            break
+    assert shared
+    p = klb("run", "--good", shared[0][:4], "--bad", "HEAD", "--probe-cmd", "true", "--max-total-runs", "1",
+            cwd=tmp_path)
+    assert "ambiguous" not in p.stderr and "unknown" not in p.stderr, p.stderr
+
+
 def test_the_repository_git_dir_and_work_tree_name_is_the_one_bisected(small, tmp_path):
     """A tester's GIT_DIR=... GIT_WORK_TREE=... klbisect run from another
     directory: "not a git repository", where git itself worked there."""
