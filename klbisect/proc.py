@@ -140,10 +140,13 @@ def interrupt_on_stop_signals() -> Iterator[None]:
     ttys = [fd for fd in (1, 2) if os.isatty(fd)]   # a hung-up terminal no longer says it is one
 
     def handler(signum, frame):
+        again = _signalled.is_set()
         _signalled.set()
         if signum == signal.SIGHUP:
             _leave_terminal(ttys)
-        if not _spawning:   # else raised once the child is registered (``_run_marked``)
+        # while Popen waits for the exec, raised once the child is registered (``_run_marked``);
+        # a second signal there is someone waiting on a spawn that hangs (a cwd on a dead mount)
+        if not _spawning or again:
             raise KeyboardInterrupt
 
     ours = [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]

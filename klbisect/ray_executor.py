@@ -42,6 +42,7 @@ from typing import Any, Iterator
 
 from .executors import Failure, infrastructure_failure, port_bases
 from .measure import Measurer, Outcome
+from .proc import private_log
 
 MAX_NODE_WORKTREES = 64          # worktrees one node keeps per repository
 LOG_RETURN_LIMIT = 4 << 20       # bytes of each log sent back (the tail)
@@ -442,7 +443,8 @@ class RayExecutor:
             if path not in logs:
                 return f"{node}:{path}"
             dest = self.log_dir / Path(path).name
-            dest.write_bytes(logs[path])
+            with private_log(dest) as f:
+                f.write(logs[path])
             return str(dest)
         if out.build is not None and out.build.log_path:
             out.build.log_path = local(out.build.log_path)

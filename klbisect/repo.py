@@ -414,7 +414,8 @@ def bisect_reset(repo: git.Repo) -> None:
         # git could not check the original branch out again: local changes (a probe that writes into
         # a tracked file) would be overwritten; the bisect stays as it was
         why = (f"it has uncommitted changes to {describe_dirty(repo, dirty)}; commit, stash or `git checkout "
-               "--` them" if dirty else "see `git status`")
+               "--` them" if dirty else "if that branch is gone, end the bisect on a commit with `git bisect "
+               "reset HEAD` (or another commit)")
         raise KlbisectError(f"`git bisect reset` could not check out the branch it began on in {toplevel(repo)} "
                             f"({e.message.removeprefix('git bisect failed: ')}): {why}, then rerun",
                             EXIT_REPO_STATE) from None

@@ -1004,7 +1004,16 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
 
             hint_of_labels = partial(label_hint, ws, probe_key, good, bad, cfg)
             if min(len(g.values), len(b.values)) >= cfg.endpoint_runs and all(map(broke, (*g.values, *b.values))):
-                # the same at both ends, run after run: up to --max-endpoint-runs would say no more
+                # the same at both ends, run after run: up to --max-endpoint-runs would say no more.
+                # One label broken everywhere breaks the max over labels: the others may still tell.
+                labelled = [r.values for r in ws.store.runs(probe_key, [good, bad]) if r.values]
+                fine = sorted({k for v in labelled for k, x in v.items() if not broke(x)})
+                if fine and not ws.metric:
+                    dead = sorted({k for v in labelled for k in v} - set(fine))
+                    raise NoDifference(
+                        f"every run at both endpoints printed nan or inf on {', '.join(dead) or 'some label'}, so "
+                        f"the {over_labels(ws.worse)} over labels is broken in each: rerun with --metric and one "
+                        f"of the labels that print numbers ({', '.join(fine)})")
                 raise NoDifference(
                     f"every run at both endpoints printed nan or inf ({len(g.values)}+{len(b.values)} runs, "
                     f"{ws.metric or 'the ' + over_labels(ws.worse) + ' over labels'}): numerics broke at the good "

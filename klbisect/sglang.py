@@ -1115,7 +1115,8 @@ def _pip_turn(python: str) -> threading.RLock:
     ``__pycache__`` (a reviewer's: 3 of 40 concurrent builds failed, an
     endpoint's failure stopping the bisect with 154)."""
     with _PIP_TURNS_LOCK:
-        return _PIP_TURNS.setdefault(os.path.realpath(python), threading.RLock())
+        # not realpath: a venv's python links to the base interpreter, and venvs are separate
+        return _PIP_TURNS.setdefault(os.path.abspath(python), threading.RLock())
 
 
 @dataclass
@@ -1183,10 +1184,11 @@ class SGLangBuilder:
         except OSError:
             pins = {}
         with _pip_turn(self.python):   # what is installed, read while no other slot's pip changes it
+            proc.refuse_if_stopping()   # a slot that waited here through a Ctrl-C
             installed = installed_versions(self.python, list(pins)) if pins else {}
             todo = pins_to_install(installed, pins)
             self._remember_pins({n: installed.get(n) for n in todo})
-            with open(log_path, "wb") as log:
+            with proc.private_log(log_path) as log:
                 log.write(f"pins in python/pyproject.toml: {pins or 'none'}\n".encode())
                 failed = self._run(build_commands(self.python, todo, self.pip_args, self.editable),
                                    Path(checkout), log, log_path, slot.env, slot.pid_dir)
@@ -1307,7 +1309,7 @@ class SGLangBuilder:
         before.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = before.log_dir / f"restore-env-{time.strftime('%Y%m%d-%H%M%S')}.log"
         try:
-            with open(log_path, "wb") as log:
+            with proc.private_log(log_path) as log:
                 failed = self._run(cmds, before.log_dir, log, log_path)
         except KeyboardInterrupt:
             # the pip commands stop at the Ctrl-C too; what was found is kept (close() keeps

@@ -1478,6 +1478,11 @@ def test_endpoints_that_print_nan_every_run_stop_after_the_first_runs(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "echo avg_kl_div=nan", cwd=small.path)
     line = error_line(p, 154)
     assert "every run at both endpoints printed nan or inf (6+6 runs" in line and "older --good" in line, line
+    # a reviewer's: one label broken everywhere breaks the max, and another label may still tell
+    two = f"echo '[dead]'; echo avg_kl_div=nan; echo '[alive]'; {probe_cmd()}"
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", two, "--fresh", cwd=small.path)
+    line = error_line(p, 154)
+    assert "printed nan or inf on dead" in line and "--metric" in line and "alive" not in line.split("on dead")[0], line
 
 
 def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
