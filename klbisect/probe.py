@@ -25,6 +25,8 @@ STATUS_NOTFOUND = "notfound"
 # printed values, then failed its own assertion: a measurement even if it
 # stopped before its later labels (their max can only be higher)
 STATUS_FAILED = "failed"
+# how a server probe's run log says its server never came up (the session reads it: two in a row stop)
+SERVER_FAILED = "server failed to start:"
 
 
 @dataclass

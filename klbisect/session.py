@@ -37,8 +37,8 @@ from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_ba
 from .measure import Measurer, Outcome
 from .metric import (broke, check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception,
                      over_labels, scalar)
-from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT, CommandProbe,
-                    Slot)
+from .probe import (DEFAULT_TIMEOUT, SERVER_FAILED, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT,
+                    CommandProbe, Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
                    reap_stale)
 from .search import CommitRuns, plan
@@ -761,6 +761,11 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
     last = runs[-1] if runs else None
     if last and last.status == STATUS_NOTFOUND:
         crash_limit = min(crash_limit, cr.crashes)    # the shell's "command not found": no run will differ
+    if probe_key.startswith("sglang:") and len(runs) >= 2 and all(
+            SERVER_FAILED in log_tail(r.log_path or "", 60) for r in runs[-2:]):
+        # a server that did not start twice in a row: its arguments or environment, and each more
+        # try costs up to --launch-timeout (a tester's never-ready server was launched six times)
+        crash_limit = min(crash_limit, cr.crashes)
     if not cr.values and cr.crashes >= crash_limit:
         if last and last.status == STATUS_NOTFOUND:
             return KlbisectError(f"the probe command was not found (exit 127) at {where} "

@@ -795,6 +795,20 @@ def _probe(repo, **kw) -> SGLangProbe:
 # (b) good vs culprit through the real HTTP path
 # ---------------------------------------------------------------------------
 
+def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_path):
+    """A tester's: a server that never became healthy was launched six
+    times at the good endpoint before the run gave up, each launch up to
+    --launch-timeout (ten minutes by default: an hour)."""
+    from conftest import db_query, error_line, klb
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
+    p = klb("run", "--good", repo.good, "--bad", repo.bad, "--probe", "sglang", "--model-path", "fake-tiny",
+            "--prompts", str(repo.prompts), "--launch-timeout", "2", cwd=clone, env={"FAKE_SGLANG_NEVER_READY": "1"})
+    line = error_line(p, 154)
+    assert "printed no metric value in 2 runs" in line, line
+    assert len(db_query(clone, "SELECT id FROM runs")) == 2
+
+
 def test_probe_separates_good_and_culprit(repo, tmp_path):
     wt = _worktree(repo, tmp_path / "wt", repo.good)
     pidfile = tmp_path / "pids"
