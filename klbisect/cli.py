@@ -287,7 +287,8 @@ def sglang_options(f):
                      help="--probe sglang: comma-separated token ids between turns for decode_cache_hit."),
         click.option("--kl-threshold", type=KL_VALUE, default=None,
                      help="--probe sglang: also print pass/fail against this threshold, like the test."),
-        click.option("--pip-args", default=None, help="--build sglang: extra pip arguments."),
+        click.option("--pip-args", multiple=True,
+                     help="--build sglang: extra pip arguments (repeat it, or quote several in one)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -297,6 +298,9 @@ def sglang_options(f):
 def make_config(kw: dict):
     from .session import BisectConfig
     sglang = {k: kw.pop(k) for k in _SGLANG_KEYS if k in kw}
+    if isinstance(sglang.get("pip_args"), tuple):
+        # every --pip-args given, in order (a tester's three kept only the last, and pip went to PyPI)
+        sglang["pip_args"] = " ".join(sglang["pip_args"])
     if sglang.get("turn_separator"):
         sglang["turn_separator"] = _token_ids(sglang["turn_separator"])
     sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0)}
@@ -307,6 +311,7 @@ def make_config(kw: dict):
             sglang[k] = os.path.abspath(sglang[k])
     if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
         raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
+    _no_idle_options(kw, sglang)
     return BisectConfig(
         good=kw.get("good") or "", bad=kw.get("bad") or "", probe_cmd=kw["probe_cmd"], probe=kw["probe_kind"],
         build_cmd=kw["build_cmd"], build=kw["build_kind"],
@@ -330,6 +335,34 @@ def _token_ids(text: str) -> list[int]:
         raise KlbisectError(f"--turn-separator {text!r}: give token ids (integers from 0) separated by commas",
                             EXIT_USAGE)
     return ids
+
+
+def _option(key: str) -> str:
+    return "--sglang-python" if key == "python" else "--" + key.replace("_", "-")
+
+
+def _no_idle_options(kw: dict, sglang: dict) -> None:
+    """Options that the chosen probe or build does not read were dropped
+    without a word (a tester's --build-cmd never ran beside --build sglang,
+    and --model-path did nothing with --probe-cmd)."""
+    probe, build = kw.get("probe_kind"), kw.get("build_kind")
+    if probe == "sglang" and kw.get("probe_cmd"):
+        raise KlbisectError("--probe sglang runs klbisect's own KL probe against a server, and --probe-cmd is the "
+                            "command of --probe cmd: give one of them", EXIT_USAGE)
+    if build == "sglang" and kw.get("build_cmd"):
+        raise KlbisectError("--build sglang and --build-cmd both build each commit: give one of them", EXIT_USAGE)
+    if probe != "sglang":
+        idle = [k for k in _SGLANG_KEYS if k in sglang and k not in ("python", "pip_args")]
+        if idle:
+            raise KlbisectError(f"{_option(idle[0])} is an option of --probe sglang, which this command does not "
+                                "use: leave it out, or pass --probe sglang", EXIT_USAGE)
+    if build != "sglang":
+        idle = [k for k in ("pip_args",) if k in sglang] + (
+            [k for k in ("python",) if k in sglang] if probe != "sglang" else [])
+        if idle:
+            raise KlbisectError(f"{_option(idle[0])} is an option of --build sglang"
+                                f"{' (or --probe sglang)' if idle[0] == 'python' else ''}, which this command "
+                                "does not use: leave it out, or pass --build sglang", EXIT_USAGE)
 
 
 _SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_new_tokens", "labels",

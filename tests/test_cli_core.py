@@ -1463,6 +1463,29 @@ def test_an_option_that_is_not_utf8_is_one_line_and_no_half_made_session(small):
     assert "no klbisect session" in klb("status", cwd=small.path).stderr
 
 
+@pytest.mark.parametrize("args,words", [
+    (["--probe", "sglang", "--model-path", "m", "--probe-cmd", "true"], "--probe sglang runs klbisect's own"),
+    (["--probe-cmd", "true", "--build", "sglang", "--build-cmd", "make"], "--build sglang and --build-cmd both"),
+    (["--probe-cmd", "true", "--model-path", "m"], "--model-path is an option of --probe sglang"),
+    (["--probe-cmd", "true", "--pip-args", "--no-index"], "--pip-args is an option of --build sglang"),
+    (["--probe-cmd", "true", "--sglang-python", "python3"], "--sglang-python is an option of --build sglang"),
+])
+def test_options_the_chosen_probe_or_build_does_not_read_are_refused(small, args, words):
+    """A tester's: --build-cmd beside --build sglang never ran, --model-path
+    with --probe-cmd did nothing, and neither said so."""
+    p = klb("run", "--good", small.good, "--bad", "main", *args, cwd=small.path)
+    assert words in error_line(p, 150)
+
+
+def test_every_pip_args_given_is_kept():
+    """A tester's three --pip-args kept only the last: pip went to PyPI."""
+    from klbisect.cli import make_config
+    kw = dict(probe_kind="cmd", probe_cmd="true", build_kind="sglang", build_cmd=None, build_paths="",
+              timeout=60, build_timeout=60, metric=None, metric_regex=None,
+              pip_args=("--no-index", "--find-links=/w", "--no-build-isolation"))
+    assert make_config(kw).sglang["pip_args"] == "--no-index --find-links=/w --no-build-isolation"
+
+
 def test_kl_lines_in_a_form_klbisect_does_not_read_are_quoted_with_the_form_it_does(small):
     """A tester printed `label=a avg_kl_div=...`: "expected avg_kl_div=...
     lines" left them looking at lines that had avg_kl_div= in them."""
