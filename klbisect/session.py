@@ -2056,57 +2056,70 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             crashed = sum(c.crashes for c in ends.values())
             crash_limit = crash_skip_limit(crashed, crashed + sum(len(c.values) for c in ends.values()),
                                            cfg.crash_limit)
-            checked = False
-            while True:
-                cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha],
-                           before)
-                if cr.build_failed:
-                    log = (ws.store.failed_build(build_key or "", sha) or {}).get("log_path")
-                    # a session's build options are fixed at `start`: a new one is how to change them
-                    err = _never_built(ws, build_key, log, rerun="start again (`klbisect reset` ends this "
-                                       "session and git's bisect; then `klbisect start` with the build fixed)")
-                    if err:
-                        raise err   # abort git bisect: skipping every commit would hide a broken command
-                    v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {log or '?'}", [])
-                    break
-                verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
-                # before every verdict, undecided too: old and new runs pooled can stay undecided
-                # until --max-runs, and a skip there would hide the contradiction (raises 154)
-                unchecked = _reuse_unchecked(ws, sess.id, probe.key, sha, model)
-                if verdict.decision != "undecided" and not (unchecked and verdict.decision != SKIP):
-                    code = {GOOD: 0, BAD: 1, SKIP: 125}[verdict.decision]
-                    v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
-                    break
-                stop = _gitbisect_budget(ws, sess, cfg, sha)
-                if stop is not None:
-                    # git bisect run aborts on it: `status` is where the user looks next
-                    _note_stop(ws.store, sess.id, stop.message)
-                    raise stop
-                if not checked:     # after the first run, the check after each run covers the next
-                    _check_unchanged(ws, sha)
-                    checked = True
-                out = measurer.measure(sha, slot)
-                _keep_env(ws, sess.id, builder)
-                try:
-                    _check_unchanged(ws, sha, measured=True)
-                except KlbisectError:
-                    ws.store.put(built_key, "")     # whatever was built, it may not be this commit's
-                    raise
-                if out.build is not None and out.build.ok and build_key:
-                    ws.store.put(built_key, sha)
-                run = record(ws, sess.id, probe.key, build_key, out, ws.top)
-                if run is not None:
-                    near = ws.store.runs(probe.key, [sess.good, sess.bad, sha])
-                    usual = _usual_labels(near) if ws.metric is None else frozenset()
-                    progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
-                             f"{run_shown(run, usual, ws.metric, _typical(near, usual), ws.worse)[0]}")
-            if v.decision == SKIP and not v.values and not cr.build_failed:
-                _check_environment(ws, sess, cfg, probe, builder, sha, progress)
+            try:
+                v, cr = _judge_head(ws, sess, cfg, sha, probe, builder, build_key, built_key, model, measurer,
+                                    slot, before, started, crash_limit, progress)
+                if v.decision == SKIP and not v.values and not cr.build_failed:
+                    _check_environment(ws, sess, cfg, probe, builder, sha, progress)
+            finally:
+                # the server stops here, where a Ctrl-C is an exit 130, not at the interpreter's exit
+                # (a tester's Ctrl-C there printed a traceback from the atexit hook)
+                getattr(probe, "close", lambda: None)()
             ws.store.set_verdict(sess.id, sha, v.decision, {"reason": v.reason, "values": v.values})
             progress(f"klbisect: {sha[:12]} is {v.decision.upper()}: {v.reason}")
             return v
     finally:
         ws.close()
+
+
+def _judge_head(ws, sess, cfg, sha, probe, builder, build_key, built_key, model, measurer, slot, before,
+                started, crash_limit, progress):
+    """Measure HEAD until its runs decide: (verdict, its runs)."""
+    checked = False
+    while True:
+        cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha],
+                   before)
+        if cr.build_failed:
+            log = (ws.store.failed_build(build_key or "", sha) or {}).get("log_path")
+            # a session's build options are fixed at `start`: a new one is how to change them
+            err = _never_built(ws, build_key, log, rerun="start again (`klbisect reset` ends this "
+                               "session and git's bisect; then `klbisect start` with the build fixed)")
+            if err:
+                raise err   # abort git bisect: skipping every commit would hide a broken command
+            v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {log or '?'}", [])
+            break
+        verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
+        # before every verdict, undecided too: old and new runs pooled can stay undecided
+        # until --max-runs, and a skip there would hide the contradiction (raises 154)
+        unchecked = _reuse_unchecked(ws, sess.id, probe.key, sha, model)
+        if verdict.decision != "undecided" and not (unchecked and verdict.decision != SKIP):
+            code = {GOOD: 0, BAD: 1, SKIP: 125}[verdict.decision]
+            v = HeadVerdict(sha, verdict.decision, code, verdict.reason, cr.values)
+            break
+        stop = _gitbisect_budget(ws, sess, cfg, sha)
+        if stop is not None:
+            # git bisect run aborts on it: `status` is where the user looks next
+            _note_stop(ws.store, sess.id, stop.message)
+            raise stop
+        if not checked:     # after the first run, the check after each run covers the next
+            _check_unchanged(ws, sha)
+            checked = True
+        out = measurer.measure(sha, slot)
+        _keep_env(ws, sess.id, builder)
+        try:
+            _check_unchanged(ws, sha, measured=True)
+        except KlbisectError:
+            ws.store.put(built_key, "")     # whatever was built, it may not be this commit's
+            raise
+        if out.build is not None and out.build.ok and build_key:
+            ws.store.put(built_key, sha)
+        run = record(ws, sess.id, probe.key, build_key, out, ws.top)
+        if run is not None:
+            near = ws.store.runs(probe.key, [sess.good, sess.bad, sha])
+            usual = _usual_labels(near) if ws.metric is None else frozenset()
+            progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
+                     f"{run_shown(run, usual, ws.metric, _typical(near, usual), ws.worse)[0]}")
+    return v, cr
 
 
 def _check_unchanged(ws: Workspace, sha: str, measured: bool = False) -> None:

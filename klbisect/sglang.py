@@ -321,7 +321,10 @@ def _stop_all() -> None:
     with _LIVE_LOCK:
         servers = list(_LIVE)
     for s in servers:
-        s.stop()
+        try:
+            s.stop()
+        except KeyboardInterrupt:   # at exit there is no one to tell: the tree got its SIGKILL
+            continue
 
 
 atexit.register(_stop_all)
@@ -498,7 +501,8 @@ class SGLangServer:
         return self.proc.poll() if self.proc else None
 
     def stop(self) -> None:
-        with self._lock:
+        # a Ctrl-C during the grace turns it into SIGKILL now, and is raised once the tree is gone
+        with self._lock, proc._unkillable_cleanup():
             if self.proc is None or self._stopped:
                 return
             self._stopped = True
@@ -1315,10 +1319,10 @@ class SGLangBuilder:
         except KeyboardInterrupt:
             # the pip commands stop at the Ctrl-C too; what was found is kept (close() keeps
             # ``before``), so the line says which command puts it back, not a pip recipe
-            now = read_origin(py, cwd=before.log_dir)
-            _say_stderr(f"klbisect: interrupted before {py} was put back to {before.origin.describe()} (it now "
-                        f"has {now.describe() if now else 'an unknown sglang'}): `klbisect reset`, or the "
-                        "command that resumes this session when it ends, puts it back")
+            # what was to be put back, all of it (a tester's line named only sglang, "put back to no
+            # sglang (it now has no sglang)", where a pinned wheel had changed)
+            _say_stderr(f"klbisect: interrupted before {py} was put back to {'; '.join(restored)}: `klbisect "
+                        "reset`, or the command that resumes this session when it ends, puts it back")
             raise
         except Exception as e:  # noqa: BLE001 - the session is ending: say what to do, never mask its error
             failed = f"{type(e).__name__}: {e}"

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import re
 import signal
 import subprocess
@@ -212,6 +213,61 @@ def test_a_slot_halted_by_ctrl_c_launches_no_server(tmp_path):
     assert got[True].startswith("stopped after 0."), got
     assert got[False].startswith("stopped"), got
     assert not [p for p in psutil.process_iter(["cmdline"]) if tag in (p.info["cmdline"] or [])]
+
+
+def test_an_interrupted_restore_names_everything_still_to_put_back(tmp_path, capsys):
+    """A tester's Ctrl-C while the session put the interpreter back said
+    "put back to no sglang (it now has no sglang)": the pinned wheel that
+    had changed (flashinfer-python) was what was left to put back."""
+    from klbisect.sglang import InstallOrigin, _Before
+    fake_py = tmp_path / "py"
+    fake_py.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                       "print(json.dumps({n: '0.2.9' for n in sys.argv[2:]}) if 'flashinfer-python' in sys.argv "
+                       "else '{}')\n")
+    fake_py.chmod(0o755)
+    builder = SGLangBuilder(python=str(fake_py))
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+    builder._run = interrupted
+    before = _Before(InstallOrigin(None), tmp_path, {"flashinfer-python": None})
+    with pytest.raises(KeyboardInterrupt):
+        builder._restore(before)
+    err = capsys.readouterr().err
+    assert "interrupted before" in err and "no flashinfer-python" in err and "it now has" not in err, err
+
+
+def test_ctrl_c_while_a_server_stops_kills_it_at_once_and_says_nothing_at_exit(tmp_path):
+    """A tester's Ctrl-C just after a `klbisect probe` verdict landed in the
+    server's stop at interpreter exit: "Exception ignored in atexit
+    callback" and a traceback, and the stop's grace cut short before its
+    SIGKILL. Now a Ctrl-C there kills the tree at once, and the exit hook
+    stays quiet."""
+    from klbisect import proc as klbproc
+    from klbisect.sglang import _LIVE, _stop_all
+    stubborn = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "time.sleep(300)"]
+
+    def launched() -> SGLangServer:
+        server = SGLangServer(stubborn, tmp_path, klbproc.child_environ(), 1, tmp_path / "s.log")
+        server.proc = subprocess.Popen(stubborn, preexec_fn=klbproc._child_setup)
+        time.sleep(0.3)
+        return server
+
+    with klbproc.interrupt_on_stop_signals():
+        server = launched()
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            server.stop()
+        assert time.monotonic() - t0 < 4.0 and server.proc.poll() is not None   # not the whole 5 s grace
+        klbproc._signalled.clear()
+        server = launched()
+        _LIVE.add(server)
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        _stop_all()                                                    # no exception escapes the exit hook
+        assert server.proc.poll() is not None
+        klbproc._signalled.clear()
 
 
 def test_k3_matches_sglang_formula():
