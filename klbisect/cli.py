@@ -356,6 +356,11 @@ def _no_idle_options(kw: dict, sglang: dict) -> None:
         if idle:
             raise KlbisectError(f"{_option(idle[0])} is an option of --probe sglang, which this command does not "
                                 "use: leave it out, or pass --probe sglang", EXIT_USAGE)
+    labels = [x.strip() for x in (sglang.get("labels") or "").split(",") if x.strip()]
+    if probe == "sglang" and labels and kw.get("metric") and kw["metric"] not in labels:
+        # found after two endpoint runs before: each one a server launch
+        raise KlbisectError(f"--metric {kw['metric']} is not among --labels {','.join(labels)}: the probe would "
+                            "never measure it; add it to --labels or pick one of them", EXIT_USAGE)
     if build != "sglang":
         idle = [k for k in ("pip_args",) if k in sglang] + (
             [k for k in ("python",) if k in sglang] if probe != "sglang" else [])

@@ -698,6 +698,20 @@ def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, floa
     return fmt_value(run.value), False
 
 
+def repeated_runs(good: list[float], bad: list[float]) -> str | None:
+    """A probe whose runs repeat to the last digit: a fixed seed (SGLang's
+    --random-seed, a test that seeds its sampling) makes every run of a
+    commit one draw, counted as many (a tester's 19 launches all read
+    0.005017 at good, 0.008863 at bad, and the answer claimed 0.9992)."""
+    for side, values in (("good", good), ("bad", bad)):
+        if len(values) >= 3 and len(set(values)) == 1:
+            return (f"the {side} endpoint's {len(values)} runs all read {fmt_value(values[0])} exactly: the probe "
+                    "repeats itself (a fixed seed: --random-seed in --server-args, or a test that seeds its "
+                    "sampling), so each commit's runs are one draw counted as many, and the confidence overstates "
+                    "what they show; drop the seed so that each run samples anew")
+    return None
+
+
 def _cut_short(run, timeout: float | None) -> bool:
     """A run stopped by a shorter --timeout than the one in force now."""
     return (timeout is not None and run.status == STATUS_TIMEOUT and run.duration is not None
@@ -1047,6 +1061,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                 silent = _silent_when_passing(ws, probe_key, [good, bad])
                 if silent:
                     progress(f"warning: {silent}")
+                same = repeated_runs(g.values, b.values)
+                if same:
+                    progress(f"warning: {same}")
                 model = Model.fit(g.values, b.values)
                 progress(f"endpoints {model.contact}: "
                          f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "

@@ -1469,6 +1469,8 @@ def test_an_option_that_is_not_utf8_is_one_line_and_no_half_made_session(small):
     (["--probe-cmd", "true", "--model-path", "m"], "--model-path is an option of --probe sglang"),
     (["--probe-cmd", "true", "--pip-args", "--no-index"], "--pip-args is an option of --build sglang"),
     (["--probe-cmd", "true", "--sglang-python", "python3"], "--sglang-python is an option of --build sglang"),
+    (["--probe", "sglang", "--model-path", "m", "--labels", "logprobs_match", "--metric", "decode_cache_hit"],
+     "--metric decode_cache_hit is not among --labels logprobs_match"),
 ])
 def test_options_the_chosen_probe_or_build_does_not_read_are_refused(small, args, words):
     """A tester's: --build-cmd beside --build sglang never ran, --model-path
@@ -1506,6 +1508,19 @@ def test_endpoints_that_print_nan_every_run_stop_after_the_first_runs(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", two, "--fresh", cwd=small.path)
     line = error_line(p, 154)
     assert "printed nan or inf on dead" in line and "--metric" in line and "alive" not in line.split("on dead")[0], line
+
+
+def test_a_probe_that_repeats_itself_is_warned_of(small):
+    """A tester's SGLang server with --random-seed read the same value in
+    every run, and the answer claimed 0.9992 from what was one draw a
+    commit, without a word."""
+    fixed = (f"if git merge-base --is-ancestor {small.culprit} HEAD; then echo avg_kl_div=0.008; "
+             "else echo avg_kl_div=0.0043; fi")
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", fixed, cwd=small.path)
+    assert p.returncode == 0, p.stderr
+    assert "warning: the good endpoint's 6 runs all read 0.0043 exactly: the probe repeats itself" in p.stderr
+    assert "repeats itself" not in klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(),
+                                       "--fresh", cwd=small.path).stderr
 
 
 def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
