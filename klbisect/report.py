@@ -142,6 +142,10 @@ def format_status(st: dict) -> str:
                         f"{str(left['bad'])[:12]}, {fmt_count(left['runs'], 'run')}) is unfinished: {how}, "
                         f"`klbisect status --session {left['session']}` shows it, `klbisect reset` ends it. "
                         f"Shown below: session {st['session']}.)")
+    if st.get("env_held"):
+        how = "`klbisect reset`" if st["kind"] == "gitbisect" else "the same command when it ends, or `klbisect reset`,"
+        lines.append(f"Note: {st['env_held']} has this session's --build sglang install; {how} puts back what it "
+                     "had before.")
     cut = st.get("interrupted_calibration")
     if cut:
         of = f" (--runs {cut['wanted']})" if cut.get("wanted") else ""

@@ -2541,6 +2541,10 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["unfinished"] = [{"session": o.id, "kind": o.kind, "good": o.good, "bad": o.bad,
                                   "runs": len(st.session_runs(o.id))}
                                  for o in st.active_sessions(("run", "gitbisect")) if o.id != sess.id]
+        if st.get(_env_key(sess.id)) and sess.state not in ("done", "ended"):
+            # a session stopped part-way left the user's interpreter on its builds (a tester's
+            # `import sglang` failed after a Ctrl-C, and status said nothing of it)
+            out["env_held"] = (sess.config.get("sglang") or {}).get("python") or "the Python klbisect runs in"
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
             # a resumed calibration counts the runs its commits already had

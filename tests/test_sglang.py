@@ -666,10 +666,13 @@ def test_an_interrupted_run_with_build_sglang_puts_back_what_it_first_found(venv
     user = _levelled_sglang(tmp_path)
     args = ("run", "--good", "HEAD~5", "--bad", "HEAD", "--probe-cmd", "python probe.py", *_build_args(venv))
     _killed_after_a_build(args, user, venv, tmp_path)
+    # a tester's `import sglang` failed after such a kill, and status said nothing of it
+    assert f"Note: {venv} has this session's --build sglang install" in klb("status", cwd=user).stdout
     again = klb(*args, cwd=user, timeout=600)
     assert again.returncode == 0, again.stderr
     assert "is back to no sglang" in again.stderr and "no longer exists" not in again.stderr, again.stderr
     assert _where(venv, tmp_path) is None
+    assert "--build sglang install" not in klb("status", cwd=user).stdout
 
 
 @pytest.mark.parametrize("then", ["start again", "a run with another probe command"])
