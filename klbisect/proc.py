@@ -120,6 +120,13 @@ def _halted() -> bool:
     return threading.current_thread() in _HALTED
 
 
+def _children() -> set[int]:
+    try:
+        return {c.pid for c in psutil.Process().children()}
+    except psutil.Error:
+        return set()
+
+
 def refuse_if_stopping() -> None:
     """Raise KeyboardInterrupt where no new process may start: in a thread
     ``kill_all_active`` halted, or after a stop signal."""
@@ -717,6 +724,7 @@ def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: fl
         global _spawning
         main = threading.current_thread() is threading.main_thread()
         _spawning = main
+        kids = _children() if main else set()
         try:
             proc = subprocess.Popen(
                 cmd,
@@ -731,6 +739,10 @@ def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: fl
         except BaseException:
             _spawning = False
             if main:
+                # a second stop signal raised inside Popen: its child (forked, perhaps stuck before
+                # its exec on a dead mount) is ours and new, and nothing else would ever kill it
+                for pid in _children() - kids:
+                    kill_tree(pid, grace=0.0)
                 raise_if_signalled()
             raise
         _STOPPED.discard(proc.pid)   # left by an earlier process with this pid

@@ -704,12 +704,28 @@ def repeated_runs(good: list[float], bad: list[float]) -> str | None:
     commit one draw, counted as many (a tester's 19 launches all read
     0.005017 at good, 0.008863 at bad, and the answer claimed 0.9992)."""
     for side, values in (("good", good), ("bad", bad)):
-        if len(values) >= 3 and len(set(values)) == 1:
+        # 0 every time is an exact match (deterministic inference), not a repeated draw
+        if len(values) >= 3 and len(set(values)) == 1 and values[0] != 0:
             return (f"the {side} endpoint's {len(values)} runs all read {fmt_value(values[0])} exactly: the probe "
                     "repeats itself (a fixed seed: --random-seed in --server-args, or a test that seeds its "
                     "sampling), so each commit's runs are one draw counted as many, and the confidence overstates "
-                    "what they show; drop the seed so that each run samples anew")
+                    "what they show; drop the seed so that each run samples anew (a probe deterministic by design "
+                    "can ignore this)")
     return None
+
+
+def _failed_launches(runs) -> int:
+    """How many of these runs' logs say their server never started."""
+    return sum(1 for r in runs if _log_says(r.log_path, SERVER_FAILED))
+
+
+def _log_says(path: str | None, text: str, limit: int = 1 << 20) -> bool:
+    # the whole log, not its tail: the server's last lines (a ServerArgs line of kilobytes) follow it
+    try:
+        with open(path or "", "rb") as f:
+            return text.encode() in f.read(limit)
+    except OSError:
+        return False
 
 
 def _cut_short(run, timeout: float | None) -> bool:
@@ -775,9 +791,10 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
     last = runs[-1] if runs else None
     if last and last.status == STATUS_NOTFOUND:
         crash_limit = min(crash_limit, cr.crashes)    # the shell's "command not found": no run will differ
-    if probe_key.startswith("sglang:") and len(runs) >= 2 and all(
-            SERVER_FAILED in log_tail(r.log_path or "", 60) for r in runs[-2:]):
-        # a server that did not start twice in a row: its arguments or environment, and each more
+    if probe_key.startswith("sglang:") and _failed_launches(runs[-2:]) == 2 and \
+            runs[-1].started >= runs[-2].started + (runs[-2].duration or 0.0):
+        # a server that did not start twice in a row (one after the other: two at once may both
+        # have waited on one slow first download): its arguments or environment, and each more
         # try costs up to --launch-timeout (a tester's never-ready server was launched six times)
         crash_limit = min(crash_limit, cr.crashes)
     if not cr.values and cr.crashes >= crash_limit:
@@ -854,6 +871,9 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
             return KlbisectError(f"{where} {sha[:12]} crashed before printing a metric value in {cr.crashes} "
                                  f"runs{note}; the last ended on {exc}; log: "
                                  f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
+        if probe_key.startswith("sglang:") and last is not None and _log_says(last.log_path, "not ready after"):
+            hint += ("; its server was not ready in time: if it is only slow (a first download, a compile), "
+                     "raise --launch-timeout, and --timeout, which bounds the launch too")
         return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs"
                              f"{note} ({hint}); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
@@ -1772,7 +1792,8 @@ def _own_bisect(ws: Workspace, sess: SessionRow, repo=None) -> bool:
     reset`)."""
     now = gitrepo.bisect_id(ws.repo if repo is None else repo)
     began = ws.store.get(_bisect_key(sess.id))
-    return now is not None and (not began or began == now)   # a session from before bisects were told apart
+    # none stored: a session from before bisects were told apart; "inode:mtime": an earlier build's id
+    return now is not None and (not began or ":" in began or began == now)
 
 
 def _bisect_checkout(ws: Workspace, sess: SessionRow):

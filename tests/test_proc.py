@@ -372,6 +372,36 @@ def test_a_stop_signal_while_popen_waits_for_the_exec_still_stops_the_probe(tmp_
     assert _gone(tag), "the probe's server outlived klbisect"
 
 
+def test_a_second_stop_signal_during_a_hung_spawn_stops_klbisect_and_its_child(tmp_path):
+    """A spawn that hangs before its exec (a cwd on a dead mount) must not
+    need kill -9: a second Ctrl-C stops klbisect. A reviewer's: raised
+    inside Popen, it left the forked child running, known to nobody; its
+    probe ran later as an orphan."""
+    tag = uuid.uuid4().hex
+    script = ("import os, signal, sys, threading, time\n"
+              "from pathlib import Path\n"
+              "from klbisect import proc\n"
+              "setup = proc._child_setup\n"
+              "proc._child_setup = lambda: (time.sleep(3), setup())\n"
+              "def twice():\n"
+              "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGINT)\n"
+              "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGINT)\n"
+              "threading.Thread(target=twice, daemon=True).start()\n"
+              "t0 = time.monotonic()\n"
+              "with proc.interrupt_on_stop_signals():\n"
+              "    try:\n"
+              "        proc.run_logged(os.environ['KLB_TEST_CMD'], Path.cwd(), Path('run.log'))\n"
+              "    except KeyboardInterrupt:\n"
+              "        print('stopped after %.1f s' % (time.monotonic() - t0), flush=True)\n"
+              "        sys.exit(130)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env=dict(os.environ, KLB_TEST_CMD=f"exec {_sleeper(tag)}"))
+    assert out.returncode == 130 and out.stdout.startswith("stopped after"), out.stdout + out.stderr
+    assert float(out.stdout.split()[2]) < 2.5, out.stdout          # at the second signal, not the spawn's end
+    time.sleep(3.5)                                                  # when the hung child would have exec'd
+    assert _gone(tag), "the child of the interrupted spawn ran on"
+
+
 # ---- what a klbisect killed with SIGKILL left ---------------------------------------------------
 
 # A klbisect at work: a probe through run_logged, as a build or probe runs ...

@@ -864,7 +864,7 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     p = klb("run", "--good", repo.good, "--bad", repo.bad, "--probe", "sglang", "--model-path", "fake-tiny",
             "--prompts", str(repo.prompts), "--launch-timeout", "2", cwd=clone, env={"FAKE_SGLANG_NEVER_READY": "1"})
     line = error_line(p, 154)
-    assert "printed no metric value in 2 runs" in line, line
+    assert "printed no metric value in 2 runs" in line and "raise --launch-timeout" in line, line
     assert len(db_query(clone, "SELECT id FROM runs")) == 2
 
 
