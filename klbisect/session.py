@@ -1109,7 +1109,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
                     f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
                     "the regression does not reproduce at these endpoints, or needs more runs "
-                    "(--max-endpoint-runs)" + _spikes_note(g.values, b.values, cfg.worse) + hint_of_labels()
+                    "(--max-endpoint-runs)" + _spikes_note(g.values, b.values, cfg.worse) + hint_of_labels(weak=True)
                     + _unbuilt_sglang_hint(ws, cfg)
                     + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
                                                  for sha, end in ((good, "good"), (bad, "bad"))) if n))
@@ -1221,15 +1221,41 @@ def _by_label(runs: list, sha: str) -> dict[str, list[float]]:
     return out
 
 
-def label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig) -> str:
+def label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig, weak: bool = False) -> str:
     """What the labels show that the max (or min) over them hides, from
     every stored run of the two endpoints, as "; ..." to end a message;
-    "" when nothing."""
+    "" when nothing. ``weak``: also the label that differs most when none
+    does on its own account (for a final "do not separate": a hint there
+    must not stop a calibration that more runs could settle)."""
     stored = ws.store.runs(probe_key, [good, bad])
     counted = valued_runs(stored, None, ws.worse)
-    hint = (_one_label(ws, cfg, _by_label(stored, good), _by_label(stored, bad))
-            or _vanished_label(*([set(r.values) for r in counted if r.sha == sha] for sha in (good, bad))))
+    on_good, on_bad = _by_label(stored, good), _by_label(stored, bad)
+    hint = (_one_label(ws, cfg, on_good, on_bad)
+            or _vanished_label(*([set(r.values) for r in counted if r.sha == sha] for sha in (good, bad)))
+            or (_closest_label(ws, cfg, on_good, on_bad) if weak else ""))
     return f"; {hint}" if hint else ""
+
+
+WEAK_LABEL_P = 0.1   # a label this different alone is named, short of what several looked at need
+
+
+def _closest_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]],
+                   on_bad: dict[str, list[float]]) -> str:
+    """The label that differs most, when none separates the endpoints on its
+    own account (a tester's "does not reproduce" while one of three labels
+    read p=0.042, and --metric on it found the culprit at 0.9997)."""
+    if not _labels_offered(ws, cfg) or len(on_good) < 2:
+        return ""
+    tried = [(separation(on_good[k], on_bad[k]), k) for k in on_good
+             if len(on_good[k]) >= 2 and len(on_bad.get(k, ())) >= 2]
+    if not tried:
+        return ""
+    sep, lab = min(tried, key=lambda t: t[0].p_value)
+    moved = "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
+    if sep.p_value > WEAK_LABEL_P or cfg.worse not in ("either", moved):
+        return ""
+    return (f"label {lab} differs most (p={sep.p_value:.2g} alone, weak with {len(tried)} labels looked at): if "
+            f"that label is the test that fails, --metric {shlex.quote(lab)} bisects it and reuses these runs")
 
 
 CLEARER_LABEL = 100   # a label this many times surer than the max over labels is worth its own --metric
@@ -1710,7 +1736,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
                     "these endpoints to find, or it is too small to bisect; runs are kept"
-                    + label_hint(ws, probe_key, good, bad, cfg)
+                    + label_hint(ws, probe_key, good, bad, cfg, weak=True)
                     + _unbuilt_sglang_hint(ws, cfg))
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}"

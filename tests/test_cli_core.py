@@ -1523,6 +1523,27 @@ def test_a_probe_that_repeats_itself_is_warned_of(small):
                                        "--fresh", cwd=small.path).stderr
 
 
+def test_do_not_separate_names_the_label_that_differs_most(small, tmp_path):
+    """A tester's "do not separate ... does not reproduce" while one of three
+    labels read p=0.042 on its own, and --metric on it found the culprit:
+    the final line names it, as a weak lead. Here label a moves by six of
+    its forty steps (p = 0.024 at 40+40), and b, the same at both ends,
+    sets the max."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import pathlib, subprocess\n"
+        f"bad = subprocess.run(['git', 'merge-base', '--is-ancestor', {small.culprit!r}, 'HEAD']).returncode == 0\n"
+        f"f = pathlib.Path({str(tmp_path)!r}) / ('bad' if bad else 'good')\n"
+        "n = int(f.read_text()) if f.exists() else 0\n"
+        "f.write_text(str(n + 1))\n"
+        "print('[a]'); print('avg_kl_div=%.4f' % (1 + ((n * 13) % 40) * 0.01 + (0.06 if bad else 0)))\n"
+        "print('[b]'); print('avg_kl_div=%.4f' % (10 + (n * 7) % 40))\n")
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", f"{PY} {probe}", cwd=small.path)
+    line = error_line(p, 154)
+    assert "do not separate after 40+40 runs" in line and "label a differs most (p=0.024" in line, line
+    assert "--metric a bisects it" in line
+
+
 def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
     p = klb("run", "--good", small.good, "--bad", "main",
             "--probe-cmd", "echo hello-from-the-probe; echo second-line >&2; exit 3", cwd=small.path)
