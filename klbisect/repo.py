@@ -143,9 +143,13 @@ def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
         commit = _rev_parse(repo, f"{out}^{{commit}}")
         if commit is not None:
             return commit[1]
-        kind = repo.git.execute(["git", "cat-file", "-t", out]).strip()
-        raise KlbisectError(f"{what} {rev!r} names a {kind}, not a commit; give a sha, branch or tag of a commit",
-                            EXIT_REVISION)
+        try:
+            kind = repo.git.execute(["git", "cat-file", "-t", out]).strip()
+        except git.GitCommandError:
+            kind = ""    # a full sha names no object here (a shallow clone): unknown, below
+        if kind:
+            raise KlbisectError(f"{what} {rev!r} names a {kind}, not a commit; give a sha, branch or tag of a "
+                                "commit", EXIT_REVISION)
     if re.fullmatch(r"[0-9a-fA-F]{1,39}", rev):
         # git's --quiet says nothing about why a short sha failed: it may name several objects
         found = (_git(repo, "rev-parse", f"--disambiguate={rev}").split() if len(rev) >= 4 else [])
