@@ -345,6 +345,29 @@ def test_a_ctrl_c_lost_in_the_fork_still_stops_the_probe(tmp_path):
     time.sleep(2.5)
     assert not marker.exists(), "the probe started in the lost Ctrl-C's fork ran on"
 
+def _slow_spawn(where: Path, cmd: str, setup_s: float, signals: str) -> subprocess.CompletedProcess:
+    """A klbisect-like process running ``cmd`` through run_logged, whose
+    child takes ``setup_s`` before its exec (the window a stop signal may
+    land in), with ``signals`` (Python) sending it stop signals. Prints
+    "stopped after S s" and exits 130 when interrupted, "ran on" else."""
+    script = ("import os, signal, sys, threading, time\n"
+              "from pathlib import Path\n"
+              "from klbisect import proc\n"
+              "setup = proc._child_setup\n"
+              f"proc._child_setup = lambda: (time.sleep({setup_s}), setup())\n"
+              + signals +
+              "t0 = time.monotonic()\n"
+              "with proc.interrupt_on_stop_signals():\n"
+              "    try:\n"
+              "        proc.run_logged(os.environ['KLB_TEST_CMD'], Path.cwd(), Path('run.log'))\n"
+              "    except KeyboardInterrupt:\n"
+              "        print('stopped after %.1f s' % (time.monotonic() - t0), flush=True)\n"
+              "        sys.exit(130)\n"
+              "print('ran on', flush=True)\n")
+    return subprocess.run([sys.executable, "-c", script], cwd=where, capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, KLB_TEST_CMD=cmd))
+
+
 def test_a_stop_signal_while_popen_waits_for_the_exec_still_stops_the_probe(tmp_path):
     """A reviewer's: SIGTERM landing while the main thread is inside Popen
     (it waits for the child's exec) raised KeyboardInterrupt out of Popen
@@ -352,22 +375,9 @@ def test_a_stop_signal_while_popen_waits_for_the_exec_still_stops_the_probe(tmp_
     killed it, and its background server outlived the exit 130. The window
     is a few milliseconds; a slow ``_child_setup`` widens it here."""
     tag = uuid.uuid4().hex
-    script = ("import os, signal, sys, threading, time\n"
-              "from pathlib import Path\n"
-              "from klbisect import proc\n"
-              "setup = proc._child_setup\n"
-              "proc._child_setup = lambda: (time.sleep(0.5), setup())\n"
-              "threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n"
-              "with proc.interrupt_on_stop_signals():\n"
-              "    try:\n"
-              "        proc.run_logged(os.environ['KLB_TEST_CMD'], Path.cwd(), Path('run.log'))\n"
-              "    except KeyboardInterrupt:\n"
-              "        print('stopped', flush=True)\n"
-              "        sys.exit(130)\n"
-              "print('ran on', flush=True)\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, KLB_TEST_CMD=f"{_sleeper(tag)} & wait"))
-    assert out.returncode == 130 and out.stdout == "stopped\n", out.stdout + out.stderr
+    out = _slow_spawn(tmp_path, f"{_sleeper(tag)} & wait", setup_s=0.5,
+                      signals="threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()\n")
+    assert out.returncode == 130 and out.stdout.startswith("stopped after"), out.stdout + out.stderr
     time.sleep(1.0)    # long enough for a shell left running to start its server
     assert _gone(tag), "the probe's server outlived klbisect"
 
@@ -378,24 +388,11 @@ def test_a_second_stop_signal_during_a_hung_spawn_stops_klbisect_and_its_child(t
     inside Popen, it left the forked child running, known to nobody; its
     probe ran later as an orphan."""
     tag = uuid.uuid4().hex
-    script = ("import os, signal, sys, threading, time\n"
-              "from pathlib import Path\n"
-              "from klbisect import proc\n"
-              "setup = proc._child_setup\n"
-              "proc._child_setup = lambda: (time.sleep(3), setup())\n"
-              "def twice():\n"
-              "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGINT)\n"
-              "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGINT)\n"
-              "threading.Thread(target=twice, daemon=True).start()\n"
-              "t0 = time.monotonic()\n"
-              "with proc.interrupt_on_stop_signals():\n"
-              "    try:\n"
-              "        proc.run_logged(os.environ['KLB_TEST_CMD'], Path.cwd(), Path('run.log'))\n"
-              "    except KeyboardInterrupt:\n"
-              "        print('stopped after %.1f s' % (time.monotonic() - t0), flush=True)\n"
-              "        sys.exit(130)\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                         env=dict(os.environ, KLB_TEST_CMD=f"exec {_sleeper(tag)}"))
+    out = _slow_spawn(tmp_path, f"exec {_sleeper(tag)}", setup_s=3,
+                      signals=("def twice():\n"
+                               "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGINT)\n"
+                               "    time.sleep(0.5); os.kill(os.getpid(), signal.SIGINT)\n"
+                               "threading.Thread(target=twice, daemon=True).start()\n"))
     assert out.returncode == 130 and out.stdout.startswith("stopped after"), out.stdout + out.stderr
     assert float(out.stdout.split()[2]) < 2.5, out.stdout          # at the second signal, not the spawn's end
     time.sleep(3.5)                                                  # when the hung child would have exec'd
