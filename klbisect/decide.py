@@ -747,19 +747,22 @@ def separation(good: Sequence[float], bad: Sequence[float]) -> Separation:
     return Separation(p <= SEPARATION_P, p, m.effect, direction, sg, sb)
 
 
+def label_separations(good: dict[str, Sequence[float]],
+                      bad: dict[str, Sequence[float]]) -> list[tuple[str, float]]:
+    """Each label's own endpoint separation as (label, p), most apart first,
+    over the labels with two runs a side."""
+    labels = sorted(k for k in good if len(good[k]) >= 2 and len(bad.get(k, ())) >= 2)
+    return sorted(((lab, separation(good[lab], bad[lab]).p_value) for lab in labels), key=lambda x: x[1])
+
+
 def labels_apart(good: dict[str, Sequence[float]], bad: dict[str, Sequence[float]],
                  alpha: float = 0.01) -> list[tuple[str, float]]:
     """The labels whose own runs separate the endpoints when their max does
     not (one label of five moved 15%: the others' noise sets the max), as
     (label, p) by p, each tested at ``alpha`` over the number of labels, so
     looking at several is paid for. What a "do not separate" suggests."""
-    labels = sorted(k for k in good if len(good[k]) >= 2 and len(bad.get(k, ())) >= 2)
-    found = []
-    for lab in labels:
-        sep = separation(good[lab], bad[lab])
-        if sep.p_value <= alpha / len(labels):
-            found.append((lab, sep.p_value))
-    return sorted(found, key=lambda x: x[1])
+    seps = label_separations(good, bad)
+    return [(lab, p) for lab, p in seps if p <= alpha / len(seps)]
 
 
 def endpoint_crash_limit(crash_limit: int, other_crashes: int = 0, other_runs: int = 0) -> int:

@@ -30,7 +30,7 @@ from .decide import (BAD, DECISIVE_RUNS, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS
                      OVERLAP_ENDPOINT_RUNS, OVERLAP_P, SEPARATION_P, SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS,
                      STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, EndpointStep, Model, ThresholdModel,
                      contradicts, crash_skip_limit, endpoint_crash_limit, endpoint_step, is_undecided_skip, judge,
-                     labels_apart, runs_per_commit, separation, summarize, verdict_model, worse_tail)
+                     label_separations, labels_apart, runs_per_commit, separation, summarize, verdict_model, worse_tail)
 from .errors import (EXIT_BUSY, EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE,
                      EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_bases
@@ -1202,7 +1202,7 @@ def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]]
     if not apart:
         return ""
     lab, p = apart[0]
-    moved = "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
+    moved = _moved(on_good, on_bad, lab)
     if cfg.worse not in ("either", moved):
         return (f"label {lab} alone moved {moved} (p={p:.2g}): if {moved} values are worse for this "
                 f"metric, rerun with --worse {moved} --metric {shlex.quote(lab)}, which reuses these runs")
@@ -1246,16 +1246,17 @@ def _closest_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[flo
     read p=0.042, and --metric on it found the culprit at 0.9997)."""
     if not _labels_offered(ws, cfg) or len(on_good) < 2:
         return ""
-    tried = [(separation(on_good[k], on_bad[k]), k) for k in on_good
-             if len(on_good[k]) >= 2 and len(on_bad.get(k, ())) >= 2]
-    if not tried:
+    seps = label_separations(on_good, on_bad)
+    if not seps or seps[0][1] > WEAK_LABEL_P or cfg.worse not in ("either", _moved(on_good, on_bad, seps[0][0])):
         return ""
-    sep, lab = min(tried, key=lambda t: t[0].p_value)
-    moved = "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
-    if sep.p_value > WEAK_LABEL_P or cfg.worse not in ("either", moved):
-        return ""
-    return (f"label {lab} differs most (p={sep.p_value:.2g} alone, weak with {len(tried)} labels looked at): if "
+    lab, p = seps[0]
+    return (f"label {lab} differs most (p={p:.2g} alone, weak with {len(seps)} labels looked at): if "
             f"that label is the test that fails, --metric {shlex.quote(lab)} bisects it and reuses these runs")
+
+
+def _moved(on_good: dict[str, list[float]], on_bad: dict[str, list[float]], lab: str) -> str:
+    """Which way a label's median went from the good endpoint to the bad."""
+    return "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
 
 
 CLEARER_LABEL = 100   # a label this many times surer than the max over labels is worth its own --metric
@@ -1278,7 +1279,7 @@ def clearer_label(ws: Workspace, probe_key: str, good: str, bad: str, cfg: Bisec
     if not apart or apart[0][1] * CLEARER_LABEL > p_over:
         return "", ""
     lab, p = apart[0]
-    moved = "higher" if statistics.median(on_bad[lab]) > statistics.median(on_good[lab]) else "lower"
+    moved = _moved(on_good, on_bad, lab)
     if cfg.worse not in ("either", moved):
         return "", ""
     return lab, (f"label {lab} alone separates the endpoints far more clearly (p={p:.2g}, against p={p_over:.2g} "

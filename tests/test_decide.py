@@ -12,7 +12,7 @@ from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOO
                              UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step,
                              exceedance_lower_bound,
                              exceedance_upper_bound,
-                             exceedances, info_per_run, judge, labels_apart, recommend_threshold, runs_lower_bound,
+                             exceedances, info_per_run, judge, label_separations, labels_apart, recommend_threshold, runs_lower_bound,
                              runs_per_commit, separation, summarize, worse_tail)
 
 CAP = math.log(RUN_LR_CAP)
@@ -271,6 +271,9 @@ def test_one_label_apart_while_the_max_is_not():
     assert labels_apart({"x": [1.0, 2.0, 3.0, 4.0]}, {"x": [5.0, 6.0, 7.0, 8.0]}, alpha=0.05)
     many = {f"l{i}": [1.0, 2.0, 3.0, 4.0] for i in range(50)}
     assert labels_apart(many, {k: [5.0, 6.0, 7.0, 8.0] for k in many}, alpha=0.05) == []
+    # every label's own p, most apart first, whether or not it passes; one run a side is no test
+    seps = label_separations({**good, "d": [1.0, 2.0]}, {**bad, "d": [5.0]})
+    assert [lab for lab, _ in seps][0] == "c" and len(seps) == 3 and seps[1][1] > 0.01
 
 
 def test_too_few_runs_do_not_separate():
