@@ -23,7 +23,7 @@ from typing import Callable, Protocol, Sequence
 
 from .errors import KlbisectError
 from .measure import Outcome
-from .probe import STATUS_CRASH, Slot
+from .probe import CRASHED, Slot
 from .proc import kill_all_active
 
 PORT_SPAN = 100            # ports per slot: [port_base, port_base + PORT_SPAN)
@@ -73,7 +73,7 @@ def infrastructure_failure(outcome: Outcome) -> str | None:
     untestable. A run that printed a value is a measurement whatever ended it.
     """
     r = outcome.run
-    if r is not None and r.status == STATUS_CRASH and not r.values and r.exit_code in _KILLED_EXIT:
+    if r is not None and r.status in CRASHED and not r.values and r.exit_code in _KILLED_EXIT:
         return f"probe killed from outside (exit {r.exit_code}, no value; log {r.log_path})"
     return None
 

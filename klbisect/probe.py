@@ -25,8 +25,9 @@ STATUS_NOTFOUND = "notfound"
 # printed values, then failed its own assertion: a measurement even if it
 # stopped before its later labels (their max can only be higher)
 STATUS_FAILED = "failed"
-# how a server probe's run log says its server never came up (the session reads it: two in a row stop)
-SERVER_FAILED = "server failed to start:"
+# a server probe whose server never came up: a crash the session tells apart (two in a row stop)
+STATUS_NOSERVER = "noserver"
+CRASHED = (STATUS_CRASH, STATUS_NOSERVER)
 
 
 @dataclass

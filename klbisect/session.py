@@ -37,7 +37,7 @@ from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_ba
 from .measure import Measurer, Outcome
 from .metric import (broke, check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception,
                      over_labels, scalar)
-from .probe import (DEFAULT_TIMEOUT, SERVER_FAILED, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT,
+from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOSERVER, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT,
                     CommandProbe, Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
                    reap_stale)
@@ -679,6 +679,9 @@ def _counts(run, usual: frozenset, typical: dict[str, float] | None = None, wors
             and not _cut_off(run, usual, typical, worse))
 
 
+_STATUS_SHOWN = {STATUS_NOSERVER: "its server did not start", STATUS_NOTFOUND: "command not found"}
+
+
 def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, float] | None = None,
               worse: str = "higher") -> tuple[str, bool]:
     """One run as a progress line shows it, and whether it counts as a
@@ -686,7 +689,7 @@ def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, floa
     timed out or failed short of its labels is named with what became of it."""
     if run.value is None:
         return (f"no value for --metric {metric}" if run.status in MEASURED and metric
-                else f"no value ({run.status})"), True
+                else f"no value ({_STATUS_SHOWN.get(run.status, run.status)})"), True
     if run.status == STATUS_TIMEOUT:
         return f"{fmt_value(run.value)}, then timed out: counted as a crash", True
     if metric is None and _cut_off(run, usual, typical, worse):
@@ -715,8 +718,8 @@ def repeated_runs(good: list[float], bad: list[float]) -> str | None:
 
 
 def _failed_launches(runs) -> int:
-    """How many of these runs' logs say their server never started."""
-    return sum(1 for r in runs if _log_says(r.log_path, SERVER_FAILED))
+    """How many of these runs' servers never started."""
+    return sum(1 for r in runs if r.status == STATUS_NOSERVER)
 
 
 def _log_says(path: str | None, text: str, limit: int = 1 << 20) -> bool:

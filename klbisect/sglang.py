@@ -42,7 +42,7 @@ from . import proc
 from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
 from .errors import EXIT_USAGE, KlbisectError
 from .metric import JSON_PREFIX
-from .probe import (DEFAULT_TIMEOUT, SERVER_FAILED, STATUS_CRASH, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot,
+from .probe import (DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_NOSERVER, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot,
                     config_key)
 from .proc import child_environ, kill_tree, log_tail, run_logged
 from .redact import flag_secrets, redact
@@ -768,9 +768,9 @@ class SGLangProbe:
                     exit_code = 1
                 status = STATUS_OK if values else STATUS_CRASH
             except ServerStartError as e:
-                say(f"{SERVER_FAILED} {e}")
+                say(f"server failed to start: {e}")
                 self._say_tail(say, log_path.with_name(log_path.stem + ".server.log"))
-                exit_code = e.exit_code
+                status, exit_code = STATUS_NOSERVER, e.exit_code
             except requests.Timeout as e:
                 say(f"timed out: {e}")
                 status = STATUS_TIMEOUT

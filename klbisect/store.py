@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS runs (
     started REAL NOT NULL,
     duration REAL,
     exit_code INTEGER,
-    status TEXT NOT NULL,          -- ok | failed | crash | timeout | notfound
+    status TEXT NOT NULL,          -- ok | failed | crash | timeout | notfound | noserver | novalue
     vals TEXT NOT NULL,            -- JSON label -> value
     value REAL,                    -- the run's scalar (max over labels or --metric)
     log_path TEXT,

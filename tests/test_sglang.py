@@ -865,7 +865,8 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
             "--prompts", str(repo.prompts), "--launch-timeout", "2", cwd=clone, env={"FAKE_SGLANG_NEVER_READY": "1"})
     line = error_line(p, 154)
     assert "printed no metric value in 2 runs" in line and "raise --launch-timeout" in line, line
-    assert len(db_query(clone, "SELECT id FROM runs")) == 2
+    assert [r["status"] for r in db_query(clone, "SELECT status FROM runs")] == ["noserver", "noserver"]
+    assert "no value (its server did not start)" in p.stderr
 
 
 def test_probe_separates_good_and_culprit(repo, tmp_path):
@@ -942,7 +943,7 @@ def test_server_crash_at_start_is_a_crash(repo, tmp_path):
     probe = _probe(repo)
     res = probe.run(wt, tmp_path / "run.log", slot)
     text = Path(res.log_path).read_text()
-    assert res.status == "crash" and res.values == {} and res.exit_code == 1, text
+    assert res.status == "noserver" and res.values == {} and res.exit_code == 1, text
     assert "server failed to start: server exited with code 1" in text
     assert "server| ModuleNotFoundError" in text          # the server's log tail, prefixed
     assert parse_values(text) == {}
@@ -988,7 +989,7 @@ def test_launch_timeout_is_a_crash_and_kills_the_tree(repo, tmp_path):
     slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile), "FAKE_SGLANG_NEVER_READY": "1"})
     res = _probe(repo, launch_timeout=1.5).run(wt, tmp_path / "run.log", slot)
     text = Path(res.log_path).read_text()
-    assert res.status == "crash" and res.exit_code is None and "not ready after" in text
+    assert res.status == "noserver" and res.exit_code is None and "not ready after" in text
     port = int(re.search(r"--port (\d+)", text).group(1))
     _assert_nothing_left(pidfile, port)
 
