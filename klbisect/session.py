@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 import filelock
 
 from . import repo as gitrepo
-from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
+from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, Builder, CommandBuilder, shared_install
 from .decide import (BAD, DECISIVE_RUNS, GOOD, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS,
                      OVERLAP_ENDPOINT_RUNS, OVERLAP_P, SEPARATION_P, SKIP, STALE_CHECK_RUNS, STALE_MAX_RUNS,
                      STALE_RUN_LR, UNDECIDED, UNDECIDED_LIMIT, VERDICT_LR, EndpointStep, Model, ThresholdModel,
@@ -38,7 +38,7 @@ from .measure import Measurer, Outcome
 from .metric import (broke, check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception,
                      over_labels, scalar)
 from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOSERVER, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT,
-                    CommandProbe, Slot)
+                    CommandProbe, Probe, Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
                    reap_stale)
 from .search import CommitRuns, plan
@@ -2125,8 +2125,8 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             crash_limit = crash_skip_limit(crashed, crashed + sum(len(c.values) for c in ends.values()),
                                            cfg.crash_limit)
             try:
-                v, cr = _judge_head(ws, sess, cfg, sha, probe, builder, build_key, built_key, model, measurer,
-                                    slot, before, started, crash_limit, progress)
+                v, cr = _judge_head(_HeadJob(ws, sess, cfg, sha, probe, builder, build_key, built_key, measurer, slot,
+                                             model, crash_limit, started, before, progress))
                 if v.decision == SKIP and not v.values and not cr.build_failed:
                     _check_environment(ws, sess, cfg, probe, builder, sha, progress)
             finally:
@@ -2140,13 +2140,38 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
         ws.close()
 
 
-def _judge_head(ws, sess, cfg, sha, probe, builder, build_key, built_key, model, measurer, slot, before,
-                started, crash_limit, progress):
+@dataclass
+class _HeadJob:
+    """What judging HEAD under git bisect needs: the session, what measures
+    it, and where this command's runs begin (``started``: a build that
+    failed before it is tried again; ``before``: HEAD's runs as this
+    command found them)."""
+
+    ws: Workspace
+    sess: SessionRow
+    cfg: BisectConfig
+    sha: str
+    probe: Probe
+    builder: Builder | None
+    build_key: str | None
+    built_key: str      # the store key naming the commit whose build the checkout holds
+    measurer: Measurer
+    slot: Slot
+    model: Model
+    crash_limit: int
+    started: float
+    before: CommitRuns
+    progress: Progress
+
+
+def _judge_head(job: _HeadJob):
     """Measure HEAD until its runs decide: (verdict, its runs)."""
+    ws, sess, cfg, sha, probe = job.ws, job.sess, job.cfg, job.sha, job.probe
+    build_key, built_key, model, progress = job.build_key, job.built_key, job.model, job.progress
     checked = False
     while True:
-        cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha],
-                   before)
+        cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=job.started)[sha],
+                   job.before)
         if cr.build_failed:
             log = (ws.store.failed_build(build_key or "", sha) or {}).get("log_path")
             # a session's build options are fixed at `start`: a new one is how to change them
@@ -2156,7 +2181,7 @@ def _judge_head(ws, sess, cfg, sha, probe, builder, build_key, built_key, model,
                 raise err   # abort git bisect: skipping every commit would hide a broken command
             v = HeadVerdict(sha, SKIP, 125, f"build failed; log: {log or '?'}", [])
             break
-        verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, crash_limit)
+        verdict = judge(cr.values, cr.crashes, model, cfg.max_runs, job.crash_limit)
         # before every verdict, undecided too: old and new runs pooled can stay undecided
         # until --max-runs, and a skip there would hide the contradiction (raises 154)
         unchecked = _reuse_unchecked(ws, sess.id, probe.key, sha, model)
@@ -2172,8 +2197,8 @@ def _judge_head(ws, sess, cfg, sha, probe, builder, build_key, built_key, model,
         if not checked:     # after the first run, the check after each run covers the next
             _check_unchanged(ws, sha)
             checked = True
-        out = measurer.measure(sha, slot)
-        _keep_env(ws, sess.id, builder)
+        out = job.measurer.measure(sha, job.slot)
+        _keep_env(ws, sess.id, job.builder)
         try:
             _check_unchanged(ws, sha, measured=True)
         except KlbisectError:
