@@ -107,13 +107,7 @@ def kill_all_active() -> None:
         # took eight graces and KILL_WAITs in turn (a reviewer's)
         pids = list(_ACTIVE)
         _STOPPED.update(pids)
-        roots = []
-        for pid in pids:
-            try:
-                roots.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                continue
-        _terminate(pids, _with_descendants(roots), grace=2.0)
+        kill_tree(*pids, grace=2.0)
 
 
 def _halted() -> bool:
@@ -334,13 +328,16 @@ def _reap_adopted_zombies() -> None:
             continue
 
 
-def kill_tree(pid: int, grace: float = 5.0) -> None:
-    """SIGTERM the process group and every descendant, then SIGKILL survivors."""
-    try:
-        roots = [psutil.Process(pid)]
-    except psutil.NoSuchProcess:
-        roots = []
-    _terminate([pid], _with_descendants(roots), grace)
+def kill_tree(*pids: int, grace: float = 5.0) -> None:
+    """SIGTERM each process group and every descendant, then SIGKILL
+    survivors; several trees are signalled before one wait."""
+    roots = []
+    for pid in pids:
+        try:
+            roots.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _terminate(list(pids), _with_descendants(roots), grace)
 
 
 def _with_descendants(procs: Iterable[psutil.Process]) -> list[psutil.Process]:
