@@ -7,9 +7,13 @@ Starts ``--procs`` processes (one group, as a probe's server and its
 workers), each holding ``--gib`` GiB on the GPU and running kernels, then
 kills them through ``proc.kill_tree`` (SIGTERM, the grace, SIGKILL) or with
 ``--sigkill`` at once, and reports the seconds until every process is gone
-and until ``nvidia-smi`` shows the memory free again. Needs a GPU.
+and until ``nvidia-smi`` shows the memory free again. With ``--nccl`` the
+processes are a tensor-parallel group as an SGLang TP server's workers are:
+process k on GPU k (of those visible), joined by NCCL, all-reducing in a
+loop when killed. Needs a GPU (``--nccl``: ``--procs`` of them).
 
     python scripts/cuda_teardown.py --procs 4 --gib 12 --trials 3
+    python scripts/cuda_teardown.py --procs 4 --gib 60 --trials 3 --nccl
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import argparse
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,12 +35,21 @@ from klbisect import proc  # noqa: E402
 
 WORKER = """
 import sys, time, torch
-x = torch.empty(int(float(sys.argv[1]) * 2**30), dtype=torch.uint8, device="cuda")
+gib, rank, world, port = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+if world:
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+x = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
 a = torch.randn(4096, 4096, device="cuda")
+if world:
+    dist.all_reduce(a)
 torch.cuda.synchronize()
 print("ready", flush=True)
 while True:
     a = (a @ a).clamp_(-1, 1)
+    if world:
+        dist.all_reduce(a)
 """
 
 
@@ -52,11 +66,19 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
-def trial(procs: int, gib: float, sigkill: bool, worker: str) -> tuple[float, float, int]:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trial(procs: int, gib: float, sigkill: bool, worker: str, nccl: bool) -> tuple[float, float, int]:
     base = used_mib()
-    one = f"{shlex.quote(sys.executable)} {shlex.quote(worker)} {gib}"
+    port = _free_port()
+    each = [f"{shlex.quote(sys.executable)} {shlex.quote(worker)} {gib} {k} {procs if nccl else 0} {port}"
+            for k in range(procs)]
     leader = subprocess.Popen(
-        ["bash", "-c", " & ".join([one] * procs) + " & wait"],
+        ["bash", "-c", " & ".join(each) + " & wait"],
         stdout=subprocess.PIPE, text=True, preexec_fn=proc._child_setup)
     for _ in range(procs):
         line = leader.stdout.readline().strip()
@@ -90,14 +112,15 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=12.0, help="per process; all of them must fit on the GPU")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--sigkill", action="store_true", help="SIGKILL at once (klbisect's last resort)")
+    ap.add_argument("--nccl", action="store_true", help="one process a GPU, an NCCL group all-reducing (TP)")
     args = ap.parse_args()
     how = "SIGKILL" if args.sigkill else "kill_tree"
     worker = os.path.join(tempfile.mkdtemp(), "worker.py")
     with open(worker, "w") as f:
         f.write(WORKER)
     for k in range(args.trials):
-        gone, free, held = trial(args.procs, args.gib, args.sigkill, worker)
-        print(f"{how}: {args.procs} processes holding {held} MiB: gone after {gone:.2f} s, "
+        gone, free, held = trial(args.procs, args.gib, args.sigkill, worker, args.nccl)
+        print(f"{how}: {args.procs} processes{' (NCCL, one a GPU)' if args.nccl else ''} holding {held} MiB: gone after {gone:.2f} s, "
               f"memory free after {free:.2f} s (trial {k + 1})", flush=True)
     return 0
 
