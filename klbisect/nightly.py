@@ -1527,7 +1527,8 @@ def history(path=None, label: str | None = None, plot: str | None = None,
             keys = [r["probe_key"] for r in st.db.execute(
                 "SELECT probe_key, config FROM sessions WHERE kind='nightly' AND result IS NOT NULL ORDER BY id DESC")
                 # as given, or as klbisect printed it (secrets redacted) in its advice
-                if probe_cmd in (cmd := json.loads(r["config"] or "{}").get("probe_cmd"), redact(cmd or ""))]
+                if probe_cmd.strip() in ((cmd := json.loads(r["config"] or "{}").get("probe_cmd") or "").strip(),
+                                         redact(cmd).strip())]
             if not keys:
                 raise KlbisectError(f"no nightly here ran --probe-cmd {shlex.quote(redact(probe_cmd))}; `klbisect "
                                     "history` alone shows the latest, and names the others", EXIT_USAGE)

@@ -101,7 +101,9 @@ class CommandProbe:
         # the checkout first on PYTHONPATH (--build sglang) changes which code the
         # command imports: runs with and without it are not one probe's
         extra = {"pythonpath": list(self.pythonpath)} if self.pythonpath else {}
-        return config_key("cmd", cmd=self.cmd, regex=self.metric_regex, **extra)
+        # the shell ignores whitespace around the command, so neither does its identity (a
+        # tester's cron line with a trailing space started the nightly baseline afresh)
+        return config_key("cmd", cmd=self.cmd.strip(), regex=self.metric_regex, **extra)
 
     def describe(self) -> str:
         return self.cmd

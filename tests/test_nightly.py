@@ -1128,6 +1128,21 @@ def test_a_changed_probe_command_says_its_nights_start_over_and_history_keeps_th
     assert nope.returncode == 150 and "no nightly here ran --probe-cmd nothing" in nope.stderr
 
 
+def test_whitespace_around_the_probe_command_keeps_its_nights(tmp_path):
+    """A tester's cron line with a trailing space started a new baseline:
+    the night read "baseline", compared with nothing, exit 0."""
+    lv = Levels(tmp_path)
+    for night in ("d1", "d2", "d3"):
+        lv.commit(f"Docs {night} (#1{night[1]})")
+        tail_json(nightly(lv.path, night))
+    lv.commit("Docs (#14)")
+    p = subprocess.run([PY, "-m", "klbisect", "nightly", "--repo", str(lv.path), "--branch", "main",
+                        "--probe-cmd", f" {PY} probe.py  ", "--night", "d4", "--json"], cwd=lv.path, env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert tail_json(p)["regressed"] is False and verdicts(lv.path)[-1] == "good", p.stdout
+    assert "the first night of this --probe-cmd" not in p.stdout
+
+
 class _Answer(BaseHTTPRequestHandler):
     code = 500
     hits: list = []
