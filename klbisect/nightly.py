@@ -74,7 +74,7 @@ from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fm
 from .probe import STATUS_TIMEOUT
 from .plots import check_writable
 from .redact import redact
-from .session import WorktreeMeter, close_builder
+from .session import WorktreeMeter, close_builder, status_words
 
 Progress = Callable[[str], None]
 
@@ -731,8 +731,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             if out.build_failed:
                 progress(f"  build failed: {out.build.log_path}")
             elif run is not None:
-                progress(f"  run {len(mine) + 1}: "
-                         + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
+                progress(f"  run {len(mine) + 1}: {_shown(run)}")
     finally:
         meter.close()
 
@@ -903,11 +902,25 @@ def _split_tonight(st, probe_key: str, shas: list[str], sid: int, label: str | N
             [r for r in runs if (r.session_id or 0) >= sid])
 
 
-def _seen_text(what: str, fresh: list[float], earlier: list[float], head: list[float], of: str = "") -> str:
-    """``of``: whose runs ``earlier`` are, when not the commits measured again."""
+def _shown(run, label: str | None = None) -> str:
+    """A run's value as a progress line shows it: ``label``'s, when the
+    night is judged on one label (the max over labels would read unlike
+    the note that sums the runs up)."""
+    if label is not None:
+        value = label_runs([run], label)
+        return (f"{label} {fmt_value(value[0])}" if value
+                else f"no value of {label} ({status_words(run.status)})")
+    return fmt_value(run.value) if run.value is not None else f"no value ({status_words(run.status)})"
+
+
+def _seen_text(what: str, fresh: list[float], earlier: list[float], head: list[float], of: str = "",
+               label: str | None = None) -> str:
+    """``of``: whose runs ``earlier`` are, when not the commits measured
+    again; ``label``: the one label the values are of."""
     if not fresh:
         return f"{what} gave no value tonight"
-    return (f"{what} measured again tonight: median {fmt_value(float(np.median(fresh)))} over {len(fresh)} runs, "
+    return (f"{what} measured again tonight{f', on {label}' if label else ''}: "
+            f"median {fmt_value(float(np.median(fresh)))} over {len(fresh)} runs, "
             f"against {fmt_value(float(np.median(earlier)))} over {len(earlier)} runs"
             f"{f' of {of}' if of else ''} on earlier nights and "
             f"{fmt_value(float(np.median(head)))} at tonight's head")
@@ -951,8 +964,7 @@ def _measure_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str
                 progress(f"  {shas[0][:12]} does not build now: {out.build.log_path}")
                 break
             if run is not None:
-                progress(f"  {shas[0][:12]} again, run {len(mine) + 1}: "
-                         + (fmt_value(run.value) if run.value is not None else f"no value ({run.status})"))
+                progress(f"  {shas[0][:12]} again, run {len(mine) + 1}: {_shown(run, label)}")
     finally:
         if meter is not None:
             meter.close()
@@ -983,7 +995,7 @@ def _check_environment(ws, cfg, opts: NightlyOptions, rec: dict, probe, builder,
                                     lambda: _Meter(ws, sid, probe, builder, progress), progress)
     pooled = len(rec.get("against_heads") or [good]) > 1
     seen = _seen_text(f"the good endpoint {good[:12]}", fresh, earlier, head,
-                      "the baseline's heads" if pooled else "")
+                      "the baseline's heads" if pooled else "", label)
     if v.decision == BAD:
         _as_environment(rec, seen, v, progress)
     else:

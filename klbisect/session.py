@@ -682,6 +682,11 @@ def _counts(run, usual: frozenset, typical: dict[str, float] | None = None, wors
 _STATUS_SHOWN = {STATUS_NOSERVER: "its server did not start", STATUS_NOTFOUND: "command not found"}
 
 
+def status_words(status: str) -> str:
+    """A run's status as a progress line says it."""
+    return _STATUS_SHOWN.get(status, status)
+
+
 def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, float] | None = None,
               worse: str = "higher") -> tuple[str, bool]:
     """One run as a progress line shows it, and whether it counts as a
@@ -689,7 +694,7 @@ def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, floa
     timed out or failed short of its labels is named with what became of it."""
     if run.value is None:
         return (f"no value for --metric {metric}" if run.status in MEASURED and metric
-                else f"no value ({_STATUS_SHOWN.get(run.status, run.status)})"), True
+                else f"no value ({status_words(run.status)})"), True
     if run.status == STATUS_TIMEOUT:
         return f"{fmt_value(run.value)}, then timed out: counted as a crash", True
     if metric is None and _cut_off(run, usual, typical, worse):

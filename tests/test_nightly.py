@@ -547,6 +547,9 @@ def test_a_second_regression_on_another_label_than_the_open_ones_is_bisected(tmp
     first = lv.commit("Quantize the logprobs path (#103)", 0.004, {"logprobs_match": 0.006})
     p3 = nightly(repo, "d3", *two)
     assert tail_json(p3)["culprit"] == first and "bisecting on the label logprobs_match" in p3.stderr, p3.stderr
+    # the good endpoint measured again shows the label it is judged on, run by run and in the note
+    assert re.search(r"again, run 1: logprobs_match 0\.00(19|20)", p3.stderr), p3.stderr
+    assert re.search(r"measured again tonight, on logprobs_match: median 0\.00(19|20)", p3.stderr), p3.stderr
     # the report (what is posted) names the label its values are of: not the test's max over labels
     report = Path(tail_json(p3)["report"]).read_text()
     assert "values (logprobs_match)" in report and "label logprobs_match alone (--metric)" in report, report
