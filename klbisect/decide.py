@@ -525,6 +525,16 @@ class ThresholdModel:
                    fail_bad=d.get("fail_bad"))
 
 
+ODDS_SHOWN = 1e6   # odds past this read as "over 1e+06:1": a run count, not 1.03e+18:1, is what they rest on
+
+
+def fmt_odds(log_lr: float) -> str:
+    """Evidence as odds, "40:1 for bad" (log_lr > 0, else for good)."""
+    ratio = math.exp(min(abs(log_lr), 700))
+    side = "bad" if log_lr >= 0 else "good"
+    return f"over {ODDS_SHOWN:.0e}:1 for {side}" if ratio > ODDS_SHOWN else f"{ratio:.3g}:1 for {side}"
+
+
 @dataclass
 class Verdict:
     decision: str            # good | bad | undecided | skip
@@ -535,10 +545,7 @@ class Verdict:
 
     @property
     def lr_text(self) -> str:
-        x = self.log_lr
-        if x >= 0:
-            return f"{math.exp(min(x, 700)):.3g}:1 for bad"
-        return f"{math.exp(min(-x, 700)):.3g}:1 for good"
+        return fmt_odds(self.log_lr)
 
 
 def predictive_log_lr(values: Sequence[float], good: Sequence[float], bad: Sequence[float]) -> float:
@@ -601,9 +608,7 @@ class PredictiveModel:
         model's alone, which reads as a contradiction beside "undecided"."""
         rank, fit = self.parts(values)
 
-        def odds(llr: float) -> str:
-            return f"{math.exp(min(abs(llr), 700)):.3g}:1 for {'bad' if llr > 0 else 'good'}"
-        return f"the fitted model {odds(fit)}, the rank test against the ends' runs {odds(rank)}"
+        return f"the fitted model {fmt_odds(fit)}, the rank test against the ends' runs {fmt_odds(rank)}"
 
 
 def verdict_model(good: Sequence[float], bad: Sequence[float]) -> "Model | PredictiveModel":
@@ -696,10 +701,10 @@ def judge(values: Sequence[float], crashes: int, model: "Model | ThresholdModel 
         both = f" (the weaker of {model.explain(values)})" if isinstance(model, PredictiveModel) and n else ""
         if llr >= bound:
             return Verdict(BAD, n, crashes, llr,
-                           f"{n} runs, likelihood ratio {math.exp(min(llr, 700)):.3g}:1 for bad{both}")
+                           f"{n} runs, likelihood ratio {fmt_odds(llr)}{both}")
         if llr <= -bound:
             return Verdict(GOOD, n, crashes, llr,
-                           f"{n} runs, likelihood ratio {math.exp(min(-llr, 700)):.3g}:1 for good{both}")
+                           f"{n} runs, likelihood ratio {fmt_odds(llr)}{both}")
     if n == 0 and crashes >= crash_limit:
         return Verdict(SKIP, n, crashes, 0.0, f"{crashes} runs crashed or timed out without a usable value")
     if n >= max_runs:

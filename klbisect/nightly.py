@@ -271,7 +271,7 @@ def judge_labels_again(head: dict[str, list[float]], open_bad: dict[str, list[fl
     n_head, n_open = len(head[lab]), len(open_bad[lab])
     if c.verdict == "regressed" and n_open >= n_head:
         return Judgement("regressed", c, False, f"worse again on {lab}: {c.reason} "
-                         f"(--alpha {alpha:g} over {len(labels)} labels)", worse_again=True, label=lab)
+                         f"(--alpha {alpha:g} over {fmt_count(len(labels), 'label')})", worse_again=True, label=lab)
     why = (f", to be confirmed on as many of its runs as tonight's {n_head}" if c.verdict == "regressed"
            else "")
     return Judgement("known", c, True, f"worse again on {lab}? {c.reason}{why}", other_side="open", label=lab)
@@ -833,7 +833,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
                                 "(not bisected or posted again)")
         if j.more:
-            rec["notes"].append(f"tonight may be worse than it, short of p <= {opts.alpha:g} after "
+            rec["notes"].append(f"tonight may be worse than it{f' on {j.label}' if j.label else ''}, short of "
+                                f"p <= {opts.alpha:g} after "
                                 f"{len(cr.values)} runs: the next nights' runs will tell")
     elif openr is not None and j.verdict == "good":
         rec["notes"].append(f"the regression found on {known['known_since']} is fixed")

@@ -12,7 +12,7 @@ from klbisect.decide import (BAD, DECISIVE_EFFECT, DEFAULT_MAX_RUNS, GAP_LR, GOO
                              UNDECIDED, VERDICT_LR, Model, ThresholdModel, endpoint_step,
                              exceedance_lower_bound,
                              exceedance_upper_bound,
-                             exceedances, info_per_run, judge, label_separations, labels_apart, recommend_threshold, runs_lower_bound,
+                             exceedances, fmt_odds, info_per_run, judge, label_separations, labels_apart, recommend_threshold, runs_lower_bound,
                              runs_per_commit, separation, summarize, worse_tail)
 
 CAP = math.log(RUN_LR_CAP)
@@ -250,6 +250,11 @@ def test_identical_endpoints_do_not_separate():
     s = separation(GOODV, GOODV)
     assert not s.separated and s.p_value > 0.05
     assert not separation([0.005] * 6, [0.005] * 6).separated
+
+
+def test_odds_past_a_million_are_not_printed_as_a_precise_number():
+    assert fmt_odds(math.log(40)) == "40:1 for bad" and fmt_odds(-math.log(500)) == "500:1 for good"
+    assert fmt_odds(-41.5) == "over 1e+06:1 for good"    # a tester's "1.03e+18:1 for good"
 
 
 def test_interleaved_endpoints_do_not_separate():
