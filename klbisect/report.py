@@ -576,9 +576,17 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
                 f"{fmt_count(r['n_commits'], 'candidate commit')}  ")
     spent = f"{r['probe_seconds']:.0f} s probing" + (
         f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
-    reused = sum(1 for x in data.get("runs", []) if x.get("session") != r.get("session"))
-    spent += f"; {reused} runs reused from earlier sessions" if reused else ""
+    own = r.get("session") or 0
+    earlier = sum(1 for x in data.get("runs", []) if (x.get("session") or 0) < own)
+    later = sum(1 for x in data.get("runs", []) if (x.get("session") or 0) > own)
+    spent += f"; {earlier} runs reused from earlier sessions" if earlier else ""
     head.append(f"**Cost:** {r['probe_runs']} probe runs ({spent})  ")
+    if later:
+        # a report made after later sessions measured these commits: their runs are in the
+        # commit table, not in the answer (a tester read them as "reused from earlier sessions")
+        head.append(f"*{fmt_count(later, 'run')} that later sessions recorded at these commits are in the "
+                    "commit table (its P(bad) recomputed from every run); the confidence and the values "
+                    "per label are this answer's, when its search stopped.*  ")
     judged = judged_by(data)
     if judged:
         head.append(f"**Judged by:** {judged}")

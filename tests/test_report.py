@@ -4,6 +4,7 @@ or GitHub (loopback), on real generated repositories and real sqlite state."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import re
@@ -335,6 +336,23 @@ def test_status_says_why_its_masses_and_the_answers_confidence_differ(bisected):
     for t in st["top"][:3]:      # status lists three
         line = next(ln for ln in format_status(st).splitlines() if ln.startswith(f"  {t['mass']:.4f}"))
         assert not re.search(r"\(#\d*$", line), line        # never half a PR number
+
+
+def test_a_report_made_after_a_later_session_does_not_call_its_runs_earlier(tmp_path):
+    """A tester's nightly report, made again two nights later, said "31 runs
+    reused from earlier sessions" where 15 came from a later one, beside
+    per-label values that still counted the answer's own."""
+    h = make_history(tmp_path / "repo", n_commits=30, culprit_index=17, seed=3)
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=f"{PY} probe.py")
+    first = run_bisect(h.path, cfg, progress=lambda m: None)
+    before = write_report(h.path, fmt="md", session_id=first.session, offline=True)["text"]
+    assert "later sessions" not in before and "reused from earlier sessions" not in before
+    again = run_bisect(h.path, dataclasses.replace(cfg, fresh=True), progress=lambda m: None)
+    assert again.session > first.session and again.culprit == first.culprit == h.culprit
+    text = write_report(h.path, fmt="md", session_id=first.session, offline=True)["text"]
+    assert "reused from earlier sessions" not in text, text
+    later = re.search(r"\*(\d+) runs that later sessions recorded at these commits are in the commit table", text)
+    assert later and int(later.group(1)) >= again.probe_runs - 4, text     # endpoints' runs may lie outside
 
 
 def test_a_report_path_that_cannot_be_written_is_one_line(bisected, tmp_path):
