@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import psutil
@@ -39,7 +40,9 @@ gib, rank, world, port = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
 if world:
     import torch.distributed as dist
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    import datetime
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))
 x = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
 a = torch.randn(4096, 4096, device="cuda")
 if world:
@@ -51,6 +54,9 @@ while True:
     if world:
         dist.all_reduce(a)
 """
+
+
+START_TIMEOUT = 120.0   # seconds for every worker to hold its memory (and join NCCL)
 
 
 def used_mib() -> int:
@@ -80,11 +86,19 @@ def trial(procs: int, gib: float, sigkill: bool, worker: str, nccl: bool) -> tup
     leader = subprocess.Popen(
         ["bash", "-c", " & ".join(each) + " & wait"],
         stdout=subprocess.PIPE, text=True, preexec_fn=proc._child_setup)
-    for _ in range(procs):
-        line = leader.stdout.readline().strip()
-        if line != "ready":   # one failed to start (out of memory): stop the rest, say so
-            proc.kill_tree(leader.pid, grace=1.0)
-            raise SystemExit(f"a worker did not start ({line or 'no output'}): lower --procs or --gib")
+    # a worker that failed (out of memory) while the others hold stdout open would leave
+    # readline waiting for good: the whole start has a deadline
+    timer = threading.Timer(START_TIMEOUT, proc.kill_tree, (leader.pid,), {"grace": 1.0})
+    timer.start()
+    try:
+        for _ in range(procs):
+            line = leader.stdout.readline().strip()
+            if line != "ready":   # one failed to start: stop the rest, say so
+                proc.kill_tree(leader.pid, grace=1.0)
+                raise SystemExit(f"a worker did not start within {START_TIMEOUT:.0f} s "
+                                 f"({line or 'no output'}): lower --procs or --gib")
+    finally:
+        timer.cancel()
     held = used_mib() - base
     root = psutil.Process(leader.pid)
     tree = [root] + root.children(recursive=True)
@@ -109,11 +123,17 @@ def trial(procs: int, gib: float, sigkill: bool, worker: str, nccl: bool) -> tup
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--gib", type=float, default=12.0, help="per process; all of them must fit on the GPU")
+    ap.add_argument("--gib", type=float, default=12.0,
+                    help="per process; all of them must fit on the GPU (with --nccl: each on its own GPU)")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--sigkill", action="store_true", help="SIGKILL at once (klbisect's last resort)")
     ap.add_argument("--nccl", action="store_true", help="one process a GPU, an NCCL group all-reducing (TP)")
     args = ap.parse_args()
+    if args.nccl:
+        import torch  # noqa: PLC0415
+        if torch.cuda.device_count() < args.procs:
+            raise SystemExit(f"--nccl puts one process on each GPU: {args.procs} processes, "
+                             f"{torch.cuda.device_count()} GPUs visible")
     how = "SIGKILL" if args.sigkill else "kill_tree"
     worker = os.path.join(tempfile.mkdtemp(), "worker.py")
     with open(worker, "w") as f:
