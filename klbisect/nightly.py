@@ -71,7 +71,7 @@ from .decide import judge as judge_commit
 from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, Interrupted,
                      KlbisectError, NoDifference)
 from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
-from .probe import STATUS_TIMEOUT
+from .probe import STATUS_NOTFOUND, STATUS_TIMEOUT
 from .plots import check_writable
 from .redact import redact
 from .session import WorktreeMeter, close_builder, status_words
@@ -725,6 +725,8 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                 break
             if not cr.values and mine_crashes >= cfg.crash_limit:
                 break  # a crashed night: no value, so no evidence of anything
+            if not cr.values and mine and mine[-1].status == STATUS_NOTFOUND:
+                break  # the shell's "command not found": no second run will differ
             if len(mine) >= cap_values + cfg.crash_limit:
                 break
             out, run = measure(head)

@@ -1098,6 +1098,7 @@ def test_a_night_rerun_after_its_probe_was_found_is_measured(tmp_path):
            "--probe-cmd", f"{py} probe.py", "--night", "d3", "--json"]
     p = subprocess.run(cmd, cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 155 and "not found" in p.stderr, p.stderr
+    assert "run 1: no value (command not found)" in p.stderr and "run 2:" not in p.stderr   # one try tells
     py.symlink_to(PY)
     p = subprocess.run(cmd, cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
     assert tail_json(p)["regressed"] is False and verdicts(lv.path)[-1] == "baseline"   # a new probe command
