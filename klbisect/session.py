@@ -420,8 +420,9 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     nothing about a crash: the user who raised --timeout after every run
     timed out gets new runs, not the old timeouts counted as crashes. With
     ``failed_since`` (when this command started), an older failed build does
-    not make a commit untestable: each command builds it once more, so a
-    fixed environment (a network blip, a full disk) needs no other command.
+    not make a commit untestable: a command builds it once more where the
+    answer needs it, so a fixed environment (a network blip, a full disk)
+    needs no other command.
     With ``after_session``, only the runs of later sessions count (a nightly
     regression's head, without the runs that found it). A --fresh session's
     store hides older runs, and older failed builds count for nothing too.
@@ -744,6 +745,16 @@ def _cut_short(run, timeout: float | None) -> bool:
 
 def _model_from(d: dict):
     return ThresholdModel.from_dict(d) if d.get("kind") == "threshold" else Model.from_dict(d)
+
+
+def _failed_before(ws: Workspace, build_key: str | None, shas: list[str], runs: dict[str, CommitRuns],
+                   indices, started: float) -> list[str]:
+    """The commits at ``indices`` untestable on a build that failed before
+    this command ``started``."""
+    if not build_key:
+        return []
+    return [shas[i] for i in indices if runs[shas[i]].build_failed
+            and (ws.store.failed_build(build_key, shas[i]) or {}).get("started", started) < started]
 
 
 def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
@@ -1710,8 +1721,12 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         before = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
         searching = True
         look_at = CLEARER_LOOK      # session runs at which an overlapping search looks at the labels again
+        # builds that failed in an earlier command stand until the answer is a block they make:
+        # then each is built once more (a resumed run rebuilt every one first, a tester's minutes each)
+        rebuilding = False
         while True:
-            runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout, failed_since=started)
+            runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout,
+                               failed_since=started if rebuilding else None)
             commits = [since(runs[s], before[s]) for s in shas]
             pending = [shas.index(s) for s in ex.in_flight()]
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
@@ -1725,6 +1740,15 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 look_at = math.inf if clear else 2 * look_at
                 if clear:
                     progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
+            if not rebuilding and not ex.in_flight() and (pl.done or not pl.next):
+                old = _failed_before(ws, build_key, shas, runs, pl.done.indices if pl.done else range(len(shas)),
+                                     started)
+                if old and (not pl.done or len(pl.done.indices) > 1):
+                    rebuilding = True
+                    progress(f"the answer is held up by {fmt_count(len(old), 'commit')} whose build failed in "
+                             f"an earlier command ({', '.join(s[:12] for s in old[:3])}"
+                             f"{', ...' if len(old) > 3 else ''}): building each once more")
+                    continue
             if pl.done and not ex.in_flight():
                 recheck = (_reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout)
                            if check_reused else [])

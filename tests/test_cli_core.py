@@ -266,6 +266,28 @@ def test_build_failure_makes_a_commit_untestable_and_keeps_its_log(history, tmp_
     assert db_query(h.path, "SELECT * FROM runs WHERE sha=?", (before_culprit,))
 
 
+def test_a_resumed_run_does_not_rebuild_what_failed_before_it_unless_the_answer_needs_it(history, tmp_path):
+    """A tester's: after a Ctrl-C, the rerun built again, first of all, each
+    commit whose build had just failed (minutes each with real builds)."""
+    h = history(n_commits=80, seed=8, merges=4, culprit_index=60)
+    flag, done = tmp_path / "failed", tmp_path / "interrupted"
+    # the first build after the broken one stands in for the user's Ctrl-C ($PPID: klbisect)
+    # the first commit built after the endpoints fails for good, and stays the only one
+    build = (f'if test -e {flag} && ! test -e {done}; then touch {done}; kill -INT $PPID; sleep 5; fi; '
+             f'here=$(git rev-parse HEAD); if test "$here" = "$(cat {flag} 2>/dev/null)" || '
+             f'{{ ! test -e {flag} && test "$here" != {h.good} && test "$here" != {h.bad}; }}; '
+             f'then echo $here > {flag}; exit 1; fi')
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", build,
+            "--build-paths", "*", "--threshold", EXACT_THRESHOLD, "--json")
+    first = klb(*args, cwd=h.path)
+    assert first.returncode == 130 and done.exists(), first.stderr
+    again = klb(*args, cwd=h.path)
+    assert json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+    broken = flag.read_text().strip()
+    assert [b["sha"] for b in db_query(h.path, "SELECT * FROM builds WHERE ok=0")] == [broken], again.stderr
+    assert "build failed" not in again.stderr
+
+
 # ---- items 2, 3, 4, 5: classic mode, --all-commits, --metric-regex, --build-paths -----------
 
 def test_classic_all_commits_metric_regex_build_paths(history, tmp_path):
