@@ -2388,6 +2388,40 @@ def test_a_probe_that_prints_then_hangs_is_named_for_what_it_did(small):
     assert "printed values but did not finish" in line and "stopped by --timeout" in line, line
 
 
+SEQUENCE_PROBE = """
+import os, pathlib
+seq = [0.0040, 0.0052, 0.0046, 0.0058, 0.0043, 0.0055, 0.0049, 0.0045, 0.0051, 0.0047]
+level = pathlib.Path("level").read_text().strip()
+counter = pathlib.Path(os.environ["SEQ_DIR"]) / level
+i = int(counter.read_text()) if counter.exists() else 0
+counter.write_text(str(i + 1))
+shift = 0.0004 if level == "bad" else 0.0
+print("[logprobs_match]")
+print(f"avg_kl_div={seq[(i + (3 if level == 'bad' else 0)) % len(seq)] + shift:.6f}")
+"""
+
+
+def test_endpoints_that_only_hint_at_a_difference_are_not_said_to_differ(tmp_path):
+    """A tester read "endpoints differ, but their runs overlap" at p=0.19,
+    and git bisect then spent 258 runs. Ten runs a side at p=0.12: a hint
+    the search may start on, and said so."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "probe.py").write_text(SEQUENCE_PROBE)
+    for i, level in enumerate(["good", "good", "bad", "bad"]):
+        (repo / "level").write_text(level + "\n")
+        (repo / "n").write_text(str(i))
+        git(repo, "add", "-A")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"c{i} (#{i + 1})")
+    shas = git(repo, "rev-list", "--reverse", "HEAD").split()
+    (tmp_path / "seq").mkdir()
+    p = klb("run", "--good", shas[0], "--bad", shas[-1], "--probe-cmd", f"{PY} probe.py", "--max-total-runs", "21",
+            cwd=repo, env={"SEQ_DIR": str(tmp_path / "seq")})
+    assert "endpoints only hint at a difference (p above 0.05), their runs overlapping" in p.stderr, p.stderr
+    assert "endpoints differ" not in p.stderr
+
+
 def test_endpoints_measured_round_after_round_rebuild_once_a_round(history, tmp_path):
     """A range with no regression keeps measuring both endpoints: with a
     build per switch of endpoint, they go a few runs a side at a time, the
