@@ -252,7 +252,8 @@ def search_options(f):
                           "Endpoints that moved the other way are a fix, or swapped, and stop with 154."),
         click.option("--all-commits", is_flag=True, help="Also consider commits of merged side branches."),
         click.option("--max-total-runs", type=COUNT, default=MAX_TOTAL_RUNS, show_default=True,
-                     help="Stop searching after this many runs in all (endpoint runs included)."),
+                     help="Stop searching after this many runs of this session (endpoint runs included; "
+                          "runs reused from earlier sessions not counted)."),
     ]
     for o in reversed(opts):
         f = o(f)
