@@ -86,7 +86,8 @@ def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, 
 @repo_option
 @click.option("--label", default=None, help="Only this label.")
 @click.option("-o", "--output", "out", default=None, metavar="PNG",
-              help="Plot file (default: <git dir>/klbisect/reports/history.png).")
+              help="Plot file (default: <git dir>/klbisect/reports/history.png; with --probe-cmd, "
+                   "history-<series>.png).")
 @click.option("--probe-cmd", default=None, help="The nights of this probe command (default: the latest night's).")
 @click.option("--json", "as_json", is_flag=True)
 def history(repo, label, out, probe_cmd, as_json):

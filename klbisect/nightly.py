@@ -1530,7 +1530,8 @@ def history(path=None, label: str | None = None, plot: str | None = None,
     value, labels: {label: summary}}], "plot", "probe_key", "other_series"}``.
     Uses the probe of the latest nightly unless ``probe_key`` is given, or
     the latest that ran ``probe_cmd``; writes the plot (default
-    ``<git-common-dir>/klbisect/reports/history.png``)."""
+    ``<git-common-dir>/klbisect/reports/history.png``; with ``probe_cmd``,
+    ``history-<its key>.png``)."""
     from .plots import history_plot  # noqa: PLC0415
     from .session import Workspace  # noqa: PLC0415
     ws = Workspace(path)
@@ -1589,7 +1590,9 @@ def history(path=None, label: str | None = None, plot: str | None = None,
             labels = [label]
             for n in nights:
                 n["labels"] = {label: n["labels"][label]} if label in n["labels"] else {}
-        out = plot or str(ws.dir / "reports" / "history.png")
+        # an older series' plot beside the latest one's, not over it (a tester's)
+        named = "" if probe_cmd is None else "-" + probe_key.rsplit(":", 1)[-1][:8]
+        out = plot or str(ws.dir / "reports" / f"history{named}.png")
         trend = {"labels": labels, "nights": nights, "plot": out, "probe_key": probe_key,
                  "other_series": [{**e, "probe_cmd": redact(e["probe_cmd"]) if e["probe_cmd"] else None}
                                   for e in other_series(st, probe_key)]}

@@ -1127,6 +1127,7 @@ def test_a_changed_probe_command_says_its_nights_start_over_and_history_keeps_th
     trend = json.loads(old.stdout.strip().splitlines()[-1])
     assert [n["night"] for n in trend["nights"]] == ["d1", "d2"]
     assert [e["last_night"] for e in trend["other_series"]] == ["d3"]
+    assert Path(trend["plot"]).name.startswith("history-") and Path(trend["plot"]).exists()   # not over the latest
     nope = subprocess.run([PY, "-m", "klbisect", "history", "--repo", str(lv.path), "--probe-cmd", "nothing"],
                           cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
     assert nope.returncode == 150 and "no nightly here ran --probe-cmd nothing" in nope.stderr
