@@ -133,7 +133,8 @@ def format_status(st: dict) -> str:
         where = f"good {str(st['good'])[:12]} bad {str(st['bad'])[:12]}"
     # recounted now: other sessions' runs at these commits, later ones' too (all are weighed)
     reused = f" (+{st['reused_runs']} reused from other sessions)" if st.get("reused_runs") else ""
-    lines = [f"Session {st['session']} ({st['kind']}, {state}): {where}, "
+    kind = f"the bisect of nightly {st['for_night']}" if st.get("for_night") else st["kind"]
+    lines = [f"Session {st['session']} ({kind}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
     for left in reversed(st.get("unfinished") or []):
         how = ("`git bisect run klbisect probe` goes on with it" if left["kind"] == "gitbisect"

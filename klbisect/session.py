@@ -2637,6 +2637,12 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
                      "stopped": None if sess.state == "done" else stop_reason(st, sess.id)}
         # a command holds the lock: working on the session shown by default, not an older one asked for
         out["running"] = ws.busy() and (session_id is None or _shown_session(ws).id == sess.id)
+        if sess.kind == "run":
+            # a nightly's bisect is a run session: named by its night (a tester read "run" and
+            # looked for a `klbisect run` nobody typed)
+            out["for_night"] = next((r["night"] for r in (json.loads(row["result"] or "{}") for row in st.db.execute(
+                "SELECT result FROM sessions WHERE kind='nightly' AND result IS NOT NULL ORDER BY id DESC"))
+                if r.get("bisect_session") == sess.id), None)
         later = st.latest_session(("calibrate",)) if session_id is None else None
         if later is not None and later.id > sess.id and later.result is None:
             # hidden from status (nothing to show yet), but the user who just pressed
