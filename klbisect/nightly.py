@@ -725,8 +725,12 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                 break
             if not cr.values and mine_crashes >= cfg.crash_limit:
                 break  # a crashed night: no value, so no evidence of anything
-            if not cr.values and mine and mine[-1].status == STATUS_NOTFOUND:
-                break  # the shell's "command not found": no second run will differ
+            if mine and mine[-1].status == STATUS_NOTFOUND:
+                # the shell's "command not found": no second run will differ
+                if not cr.values:
+                    break
+                raise KlbisectError(f"the probe command was not found (exit 127) at the head {head[:12]}; check "
+                                    f"--probe-cmd; log: {mine[-1].log_path}", EXIT_PROBE_MISSING)
             if len(mine) >= cap_values + cfg.crash_limit:
                 break
             out, run = measure(head)

@@ -134,6 +134,10 @@ class BisectConfig:
         return cls(**known)
 
     def validate(self) -> None:
+        if self.probe_cmd is not None:
+            # what the shell ignores, so do the session's question and the probe's key (a
+            # tester's trailing space started a new session, or a new nightly baseline)
+            self.probe_cmd = self.probe_cmd.strip()
         if self.probe == "cmd" and not (self.probe_cmd or "").strip():
             raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
         if self.worse not in ("higher", "lower", "either"):
@@ -413,7 +417,8 @@ class WorktreeMeter:
 
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
                 timeout: float | None = None, failed_since: float | None = None,
-                after_session: int = 0, labels_from: list[str] | None = None) -> dict[str, CommitRuns]:
+                after_session: int = 0, labels_from: list[str] | None = None,
+                failed_after: int = 0) -> dict[str, CommitRuns]:
     """Everything known per commit, from every session that used this probe:
     a rerun of the same question reuses finished runs. With ``timeout`` (the
     --timeout in force now), a run that timed out sooner than that says
@@ -428,7 +433,9 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     store hides older runs, and older failed builds count for nothing too.
     ``labels_from``: more commits whose runs say which labels a complete
     run prints (a nightly head whose every run tonight died after its
-    first label has no complete run of its own to say so)."""
+    first label has no complete run of its own to say so). ``failed_after``:
+    only failed builds recorded after this build id count (a command's own,
+    told by the store's order, not by a Ray node's clock, which may lag)."""
     failed_since = max(failed_since or 0.0, ws.store.since)
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
@@ -450,7 +457,8 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
             failed = ws.store.failed_build(build_key, s)
             # a probe run after the failed build (a checkout that needed no
             # rebuild) shows the commit can be tested after all
-            if failed and last_run.get(s, 0.0) <= failed["started"] and failed["started"] >= (failed_since or 0):
+            if failed and last_run.get(s, 0.0) <= failed["started"] and failed["started"] >= (failed_since or 0) \
+                    and failed["id"] > failed_after:
                 out[s].build_failed = True
     return out
 
@@ -748,13 +756,13 @@ def _model_from(d: dict):
 
 
 def _failed_before(ws: Workspace, build_key: str | None, shas: list[str], runs: dict[str, CommitRuns],
-                   indices, started: float) -> list[str]:
+                   indices, first_build: int) -> list[str]:
     """The commits at ``indices`` untestable on a build that failed before
-    this command ``started``."""
+    this command, whose builds are those after id ``first_build``."""
     if not build_key:
         return []
     return [shas[i] for i in indices if runs[shas[i]].build_failed
-            and (ws.store.failed_build(build_key, shas[i]) or {}).get("started", started) < started]
+            and (ws.store.failed_build(build_key, shas[i]) or {}).get("id", 0) <= first_build]
 
 
 def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
@@ -1554,7 +1562,7 @@ def _fresh_origin(st: Store, good: str, bad: str, probe_key: str, cfg: BisectCon
 
 def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_factory,
                 check_reused: bool = True) -> Result:
-    started = time.time()
+    first_build = ws.store.last_build_id()     # the builds after it are this command's
     good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
     cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
     shas = [c[0] for c in cands]
@@ -1587,7 +1595,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         # (a finished run keeps no end time: its last run's start stands for it)
         finished_at = max(prev.ended or 0.0, st.last_touched(prev))
         newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id != prev.id and r.started > finished_at)
-        if not (build_key and len(done.candidates) > 1 and unbuilt) and not newer:
+        # (with no room left under --max-total-runs a reopened block could only fall apart unmeasured)
+        room = len(st.session_runs(prev.id)) < cfg.max_total_runs
+        if not (build_key and len(done.candidates) > 1 and unbuilt and room) and not newer:
             progress(f"this bisect already finished (session {prev.id}); showing its result")
             return done
         if newer:
@@ -1730,7 +1740,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         rebuilding = False
         while True:
             runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout,
-                               failed_since=started if rebuilding else None)
+                               failed_after=first_build if rebuilding else 0)
             commits = [since(runs[s], before[s]) for s in shas]
             pending = [shas.index(s) for s in ex.in_flight()]
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
@@ -1744,9 +1754,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 look_at = math.inf if clear else 2 * look_at
                 if clear:
                     progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
-            if not rebuilding and not ex.in_flight() and (pl.done or not pl.next):
-                old = _failed_before(ws, build_key, shas, runs, pl.done.indices if pl.done else range(len(shas)),
-                                     started)
+            if not rebuilding and not ex.in_flight() and (pl.done or not pl.next) and total < cfg.max_total_runs:
+                # (at --max-total-runs the block stands as it is: no room to build and measure)
+                old = _failed_before(ws, build_key, shas, runs,
+                                     pl.done.indices if pl.done else range(1, len(shas) - 1), first_build)
                 if old and (not pl.done or len(pl.done.indices) > 1):
                     rebuilding = True
                     progress(f"the answer is held up by {fmt_count(len(old), 'commit')} whose build failed in "

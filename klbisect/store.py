@@ -400,6 +400,9 @@ class Store:
                               "ORDER BY id DESC LIMIT 1", (build_key, checkout)).fetchone()
         return row["sha"] if row else None
 
+    def last_build_id(self) -> int:
+        return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM builds").fetchone()[0]
+
     def failed_build(self, build_key: str, sha: str) -> dict | None:
         row = self.db.execute("SELECT * FROM builds WHERE build_key=? AND sha=? ORDER BY id DESC LIMIT 1",
                               (build_key, sha)).fetchone()

@@ -288,6 +288,33 @@ def test_a_resumed_run_does_not_rebuild_what_failed_before_it_unless_the_answer_
     assert "build failed" not in again.stderr
 
 
+def test_a_block_answer_rerun_at_its_run_cap_stands_as_it_was(history):
+    """A reviewer's: the same command with --max-total-runs at the runs the
+    answer took reopened its block to build the broken commit once more,
+    had no room to, and ended "NOT sure" on the broken commit (157)."""
+    h = history(n_commits=20, merges=0, culprit_index=10, seed=3)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd",
+            f'test "$(git rev-parse HEAD)" != {h.shas[9]}', "--build-paths", "*", "--threshold", EXACT_THRESHOLD,
+            "--json")
+    first = klb(*args, cwd=h.path)
+    assert json_tail(first.stdout)["candidates"] == [h.shas[9], h.culprit], first.stderr
+    spent = len(db_query(h.path, "SELECT id FROM runs"))
+    again = klb(*args, "--max-total-runs", spent, cwd=h.path)
+    res = json_tail(again.stdout)
+    assert again.returncode == 0 and res["complete"] and res["candidates"] == [h.shas[9], h.culprit], again.stderr
+
+
+def test_a_probe_command_with_a_stray_space_is_the_same_question(history):
+    """A reviewer's: the same `run` with a trailing space began a second
+    bisect (an interrupted one was not resumed)."""
+    h = history(n_commits=12, merges=0, culprit_index=6, seed=3)
+    base = ("run", "--good", h.good, "--bad", h.bad, "--threshold", EXACT_THRESHOLD, "--json", "--probe-cmd")
+    first = klb(*base, probe_cmd(), cwd=h.path)
+    again = klb(*base, f" {probe_cmd()} ", cwd=h.path)
+    assert json_tail(again.stdout)["session"] == json_tail(first.stdout)["session"], again.stderr
+    assert "already finished" in again.stderr
+
+
 # ---- items 2, 3, 4, 5: classic mode, --all-commits, --metric-regex, --build-paths -----------
 
 def test_classic_all_commits_metric_regex_build_paths(history, tmp_path):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import db_query
 from klbisect.errors import KlbisectError
 from klbisect.executors import (PORT_SPAN, Failure, LocalExecutor, gpu_groups, infrastructure_failure,
                                 make_slots, port_bases, visible_gpus)
@@ -571,3 +572,29 @@ def test_a_run_removes_the_pool_worktrees_a_killed_run_left(history, state):
     listed = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=history.path, capture_output=True,
                             text=True, check=True).stdout
     assert listed.count("worktree ") == 1, listed
+
+
+def test_a_slot_whose_clock_lags_does_not_rebuild_a_broken_commit_without_end(tmp_path):
+    """A reviewer's: with a Ray node an hour behind, each build that failed
+    now looked older than the command, so it was 'built once more', failed,
+    and was built again, 1,683 times in a minute. This command's builds are
+    told by the store's order, not by the clock."""
+    h = make_history(tmp_path / "repo", n_commits=20, merges=0, culprit_index=10, seed=3)
+    broken = h.shas[9]
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=f"{sys.executable} probe.py",
+                       build_cmd=f'test "$(git rev-parse HEAD)" != {broken}', build_paths=("*",),
+                       threshold=0.0065, max_total_runs=60)
+    calls = itertools.count()
+
+    def lagging(cfg, slots, measurer, ws):
+        def measure(sha, slot):
+            if next(calls) > 200:
+                raise AssertionError("still measuring after 200 builds and runs")
+            out = measurer.measure(sha, slot)
+            out.started -= 3600
+            return out
+        return LocalExecutor(slots, measure)
+
+    res = run_bisect(h.path, cfg, progress=lambda m: None, executor_factory=lagging)
+    assert res.complete and res.candidates == [broken, h.culprit], res.reason
+    assert [r["sha"] for r in db_query(h.path, "SELECT sha FROM builds WHERE ok=0")] == [broken]
