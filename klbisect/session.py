@@ -1605,7 +1605,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                      "weighing them with its own")
         else:
             progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
-                     f"building the {len(unbuilt)} whose build failed once more")
+                     f"building the {len(unbuilt)} whose build failed once more, as the search needs")
         st.update_session(prev.id, state="bisecting")
         prev = st.session(prev.id)
     fresh_from = _fresh_origin(st, good, bad, probe_key, cfg) if cfg.fresh else None
@@ -1762,7 +1762,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     rebuilding = True
                     progress(f"the answer is held up by {fmt_count(len(old), 'commit')} whose build failed in "
                              f"an earlier command ({', '.join(s[:12] for s in old[:3])}"
-                             f"{', ...' if len(old) > 3 else ''}): building each once more")
+                             f"{', ...' if len(old) > 3 else ''}): building {'it' if len(old) == 1 else 'them'} "
+                             "once more, as the search needs")
                     continue
             if pl.done and not ex.in_flight():
                 recheck = (_reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout)
