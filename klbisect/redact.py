@@ -16,8 +16,9 @@ import re
 MASK = "<redacted>"
 
 _NAME = r"(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|(?:SECRET|PRIVATE)_?KEY|CREDENTIALS?)"
-# a value: quoted (also as JSON escapes its quotes), or up to a quote, space, backslash, ; or ,
-_VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s'"\\;,]+)"""
+# a value: quoted (also as JSON escapes its quotes), or up to a quote, space, backslash, ;, , or )
+# (a repr's closing parenthesis: ServerArgs(..., api_key=None))
+_VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s'"\\;,)]+)"""
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
 _ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
 # --api-key VALUE, --token=VALUE, --hf_token VALUE, '--api-key', 'VALUE' (not --max-new-tokens, nor prose:
@@ -52,7 +53,9 @@ def _kept(value: str, name: str = "") -> bool:
     # --max-tokens 64); a key or password of digits is one (--api-key 12345678)
     bare = value.strip("\"'\\")
     count = not name or re.search(r"(?:num|max|min|top|n)[-_]?(?:new[-_])?tokens?$|tokens$", name, re.I) is not None
-    return bare.startswith("$") or (count and re.fullmatch(r"[\d.]+", bare) is not None)
+    # nor an unset one (SGLang's ServerArgs(..., api_key=None) read as if a key were set)
+    return (bare.startswith("$") or bare in ("", "None", "null", MASK)
+            or (count and re.fullmatch(r"[\d.]+", bare) is not None))
 
 
 _FLAG_NAME = re.compile(r"--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key)",

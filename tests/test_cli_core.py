@@ -1403,8 +1403,11 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
     from klbisect.redact import redact, redact_text
     kept = ("hf_logprobs=0.003 sk-learn-compat --max-new-tokens 32 num_token=32 HF_TOKEN=$(cat ~/.hf) per token 0.00412"
             " Add per-token FP8 quantization helper (#29578) multi-password reset ssh://git@github.com/o/r.git"
-            " git+https://github.com/sgl-project/sglang@0123456789abcdef#subdirectory=python")
+            " git+https://github.com/sgl-project/sglang@0123456789abcdef#subdirectory=python"
+            # a tester's: SGLang's ServerArgs with no key read "api_key=<redacted>", its ")" eaten
+            " server_args=ServerArgs(model_path='m', port=25000, api_key=None)")
     assert redact(kept) == kept
+    assert redact("ServerArgs(model_path='m', api_key='k3y-of-mine')") == "ServerArgs(model_path='m', api_key=<redacted>)"
     for secret, text in (("SECRETAPI", "--server-args '--api-key SECRETAPI'"), ("tok1", "--hf_token tok1"),
                          ("QWxh", "Authorization: Basic QWxh"), ("pw", "git clone https://me:pw@example.com/r"),
                          ("abcd1234", "SECRET_KEY=abcd1234"), ("h" * 34, "hf_" + "h" * 34),
