@@ -840,9 +840,15 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
         tail = log_tail(last.log_path if last and last.log_path else "")
         missing = re.search(r"No module named '?([\w.]+)", tail)
         missing_module = missing.group(1) if missing else ""
-        if missing_module.split(".")[0] == "sglang" and probe_key.startswith("sglang:"):
+        if missing_module == "sglang" and probe_key.startswith("sglang:"):
             hint = ("sglang is not importable by the --sglang-python interpreter: install it there (`klbisect "
                     "run --build sglang` installs each commit) or point --sglang-python at the one that has it")
+        elif missing_module.startswith("sglang.") and probe_key.startswith("sglang:"):
+            # sglang itself imports: this commit's own code does not (a tester's stale import was
+            # told to install sglang)
+            hint = (f"its server could not import {missing_module}: this commit's own sglang code fails to import "
+                    f"(its server log's traceback says where)"
+                    + (f"; pick a {which} commit whose server starts" if which in ("good", "bad") else ""))
         elif probe_key.startswith("cmd:") and missing_module and which != "good":
             # at the bad end (or a nightly head) the test exists: the commit's own code or the
             # probe's Python lacks the module

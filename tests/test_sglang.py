@@ -935,6 +935,21 @@ def test_a_server_launched_with_an_api_key_is_measured_and_the_key_stays_out_of_
 # (c) a server that dies at start
 # ---------------------------------------------------------------------------
 
+def test_a_commit_whose_own_sglang_fails_to_import_is_not_told_to_install_sglang(repo, tmp_path):
+    """A tester's: a commit's stale import (No module named 'sglang.srt')
+    read "sglang is not importable by the --sglang-python interpreter:
+    install it there"; sglang imported fine, the commit's code did not."""
+    from conftest import klb
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
+    p = klb("run", "--good", repo.broken, "--bad", repo.bad, "--probe", "sglang", "--model-path", "fake-tiny",
+            "--prompts", str(repo.prompts), "--launch-timeout", "20", cwd=clone)
+    # the server's own traceback is shown, from its log; klbisect's one line says whose import failed
+    line = next((ln for ln in p.stderr.splitlines() if ln.startswith("klbisect: error:")), "")
+    assert p.returncode == 154 and "could not import sglang." in line, p.stderr
+    assert "pick a good commit whose server starts" in line and "install it there" not in line, line
+
+
 def test_server_crash_at_start_is_a_crash(repo, tmp_path):
     wt = _worktree(repo, tmp_path / "wt", repo.broken)
     pidfile = tmp_path / "pids"
