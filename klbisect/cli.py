@@ -483,7 +483,7 @@ def log(repo, session_id, as_json):
     """Every probe run of the session, with its log file."""
     import time
 
-    from .session import log as get_log
+    from .session import log as get_log, status_words
     rows = get_log(repo, session_id)
     if as_json:
         _emit_json(rows)
@@ -493,9 +493,11 @@ def log(repo, session_id, as_json):
     # in the order they started (the time shown): parallel slots record runs as they finish
     for r in sorted(rows, key=lambda r: r["started"] or 0.0):
         t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
-        vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or r["status"]
+        vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or status_words(r["status"])
         reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
-        end = "timed out" if r["status"] == "timeout" else f"exit={r['exit_code']}"
+        # a server that was never ready has no exit status: "exit=None" read as a bug (a tester's)
+        end = ("timed out" if r["status"] == "timeout" else
+               "no server" if r["status"] == "noserver" and r["exit_code"] is None else f"exit={r['exit_code']}")
         crash = "  (counted as a crash)" if r["values"] and not r.get("counted", True) else ""
         click.echo(f"{t} {r['sha'][:12]} {end} {r['duration'] or 0:6.1f}s  {vals}{crash}{reused}")
         click.echo(f"         {fmt_subject(r['subject'], 70)}  log: {r['log_path']}")

@@ -867,6 +867,9 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     assert "printed no metric value in 2 runs" in line and "raise --launch-timeout" in line, line
     assert [r["status"] for r in db_query(clone, "SELECT status FROM runs")] == ["noserver", "noserver"]
     assert "no value (its server did not start)" in p.stderr
+    log = klb("log", cwd=clone)
+    assert log.stdout.count("no server") == 2 and "its server did not start" in log.stdout, log.stdout
+    assert "exit=None" not in log.stdout
 
 
 def test_probe_separates_good_and_culprit(repo, tmp_path):
