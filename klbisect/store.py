@@ -175,6 +175,10 @@ class Store:
         self.since = 0.0           # when that session began: older failed builds are left out
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                # it holds the probe command and --server-args as given, secrets among them (SQLite
+                # gives its WAL and shared-memory files the same mode)
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
             self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
                                       check_same_thread=False)
             self.db.row_factory = sqlite3.Row

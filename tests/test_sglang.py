@@ -858,7 +858,7 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     """A tester's: a server that never became healthy was launched six
     times at the good endpoint before the run gave up, each launch up to
     --launch-timeout (ten minutes by default: an hour)."""
-    from conftest import db_query, error_line, klb
+    from conftest import db_query, error_line, klb, state_dir
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
     p = klb("run", "--good", repo.good, "--bad", repo.bad, "--probe", "sglang", "--model-path", "fake-tiny",
@@ -870,6 +870,8 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     log = klb("log", cwd=clone)
     assert log.stdout.count("no server") == 2 and "its server did not start" in log.stdout, log.stdout
     assert "exit=None" not in log.stdout
+    # the store keeps --server-args as given (an --api-key among them): only its user reads it
+    assert all(f.stat().st_mode & 0o077 == 0 for f in state_dir(clone).glob("state.db*"))
 
 
 def test_probe_separates_good_and_culprit(repo, tmp_path):
