@@ -2512,9 +2512,13 @@ def explain_commit(entry: dict, model) -> str:
     parts = []
     if entry.get("build_failed"):
         parts.append("its build failed, so it cannot be measured (untestable)")
-    if entry.get("crashes"):
+    if entry.get("crashes") and entry.get("no_server", 0) >= entry["crashes"]:
+        parts.append(f"{entry['crashes']} run(s) gave no value: its server did not start (not counted as evidence)")
+    elif entry.get("crashes"):
         parts.append(f"{entry['crashes']} run(s) gave no value to judge (crashed, timed out, stopped before "
-                     "printing every label, or printed no --metric label; not counted as evidence)")
+                     "printing every label, or printed no --metric label"
+                     + (f"; {entry['no_server']} of them: its server did not start" if entry.get("no_server") else "")
+                     + "; not counted as evidence)")
     if vals:
         shown = ", ".join(fmt_value(v) for v in vals[:6]) + (" ..." if len(vals) > 6 else "")
         llr = entry.get("log_lr", 0.0)
@@ -2566,12 +2570,15 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     verdicts = ws.store.verdicts(sess.id)
     n = len(cands) - 1
     out = []
+    no_server: dict[str, int] = {}
+    for r in ws.store.runs(sess.probe_key, [c[0] for c in cands if runs[c[0]].crashes]):
+        no_server[r.sha] = no_server.get(r.sha, 0) + (r.status == STATUS_NOSERVER)
     for i, (sha, subj, pr) in enumerate(cands):
         cr = runs[sha]
         if not cr.values and not cr.crashes and not cr.build_failed:
             continue
         entry = {"index": i, "sha": sha, "subject": subj, "pr": pr, "values": list(cr.values),
-                 "crashes": cr.crashes, "build_failed": cr.build_failed}
+                 "crashes": cr.crashes, "build_failed": cr.build_failed, "no_server": no_server.get(sha, 0)}
         if pl is not None:
             entry["p_bad"] = float(pl.posterior.p_bad[i])
             entry["log_lr"] = pl.model.commit_log_lr(cr.values)

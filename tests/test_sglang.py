@@ -870,6 +870,8 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     log = klb("log", cwd=clone)
     assert log.stdout.count("no server") == 2 and "its server did not start" in log.stdout, log.stdout
     assert "exit=None" not in log.stdout
+    st = klb("status", cwd=clone)
+    assert "2 run(s) gave no value: its server did not start" in st.stdout, st.stdout
     # the store keeps --server-args as given (an --api-key among them): only its user reads it
     assert all(f.stat().st_mode & 0o077 == 0 for f in state_dir(clone).glob("state.db*"))
 
