@@ -16,9 +16,9 @@ import re
 MASK = "<redacted>"
 
 _NAME = r"(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|(?:SECRET|PRIVATE)_?KEY|CREDENTIALS?)"
-# a value: quoted (also as JSON escapes its quotes), or up to a quote, space, backslash, ;, , or )
-# (a repr's closing parenthesis: ServerArgs(..., api_key=None))
-_VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|[^\s'"\\;,)]+)"""
+# a value: quoted (also as JSON escapes its quotes), or up to a quote, space, backslash, ;, , or a
+# ) that ends it (a repr's closing parenthesis: ServerArgs(..., api_key=None)); one inside is kept
+_VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|(?:[^\s'"\\;,)]|\)(?=[^\s'"\\;,]))+)"""
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
 _ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
 # --api-key VALUE, --token=VALUE, --hf_token VALUE, '--api-key', 'VALUE' (not --max-new-tokens, nor prose:

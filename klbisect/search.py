@@ -610,6 +610,14 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         if integrated is not None:
             nxt = _most_informative(commits, post, nxt, k, exhausted, untestable, pending,
                                     endpoint_max=max(4 * max_runs, 40), fence=fence)
+        elif not nxt:
+            # Every commit that could settle it holds all the runs it may get, judged by a
+            # model of a few endpoint runs a side: those that ran narrow by chance leave a
+            # culprit whose runs fall between the sides undecided (a new user's default
+            # history: six bad runs of 0.0100-0.0129, the culprit's of 0.0071-0.0121, "NOT
+            # sure" at 0.98). The endpoints pool for certain, and more of them widen the side.
+            nxt = [i for i in sorted((0, n), key=lambda i: len(commits[i].values))
+                   if i not in pending and len(commits[i].values) < (max_endpoint_runs or MAX_ENDPOINT_RUNS)][:k]
     lost = None
     if done is None and integrated is not None and LOST_CHECK:
         lost = lost_separation(commits[0].values, commits[n].values)

@@ -1414,7 +1414,10 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
                          ("sk0", "launching ['python3', '-m', 'sglang.launch_server', '--api-key', 'sk0']"),
                          ("abcdef123456", "error: 'python serve.py\\n--token abcdef123456'"),
                          # a reviewer's: a token alone as the URL's user (a private index in --pip-args)
-                         ("Fury5ecretT0ken42", "install --extra-index-url https://Fury5ecretT0ken42@pypi.fury.io/a/")):
+                         ("Fury5ecretT0ken42", "install --extra-index-url https://Fury5ecretT0ken42@pypi.fury.io/a/"),
+                         # a reviewer's: a ")" inside a secret is part of it (only one that ends a repr is not)
+                         ("def", "--api-key=abc)def"), ("ssw0rd", "PASSWORD=pa)ssw0rd"), ("secret", "--api-key=)secret"),
+                         ("xyz", "API_KEY=None)xyz")):
         assert secret not in redact(text) and "<redacted>" in redact(text), text
     out = json.dumps({"probe": "python3 t.py --token ", "sglang": {}, "labels": {"hf_logprobs": 1},
                       "cmd": "HF_TOKEN=x y"})

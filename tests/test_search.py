@@ -833,3 +833,28 @@ def test_the_model_grows_with_the_endpoint_runs_the_search_adds():
     # what the runs show: the two sides a fraction of a spread apart, not the start's gap
     assert pl.model.effect < start.effect / 3
     assert abs(pl.model.commit_log_lr(commits[0].values[10:])) < abs(start.commit_log_lr(commits[0].values[10:])) / 5
+
+
+def test_an_exhausted_search_on_a_narrow_model_measures_the_endpoints_again():
+    """A new user's default histgen history: six bad-endpoint runs drew
+    0.0100-0.0129 of 0.007-0.013, and the culprit's ten runs (0.0071-0.0121)
+    fell between the sides. At its ten-run cap the search had nothing left
+    and stopped "NOT sure" at 0.98; more endpoint runs widen the bad side."""
+    vals = [[] for _ in range(30)]
+    vals[0] = [0.00507666, 0.00598362, 0.00525034, 0.0059755, 0.00533771, 0.00536118]
+    vals[14], vals[21], vals[25] = [0.00566932], [0.00462607], [0.00542714]
+    vals[27] = [0.00518801, 0.005908, 0.0047324, 0.00579234]
+    vals[28] = [0.00825505, 0.00760238, 0.012123, 0.00724869, 0.00777851, 0.00728383, 0.0084081, 0.00963153,
+                0.00706058, 0.00714865]
+    vals[29] = [0.0107024, 0.0126276, 0.0100281, 0.0128797, 0.0125797, 0.0103458]
+    model = Model.fit(vals[0], vals[29])
+    pl = plan([CommitRuns(list(v)) for v in vals], model, 0.99, k=1)
+    assert pl.done is None and pl.next and set(pl.next) <= {0, 29} and not pl.integrated
+    # the bad side as it really is (0.007-0.013): a few more runs settle it
+    more = [CommitRuns(list(v)) for v in vals]
+    more[29].values += [0.0072, 0.0081, 0.0093]
+    more[0].values += [0.0041, 0.0033, 0.0052]
+    done = plan(more, model, 0.99, k=1).done
+    assert done is not None and done.indices == [28]
+    # with the endpoints at --max-endpoint-runs it stops as before: nothing left to run
+    assert plan([CommitRuns(list(v)) for v in vals], model, 0.99, k=1, max_endpoint_runs=6).next == []
