@@ -160,6 +160,18 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
 _opened: Path | None = None   # the state database this process opened last
 
 
+def _owner_only(path: Path) -> None:
+    """A store made before it was created 0600 (its WAL and shared memory
+    too) becomes so, where it is ours."""
+    for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            st = f.stat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                f.chmod(0o600)
+        except OSError:
+            continue
+
+
 class Store:
     """The sqlite state. ``metric`` is the --metric in force: a run's value
     is read from its stored per-label values with it, so runs recorded
@@ -179,6 +191,7 @@ class Store:
                 # it holds the probe command and --server-args as given, secrets among them (SQLite
                 # gives its WAL and shared-memory files the same mode)
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            _owner_only(self.path)
             self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None,
                                       check_same_thread=False)
             self.db.row_factory = sqlite3.Row
@@ -454,6 +467,11 @@ class Store:
             db.execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?,?)", (key, value))
 
     def purge(self) -> None:
+        # overwritten and the file shrunk, not just unlinked from the tables: the deleted rows
+        # (--server-args as given) would stay in free pages where SQLite's secure_delete is off
+        self.db.execute("PRAGMA secure_delete=ON")
         with self.tx() as db:
             for t in ("runs", "builds", "verdicts", "candidates", "sessions", "pr_meta", "kv"):
                 db.execute(f"DELETE FROM {t}")
+        self.db.execute("VACUUM")
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -1394,6 +1394,27 @@ def test_a_log_tail_of_brackets_is_text_not_a_crash():
     assert redact_text(tail) == "[" * 3000 + " token=<redacted>"
 
 
+def test_the_store_keeps_secrets_to_its_owner_and_purge_leaves_none(tmp_path):
+    """The store keeps --server-args as given (an --api-key among them). A
+    reviewer's: a store made before it was created 0600 stayed 0644, and
+    purge left the deleted rows in free pages (SQLite's secure_delete is
+    off by default upstream)."""
+    from klbisect.store import Store
+    path = tmp_path / "k" / "state.db"
+    path.parent.mkdir()
+    path.touch(mode=0o644)
+    path.chmod(0o644)                                        # as an earlier version made it
+    st = Store(path)
+    assert all(f.stat().st_mode & 0o077 == 0 for f in path.parent.glob("state.db*"))
+    st.db.execute("PRAGMA secure_delete=OFF")
+    for i in range(50):
+        st.create_session("run", "a" * 40, "b" * 40, "cmd:x", {"server_args": f"--api-key SUPERSECRETKEY{i:03d}"})
+    st.purge()
+    st.close()
+    for f in path.parent.glob("state.db*"):
+        assert b"SUPERSECRETKEY" not in f.read_bytes(), f
+
+
 def test_redaction_leaves_labels_numbers_and_json_alone():
     """A tester's: labels hf_logprobs were redacted (and a --json object lost
     one), `--token ` at a string's end broke the JSON, and secrets with no
