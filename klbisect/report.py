@@ -56,8 +56,10 @@ def format_result(res: Result | dict) -> str:
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {fmt_count(r['n_commits'], 'candidate commit')}")
     if r.get("labels"):
+        # the commits placed on a side at 99%: status's Evidence line counts every commit before
+        # the answer, and a tester read the two as contradicting
         lines.append(f"{'KL' if r.get('worse', 'higher') == 'higher' else 'Metric'} before -> after "
-                     "(median [min, max] n):")
+                     "(median [min, max] n, of the commits placed on a side at 99%):")
         for lab, s in label_rows(r):
             lines.append(f"  {lab:<20} {_range(s['before'])}  ->  {_range(s['after'])}")
     for note in r.get("notes", []):
