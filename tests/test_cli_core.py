@@ -912,7 +912,8 @@ def test_an_accuracy_that_broke_to_nan_is_worse_not_a_fix(history, tmp_path):
     cmd = f"{probe_cmd()} | {PY} {tmp_path / 'nan_half.py'}"
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", cmd, "--worse", "lower", "--json", cwd=h.path)
     assert json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
-    assert json_tail(p.stdout)["worse"] == "lower" and "Metric before -> after (median [min, max] n, of the commits placed on a side at 99%)" in p.stderr, p.stderr
+    table = "Metric before -> after (median [min, max] n, of the commits placed on a side at 99%)"
+    assert json_tail(p.stdout)["worse"] == "lower" and table in p.stderr, p.stderr
     assert "nan" in klb("status", cwd=h.path).stdout
     assert klb("report", cwd=h.path).stdout.startswith("### Metric regression: first bad commit")
 
