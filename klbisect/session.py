@@ -1775,8 +1775,16 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 recheck = (_reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout)
                            if check_reused else [])
                 room = max(cfg.max_total_runs - total, 0)
-                if not recheck or not room:
+                if not recheck:
                     break
+                if not room:
+                    # an answer that leans on earlier sessions' runs unchecked is no answer (a tester's
+                    # --max-total-runs 1 measured one side and exited 0, "confidence reached")
+                    return _finish(ws, sid, cands, pl, False,
+                                   f"stopped at --max-total-runs {cfg.max_total_runs} before the check of the "
+                                   f"earlier sessions' runs the answer leans on ({fmt_count(len(set(recheck)), 'commit')} "
+                                   "to measure in this one): a higher --max-total-runs finishes it",
+                                   probe_key, build_key, progress)
                 for i in dict.fromkeys(recheck[:min(ex.free(), room)]):
                     progress(f"checking {shas[i][:12]} ({i}/{len(shas) - 1}): the answer leans on its runs "
                              "from earlier sessions; measuring it in this one")

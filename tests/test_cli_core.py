@@ -304,6 +304,22 @@ def test_a_block_answer_rerun_at_its_run_cap_stands_as_it_was(history):
     assert again.returncode == 0 and res["complete"] and res["candidates"] == [h.shas[9], h.culprit], again.stderr
 
 
+def test_a_run_cap_that_cuts_the_check_of_reused_runs_short_is_no_answer(history):
+    """A tester's: a second question over a measured range with
+    --max-total-runs 1 measured one side of the answer's reused runs and
+    exited 0, "confidence reached"; the other side was never checked."""
+    h = history(n_commits=30, seed=7, noise=SEPARATED)
+    first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert json_tail(first.stdout)["culprit"] == h.culprit, first.stderr
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--confidence", "0.98", "--json")
+    capped = klb(*args, "--max-total-runs", "1", cwd=h.path)
+    res = json_tail(capped.stdout)
+    assert capped.returncode == 157 and not res["complete"], capped.stderr
+    assert "before the check of the earlier sessions' runs" in res["reason"], res["reason"]
+    again = klb(*args, "--max-total-runs", "50", cwd=h.path)
+    assert again.returncode == 0 and json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+
+
 def test_a_probe_command_with_a_stray_space_is_the_same_question(history):
     """A reviewer's: the same `run` with a trailing space began a second
     bisect (an interrupted one was not resumed)."""
