@@ -610,7 +610,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         if integrated is not None:
             nxt = _most_informative(commits, post, nxt, k, exhausted, untestable, pending,
                                     endpoint_max=max(4 * max_runs, 40), fence=fence)
-        elif not nxt:
+        elif not nxt and isinstance(model, Model):
             # Every commit that could settle it holds all the runs it may get, judged by a
             # model of a few endpoint runs a side: those that ran narrow by chance leave a
             # culprit whose runs fall between the sides undecided (a new user's default
