@@ -598,8 +598,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         sep = separation(commits[0].values, commits[n].values)
         if sep.p_value > 1 - confidence:
             done, unproven = None, sep
-            nxt = [i for i in sorted((0, n), key=lambda i: len(commits[i].values))
-                   if i not in pending and len(commits[i].values) < (max_endpoint_runs or MAX_ENDPOINT_RUNS)][:k]
+            nxt = _endpoints_wanted(commits, pending, max_endpoint_runs or MAX_ENDPOINT_RUNS, crash_limit, k)
     if done and not nxt:
         retry = [i for i in done.indices[:-1] if not commits[i].build_failed and not commits[i].values
                  and commits[i].crashes < answer_limit]
@@ -616,12 +615,23 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             # culprit whose runs fall between the sides undecided (a new user's default
             # history: six bad runs of 0.0100-0.0129, the culprit's of 0.0071-0.0121, "NOT
             # sure" at 0.98). The endpoints pool for certain, and more of them widen the side.
-            nxt = [i for i in sorted((0, n), key=lambda i: len(commits[i].values))
-                   if i not in pending and len(commits[i].values) < (max_endpoint_runs or MAX_ENDPOINT_RUNS)][:k]
+            nxt = _endpoints_wanted(commits, pending, max_endpoint_runs or MAX_ENDPOINT_RUNS, crash_limit, k)
     lost = None
     if done is None and integrated is not None and LOST_CHECK:
         lost = lost_separation(commits[0].values, commits[n].values)
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven)
+
+
+def _endpoints_wanted(commits: Sequence[CommitRuns], pending: Sequence[int], cap: int, crash_limit: int,
+                      k: int) -> list[int]:
+    """Endpoints to measure again, the one with fewer runs first: under
+    ``cap`` runs each, and not one whose probe now mostly crashes (a broken
+    environment would spend the whole --max-total-runs there, where the
+    canary, which looks for crashes at several commits, does not look)."""
+    n = len(commits) - 1
+    return [i for i in sorted((0, n), key=lambda i: len(commits[i].values))
+            if i not in pending and len(commits[i].values) < cap
+            and commits[i].crashes < len(commits[i].values) + crash_limit][:k]
 
 
 def _integrated_done(parts: tuple[np.ndarray, np.ndarray | float], post: Posterior,

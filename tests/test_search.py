@@ -856,5 +856,9 @@ def test_an_exhausted_search_on_a_narrow_model_measures_the_endpoints_again():
     more[0].values += [0.0041, 0.0033, 0.0052]
     done = plan(more, model, 0.99, k=1).done
     assert done is not None and done.indices == [28]
+    # an endpoint whose probe now mostly crashes is not asked for again and again (a reviewer's)
+    crashing = [CommitRuns(list(v)) for v in vals]
+    crashing[0].crashes = crashing[29].crashes = 500
+    assert plan(crashing, model, 0.99, k=1).next == []
     # with the endpoints at --max-endpoint-runs it stops as before: nothing left to run
     assert plan([CommitRuns(list(v)) for v in vals], model, 0.99, k=1, max_endpoint_runs=6).next == []
