@@ -37,6 +37,11 @@ def _with_pr(subject: str, pr: int | None) -> str:
     return f"{subject}  ({'PR ' if pr else ''}{pr_text(pr)})"
 
 
+# whose runs the before -> after table holds: status's Evidence line counts every commit before
+# the answer, and a tester read the two as contradicting
+SIDES = "the commits placed on a side at 99%"
+
+
 def format_result(res: Result | dict) -> str:
     r = res if isinstance(res, dict) else res.to_json()
     lines = []
@@ -56,10 +61,8 @@ def format_result(res: Result | dict) -> str:
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {fmt_count(r['n_commits'], 'candidate commit')}")
     if r.get("labels"):
-        # the commits placed on a side at 99%: status's Evidence line counts every commit before
-        # the answer, and a tester read the two as contradicting
         lines.append(f"{'KL' if r.get('worse', 'higher') == 'higher' else 'Metric'} before -> after "
-                     "(median [min, max] n, of the commits placed on a side at 99%):")
+                     f"(median [min, max] n, of {SIDES}):")
         for lab, s in label_rows(r):
             lines.append(f"  {lab:<20} {_range(s['before'])}  ->  {_range(s['after'])}")
     for note in r.get("notes", []):
@@ -596,7 +599,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     head.append("")
     labels = _labels_md(r)
     if labels:
-        where = "at the good → the bad end" if data.get("no_signal") else "before → after the culprit"
+        where = ("at the good → the bad end" if data.get("no_signal") else
+                 f"before → after the culprit (of {SIDES})")
         head += [f"**{_noun(data)} {where}, per label:**", ""] + labels + [""]
     for note in r.get("notes", []):
         # a blank line after each: a line that follows a quote joins it
@@ -704,7 +708,8 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
                  + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "") + "</p>")
     if r.get("labels"):
-        parts.append(f"<h3>{_noun(data)} {'at the good → the bad end' if data.get('no_signal') else 'before → after'}, "
+        parts.append(f"<h3>{_noun(data)} "
+                     f"{'at the good → the bad end' if data.get('no_signal') else f'before → after (of {SIDES})'}, "
                      "per label</h3><table><tr><th>label</th>"
                      "<th>before: median [min, max] (n)</th><th>after: median [min, max] (n)</th></tr>")
         for lab, s in label_rows(r):
