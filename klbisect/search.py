@@ -457,6 +457,7 @@ class Plan:
     integrated: bool = False      # judged by the integrated model (the sides overlap)
     lost: object = None           # decide.Separation: the endpoints' difference faded (stop, no signal)
     unproven: object = None       # decide.Separation: an answer of the whole range waits for the endpoints to differ
+    widening: bool = False        # nothing inside is left to run: ``next`` measures the endpoints again
 
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
@@ -571,6 +572,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             done = user
     nxt: list[int] = []
     unproven = None
+    widening = False
     if done and integrated is None and isinstance(model, Model) and not model.decisive:
         # Separated, but on too few runs a side to trust the plug-in model
         # with an answer: the endpoints, which pool for certain, get more.
@@ -615,11 +617,12 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             # culprit whose runs fall between the sides undecided (a new user's default
             # history: six bad runs of 0.0100-0.0129, the culprit's of 0.0071-0.0121, "NOT
             # sure" at 0.98). The endpoints pool for certain, and more of them widen the side.
+            widening = True
             nxt = _endpoints_wanted(commits, pending, max_endpoint_runs or MAX_ENDPOINT_RUNS, crash_limit, k)
     lost = None
     if done is None and integrated is not None and LOST_CHECK:
         lost = lost_separation(commits[0].values, commits[n].values)
-    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven)
+    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven, widening)
 
 
 def _endpoints_wanted(commits: Sequence[CommitRuns], pending: Sequence[int], cap: int, crash_limit: int,

@@ -1760,7 +1760,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                 look_at = math.inf if clear else 2 * look_at
                 if clear:
                     progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
-            if not rebuilding and not ex.in_flight() and (pl.done or not pl.next) and total < cfg.max_total_runs:
+            # (a search left to widen its endpoints is out of commits too: a reviewer's old failures
+            # waited for both endpoints' --max-endpoint-runs)
+            if not rebuilding and not ex.in_flight() and (pl.done or not pl.next or pl.widening) \
+                    and total < cfg.max_total_runs:
                 # (at --max-total-runs the block stands as it is: no room to build and measure)
                 old = _failed_before(ws, build_key, shas, runs,
                                      pl.done.indices if pl.done else range(1, len(shas) - 1), first_build)
@@ -2543,6 +2546,12 @@ def explain_commit(entry: dict, model) -> str:
     if entry.get("verdict") and entry.get("reason"):
         # the runs and the model as they stood then: its ratio differs from the one above
         parts.append(f"verdict {entry['verdict']}, when it was given: {entry['reason']}")
+        p_bad = entry.get("p_bad")
+        if p_bad is not None and 0.01 < p_bad < 0.99 and entry["verdict"] in (GOOD, BAD) and 0 < entry["index"]:
+            # a tester read "1.6e+03:1 for good" beside P(bad)=0.28 as a contradiction
+            parts.append("P(bad) is less sure than that verdict: it weighs every commit's runs at once, over "
+                         "every place the first bad commit could be, and one commit's odds move it less "
+                         "where many places are left")
     return "; ".join(parts)
 
 

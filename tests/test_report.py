@@ -477,3 +477,14 @@ def test_status_keeps_its_columns_under_subjects_in_chinese(bisected):
     lines = [ln for ln in format_status(st).splitlines() if "P(bad)=" in ln and ln.startswith("  [")]
     assert any("(#23456)" in ln for ln in lines) and any("优化 KV 缓存" in ln for ln in lines)
     assert len({cells(ln[:ln.index("P(bad)=")]) for ln in lines}) == 1, "\n".join(lines)
+
+
+def test_a_verdict_surer_than_its_commits_p_bad_says_why():
+    """A tester's git bisect status: "2 runs, likelihood ratio 1.6e+03:1
+    for good" beside P(bad)=0.28 read as a contradiction."""
+    from klbisect.session import explain_commit
+    model = Model.fit([0.004, 0.0045, 0.005, 0.0052, 0.0048, 0.0055], [0.0095, 0.011, 0.012, 0.0102, 0.0118, 0.0125])
+    entry = {"index": 18, "values": [0.0056, 0.0054], "crashes": 0, "verdict": "good", "p_bad": 0.28,
+             "reason": "2 runs, likelihood ratio 1.6e+03:1 for good", "log_lr": -7.4}
+    assert "P(bad) is less sure than that verdict" in explain_commit(entry, model)
+    assert "less sure" not in explain_commit({**entry, "p_bad": 0.003}, model)

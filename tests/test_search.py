@@ -849,13 +849,13 @@ def test_an_exhausted_search_on_a_narrow_model_measures_the_endpoints_again():
     vals[29] = [0.0107024, 0.0126276, 0.0100281, 0.0128797, 0.0125797, 0.0103458]
     model = Model.fit(vals[0], vals[29])
     pl = plan([CommitRuns(list(v)) for v in vals], model, 0.99, k=1)
-    assert pl.done is None and pl.next and set(pl.next) <= {0, 29} and not pl.integrated
+    assert pl.done is None and pl.next and set(pl.next) <= {0, 29} and not pl.integrated and pl.widening
     # the bad side as it really is (0.007-0.013): a few more runs settle it
     more = [CommitRuns(list(v)) for v in vals]
     more[29].values += [0.0072, 0.0081, 0.0093]
     more[0].values += [0.0041, 0.0033, 0.0052]
-    done = plan(more, model, 0.99, k=1).done
-    assert done is not None and done.indices == [28]
+    settled = plan(more, model, 0.99, k=1)
+    assert settled.done is not None and settled.done.indices == [28] and not settled.widening
     # an endpoint whose probe now mostly crashes is not asked for again and again (a reviewer's)
     crashing = [CommitRuns(list(v)) for v in vals]
     crashing[0].crashes = crashing[29].crashes = 500
