@@ -416,27 +416,24 @@ class WorktreeMeter:
 
 
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
-                timeout: float | None = None, failed_since: float | None = None,
-                after_session: int = 0, labels_from: list[str] | None = None,
+                timeout: float | None = None, after_session: int = 0, labels_from: list[str] | None = None,
                 failed_after: int = 0) -> dict[str, CommitRuns]:
     """Everything known per commit, from every session that used this probe:
     a rerun of the same question reuses finished runs. With ``timeout`` (the
     --timeout in force now), a run that timed out sooner than that says
     nothing about a crash: the user who raised --timeout after every run
     timed out gets new runs, not the old timeouts counted as crashes. With
-    ``failed_since`` (when this command started), an older failed build does
-    not make a commit untestable: a command builds it once more where the
-    answer needs it, so a fixed environment (a network blip, a full disk)
-    needs no other command.
-    With ``after_session``, only the runs of later sessions count (a nightly
+    ``after_session``, only the runs of later sessions count (a nightly
     regression's head, without the runs that found it). A --fresh session's
     store hides older runs, and older failed builds count for nothing too.
     ``labels_from``: more commits whose runs say which labels a complete
     run prints (a nightly head whose every run tonight died after its
     first label has no complete run of its own to say so). ``failed_after``:
-    only failed builds recorded after this build id count (a command's own,
-    told by the store's order, not by a Ray node's clock, which may lag)."""
-    failed_since = max(failed_since or 0.0, ws.store.since)
+    only failed builds recorded after this build id count, so a command
+    (whose builds follow the id it began at) builds an older failure once
+    more where it needs it, and a fixed environment (a network blip, a
+    full disk) needs no other command; told by the store's order, not by
+    a Ray node's clock, which may lag."""
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
@@ -457,7 +454,7 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
             failed = ws.store.failed_build(build_key, s)
             # a probe run after the failed build (a checkout that needed no
             # rebuild) shows the commit can be tested after all
-            if failed and last_run.get(s, 0.0) <= failed["started"] and failed["started"] >= (failed_since or 0) \
+            if failed and last_run.get(s, 0.0) <= failed["started"] and failed["started"] >= ws.store.since \
                     and failed["id"] > failed_after:
                 out[s].build_failed = True
     return out
@@ -2180,15 +2177,15 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
             measurer.last_built[str(ws.top)] = last or None
             # a build that failed in an earlier command is tried once more (the README's promise):
             # the environment may have been fixed since
-            started = time.time()
-            before = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=started)[sha]
+            first_build = ws.store.last_build_id()
+            before = commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_after=first_build)[sha]
             ends = commit_runs(ws, probe.key, build_key, [sess.good, sess.bad], cfg.timeout)
             crashed = sum(c.crashes for c in ends.values())
             crash_limit = crash_skip_limit(crashed, crashed + sum(len(c.values) for c in ends.values()),
                                            cfg.crash_limit)
             try:
                 v, cr = _judge_head(_HeadJob(ws, sess, cfg, sha, probe, builder, build_key, built_key, measurer, slot,
-                                             model, crash_limit, started, before, progress))
+                                             model, crash_limit, first_build, before, progress))
                 if v.decision == SKIP and not v.values and not cr.build_failed:
                     _check_environment(ws, sess, cfg, probe, builder, sha, progress)
             finally:
@@ -2205,7 +2202,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
 @dataclass
 class _HeadJob:
     """What judging HEAD under git bisect needs: the session, what measures
-    it, and where this command's runs begin (``started``: a build that
+    it, and where this command's runs begin (``first_build``: a build that
     failed before it is tried again; ``before``: HEAD's runs as this
     command found them)."""
 
@@ -2221,7 +2218,7 @@ class _HeadJob:
     slot: Slot
     model: Model
     crash_limit: int
-    started: float
+    first_build: int    # the store's last build id when this command began: later ones are its own
     before: CommitRuns
     progress: Progress
 
@@ -2232,7 +2229,7 @@ def _judge_head(job: _HeadJob):
     build_key, built_key, model, progress = job.build_key, job.built_key, job.model, job.progress
     checked = False
     while True:
-        cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_since=job.started)[sha],
+        cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_after=job.first_build)[sha],
                    job.before)
         if cr.build_failed:
             log = (ws.store.failed_build(build_key or "", sha) or {}).get("log_path")
