@@ -25,9 +25,9 @@ from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval,
                      recommend_threshold, runs_lower_bound, sample_bits, separation, summarize, worse_tail)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value, over_labels, scalar
-from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _silent_when_passing, _typical,
-                      _usual_labels, clearer_label, close_builder, commit_runs, ended_on_errors, hold_env, label_hint,
-                      make_builder, make_probe, run_shown, since, valued_runs)
+from .runs import run_shown, typical_values, usual_labels, valued_runs
+from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _silent_when_passing, clearer_label,
+                      close_builder, commit_runs, ended_on_errors, hold_env, label_hint, make_builder, make_probe, since)
 from .simulate import simulate_bisect
 
 
@@ -450,8 +450,8 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                 else:
                     # as `run` shows it: a value printed before a timeout is a crash, not one of the values
                     near = ws.store.runs(probe.key, [sha] + ([bad_sha] if bad_sha else []))
-                    usual = _usual_labels(near) if cfg.metric is None else frozenset()
-                    shown, crashed = run_shown(r, usual, cfg.metric, _typical(near, usual), cfg.worse)
+                    usual = usual_labels(near) if cfg.metric is None else frozenset()
+                    shown, crashed = run_shown(r, usual, cfg.metric, typical_values(near, usual), cfg.worse)
                 progress(f"{which}{target[:12]} run: {shown} ({values + (not crashed)}/{runs} values)")
 
             before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]

@@ -161,9 +161,24 @@ repo_option = click.option("--repo", "repo", default=None, metavar="PATH",
                            help="Repository (default: the one of the current directory).")
 
 
+class _Revision(click.ParamType):
+    """A revision, not the next option taken as its value when the value was
+    left out: `--good --bad main` read as a missing --bad (a tester's). git
+    refuses names that start with "-"; others such are left to it (151)."""
+    name = "REV"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith("--"):
+            self.fail(f"needs a revision (a sha, branch or tag), not the option {value!r}: give it one", param, ctx)
+        return value
+
+
+REVISION = _Revision()
+
+
 def range_options(f):
-    f = click.option("--bad", required=True, help="A known-bad commit, e.g. main.")(f)
-    return click.option("--good", required=True, help="A known-good commit (sha, branch or tag).")(f)
+    f = click.option("--bad", required=True, type=REVISION, help="A known-bad commit, e.g. main.")(f)
+    return click.option("--good", required=True, type=REVISION, help="A known-good commit (sha, branch or tag).")(f)
 
 
 class _Number(click.ParamType):
@@ -483,7 +498,8 @@ def log(repo, session_id, as_json):
     """Every probe run of the session, with its log file."""
     import time
 
-    from .session import log as get_log, status_words
+    from .runs import status_words
+    from .session import log as get_log
     rows = get_log(repo, session_id)
     if as_json:
         _emit_json(rows)
@@ -517,9 +533,9 @@ def reset(repo, purge):
 
 @cli.command()
 @repo_option
-@click.option("--rev", required=True, help="The commit to measure.")
+@click.option("--rev", required=True, type=REVISION, help="The commit to measure.")
 @click.option("--runs", type=COUNT, default=30, show_default=True, help="Runs with a value to collect.")
-@click.option("--bad-rev", default=None, help="Also measure a bad commit and estimate a bisect's cost.")
+@click.option("--bad-rev", default=None, type=REVISION, help="Also measure a bad commit and estimate a bisect's cost.")
 @click.option("--commits", type=int, default=1000, show_default=True,
               help="Range size for the cost estimate (with --bad-rev).")
 @click.option("--thresholds", default=None, help="Comma-separated candidate thresholds to count runs above.")

@@ -74,7 +74,8 @@ from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fm
 from .probe import STATUS_NOTFOUND, STATUS_TIMEOUT
 from .plots import check_writable
 from .redact import redact
-from .session import WorktreeMeter, close_builder, status_words
+from .runs import status_words
+from .session import WorktreeMeter, close_builder
 
 Progress = Callable[[str], None]
 

@@ -37,10 +37,12 @@ from .executors import MAX_PARALLEL, Failure, LocalExecutor, make_slots, port_ba
 from .measure import Measurer, Outcome
 from .metric import (broke, check_regex, fmt_count, fmt_subject, fmt_summary, fmt_value, last_exception,
                      over_labels, scalar)
-from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOSERVER, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT,
+from .probe import (DEFAULT_TIMEOUT, STATUS_FAILED, STATUS_NOSERVER, STATUS_NOTFOUND, STATUS_TIMEOUT,
                     CommandProbe, Probe, Slot)
 from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_marker, reap_orphans_of,
                    reap_stale)
+from .runs import (MEASURED, cut_short, failed_launches, missed_worse, repeated_runs, run_shown, typical_values,
+                   usual_labels, valued_runs, value_counts)
 from .search import CommitRuns, plan
 from .store import Run, SessionRow, Store, storage_error
 
@@ -438,14 +440,14 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
     ref = _label_reference(ws, probe_key, runs, shas, labels_from)
-    usual = _usual_labels(ref) if ws.metric is None else frozenset()
-    typical = _typical(ref, usual)
+    usual = usual_labels(ref) if ws.metric is None else frozenset()
+    typical = typical_values(ref, usual)
     for r in runs:
         last_run[r.sha] = max(last_run.get(r.sha, 0.0), r.started)
-        if _cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session):
+        if cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session):
             continue
         c = out[r.sha]
-        if _counts(r, usual, typical, ws.worse):
+        if value_counts(r, usual, typical, ws.worse):
             c.values.append(r.value)
         else:
             c.crashes += 1
@@ -474,7 +476,7 @@ def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | 
     are not counted."""
     fresh = ws.store.since_session
     earlier = sum(1 for r in ws.store.runs(probe_key, shas, every=True)
-                  if not _cut_short(r, timeout) and not (fresh and (r.session_id or 0) >= fresh))
+                  if not cut_short(r, timeout) and not (fresh and (r.session_id or 0) >= fresh))
     if earlier and fresh:
         progress(f"--fresh: leaving out the {earlier} runs this probe command recorded earlier at these commits")
     elif earlier:
@@ -498,7 +500,7 @@ def _reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], b
     mine: dict[int, list] = {}
     at = {s: i for i, s in enumerate(shas)}
     for r in ws.store.runs(probe_key, shas):
-        if r.session_id == sid and not _cut_short(r, timeout):
+        if r.session_id == sid and not cut_short(r, timeout):
             mine.setdefault(at[r.sha], []).append(r)
         if r.value is not None:
             by_index.setdefault(at[r.sha], []).append(r)
@@ -603,9 +605,6 @@ def _question_of(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in RERUN_KEYS}
 
 
-MEASURED = (STATUS_OK, STATUS_FAILED)   # the statuses of runs whose values count in full
-
-
 def _label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
                     labels_from: list[str] | None) -> list:
     """``runs`` (of ``shas``) and the runs of ``labels_from`` that exited 0:
@@ -616,123 +615,6 @@ def _label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
     return runs + [r for r in ws.store.runs(probe_key, extra) if r.exit_code == 0] if extra else runs
 
 
-def _usual_labels(runs, counts: dict[frozenset, list[int]] | None = None) -> frozenset:
-    """The label set most runs print (ties: the larger), among the runs
-    that exited 0 when there are any. ``counts`` carries the tally from one
-    call to the next, for runs that come one at a time. Runs that stopped
-    on their own assertion are left out: they end short by design, and
-    where they were the most, a run that crashed after the same first label
-    looked complete and counted (a tester's: 6 of 20). Runs that crashed
-    after some labels count only where no run exited 0: a broken NCCL that
-    killed every run of a night after its first label outvoted three
-    nights of complete runs, and the night read good past a regression."""
-    counts = {} if counts is None else counts
-    for r in runs:
-        if r.values and r.status == STATUS_OK:
-            tally = counts.setdefault(frozenset(r.values), [0, 0])
-            tally[0] += r.exit_code == 0     # None: stopped by klbisect, not a clean exit
-            tally[1] += 1
-    clean = any(t[0] for t in counts.values())
-    return max(counts, key=lambda k: (counts[k][0] if clean else counts[k][1], len(k)), default=frozenset())
-
-
-def _cut_off(run, usual: frozenset, typical: dict[str, float] | None = None, worse: str = "higher") -> bool:
-    """A run that failed before printing every label the others print: its
-    max over labels misses the ones it never reached, so it is a crash, not a
-    low value. A failed assertion is a measurement, even one that stopped the
-    test before its later labels, while those labels (their ``typical``
-    values) sit on the good side of the value it printed: they could only
-    make it worse. One that usually sets the max (the min, for --worse
-    lower: an accuracy test that stops on its first low label, before a
-    label that always reads lower) would have made it look better than the
-    complete runs, a regression read as a fix. A run that exits 0 with
-    fewer labels skipped them on purpose."""
-    if not usual or run.exit_code == 0 or not frozenset(run.values) < usual:
-        return False
-    return run.status != STATUS_FAILED or bool(_missed_worse(run, typical, worse))
-
-
-def _missed_worse(run, typical: dict[str, float] | None, worse: str) -> list[str]:
-    """The labels a run never reached whose typical values lie the worse
-    way from the value it printed: what makes an assertion-stopped run a
-    crash."""
-    low = worse == "lower"
-    return sorted(k for k, t in (typical or {}).items()
-                  if k not in run.values and ((t < run.value) if low else (t > run.value)))
-
-
-def _typical(runs, usual: frozenset) -> dict[str, float]:
-    """Each label's median over the runs that printed every usual label."""
-    seen: dict[str, list[float]] = {}
-    for r in runs:
-        if usual and frozenset(r.values) >= usual:
-            for k in usual:
-                seen.setdefault(k, []).append(r.values[k])
-    return {k: statistics.median(v) for k, v in seen.items()}
-
-
-def valued_runs(runs: list, metric: str | None, worse: str = "higher", among: list | None = None) -> list:
-    """The runs whose value counts, as ``commit_runs`` counts them: not
-    timed out, and not cut off short of the labels the others print (the
-    others: ``among``, default ``runs``)."""
-    usual = _usual_labels(among if among is not None else runs) if metric is None else frozenset()
-    typical = _typical(among if among is not None else runs, usual)
-    return [r for r in runs if _counts(r, usual, typical, worse)]
-
-
-def _counts(run, usual: frozenset, typical: dict[str, float] | None = None, worse: str = "higher") -> bool:
-    return (run.value is not None and run.status != STATUS_TIMEOUT
-            and not _cut_off(run, usual, typical, worse))
-
-
-_STATUS_SHOWN = {STATUS_NOSERVER: "its server did not start", STATUS_NOTFOUND: "command not found"}
-
-
-def status_words(status: str) -> str:
-    """A run's status as a progress line says it."""
-    return _STATUS_SHOWN.get(status, status)
-
-
-def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, float] | None = None,
-              worse: str = "higher") -> tuple[str, bool]:
-    """One run as a progress line shows it, and whether it counts as a
-    crash (as commit_runs judges it): a value the run printed before it
-    timed out or failed short of its labels is named with what became of it."""
-    if run.value is None:
-        return (f"no value for --metric {metric}" if run.status in MEASURED and metric
-                else f"no value ({status_words(run.status)})"), True
-    if run.status == STATUS_TIMEOUT:
-        return f"{fmt_value(run.value)}, then timed out: counted as a crash", True
-    if metric is None and _cut_off(run, usual, typical, worse):
-        missed = _missed_worse(run, typical, worse)
-        why = (f", short of {missed[0]}, which reads {'lower' if worse == 'lower' else 'higher'} in complete runs"
-               if run.status == STATUS_FAILED and missed else "")
-        return (f"{fmt_value(run.value)} from {len(run.values)} of {len(usual)} labels, then "
-                f"exit {run.exit_code}{why}: counted as a crash"), True
-    return fmt_value(run.value), False
-
-
-def repeated_runs(good: list[float], bad: list[float]) -> str | None:
-    """A probe whose runs repeat to the last digit: a fixed seed (SGLang's
-    --random-seed, a test that seeds its sampling) makes every run of a
-    commit one draw, counted as many (a tester's 19 launches all read
-    0.005017 at good, 0.008863 at bad, and the answer claimed 0.9992)."""
-    for side, values in (("good", good), ("bad", bad)):
-        # 0 every time is an exact match (deterministic inference), not a repeated draw
-        if len(values) >= 3 and len(set(values)) == 1 and values[0] != 0:
-            return (f"the {side} endpoint's {len(values)} runs all read {fmt_value(values[0])} exactly: the probe "
-                    "repeats itself (a fixed seed: --random-seed in --server-args, or a test that seeds its "
-                    "sampling), so each commit's runs are one draw counted as many, and the confidence overstates "
-                    "what they show; drop the seed so that each run samples anew (a probe deterministic by design "
-                    "can ignore this)")
-    return None
-
-
-def _failed_launches(runs) -> int:
-    """How many of these runs' servers never started."""
-    return sum(1 for r in runs if r.status == STATUS_NOSERVER)
-
-
 def _log_says(path: str | None, text: str, limit: int = 1 << 20) -> bool:
     # the whole log, not its tail: the server's last lines (a ServerArgs line of kilobytes) follow it
     try:
@@ -740,12 +622,6 @@ def _log_says(path: str | None, text: str, limit: int = 1 << 20) -> bool:
             return text.encode() in f.read(limit)
     except OSError:
         return False
-
-
-def _cut_short(run, timeout: float | None) -> bool:
-    """A run stopped by a shorter --timeout than the one in force now."""
-    return (timeout is not None and run.status == STATUS_TIMEOUT and run.duration is not None
-            and run.duration < 0.99 * timeout)
 
 
 def _model_from(d: dict):
@@ -815,7 +691,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
     last = runs[-1] if runs else None
     if last and last.status == STATUS_NOTFOUND:
         crash_limit = min(crash_limit, cr.crashes)    # the shell's "command not found": no run will differ
-    if probe_key.startswith("sglang:") and _failed_launches(runs[-2:]) == 2 and \
+    if probe_key.startswith("sglang:") and failed_launches(runs[-2:]) == 2 and \
             runs[-1].started >= runs[-2].started + (runs[-2].duration or 0.0):
         # a server that did not start twice in a row (one after the other: two at once may both
         # have waited on one slow first download): its arguments or environment, and each more
@@ -881,7 +757,7 @@ def _endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build
             # sets the max (min) in complete runs: the max cannot be read here, a label alone can
             printed = {k for r in recent for k in r.values}
             theirs = ws.store.runs(probe_key, [other])
-            missed = _missed_worse(recent[-1], _typical(theirs, _usual_labels(theirs)), ws.worse) or ["a label"]
+            missed = missed_worse(recent[-1], typical_values(theirs, usual_labels(theirs)), ws.worse) or ["a label"]
             pair = (other, sha) if which == "bad" else (sha, other)
             cfg = BisectConfig(worse=ws.worse, metric_regex=metric_regex)
             return KlbisectError(f"{where} {sha[:12]} stopped on its own assertion in {cr.crashes} runs, each "
@@ -1645,7 +1521,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     slot_by_index = {s.index: s for s in slots}
     failures: dict[str, int] = {}
     streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
-    label_sets: dict[frozenset, list[int]] = {}   # the label sets runs printed: _usual_labels, as they come
+    label_sets: dict[frozenset, list[int]] = {}   # the label sets runs printed: usual_labels, as they come
     searching = False   # set once the endpoints are calibrated (handle reads it when called)
 
     def handle(results) -> None:
@@ -1686,10 +1562,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                                         f"{r.build.log_path}", EXIT_NO_SIGNAL,
                                         detail=log_tail(r.build.log_path or ""))
             elif run is not None:
-                usual = _usual_labels([run], label_sets)
+                usual = usual_labels([run], label_sets)
                 # only a run its own assertion stopped short is judged by the others' typical values
                 short = ws.metric is None and run.status == STATUS_FAILED and frozenset(run.values) < usual
-                typical = _typical(st.runs(probe_key, [good, bad, run.sha]), usual) if short else None
+                typical = typical_values(st.runs(probe_key, [good, bad, run.sha]), usual) if short else None
                 shown, crashed = run_shown(run, usual, ws.metric, typical, ws.worse)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
                 streak[:] = streak + [r.sha] if crashed else []
@@ -2268,9 +2144,9 @@ def _judge_head(job: _HeadJob):
         run = record(ws, sess.id, probe.key, build_key, out, ws.top)
         if run is not None:
             near = ws.store.runs(probe.key, [sess.good, sess.bad, sha])
-            usual = _usual_labels(near) if ws.metric is None else frozenset()
+            usual = usual_labels(near) if ws.metric is None else frozenset()
             progress(f"klbisect: {sha[:12]} run {len(cr.values) + cr.crashes + 1}: "
-                     f"{run_shown(run, usual, ws.metric, _typical(near, usual), ws.worse)[0]}")
+                     f"{run_shown(run, usual, ws.metric, typical_values(near, usual), ws.worse)[0]}")
     return v, cr
 
 

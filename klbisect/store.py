@@ -149,10 +149,15 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
                              "already recorded are kept", EXIT_STORAGE)
     if getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM) or any(
             t in text for t in ("readonly", "read-only", "unable to open database")):
+        path = path if path is not None else _opened    # a write after opening: the store it opened
         where = f" in {path.parent}" if path is not None else ""
-        return KlbisectError(f"cannot write klbisect state{where} ({text}): the directory is read-only or "
-                             "belongs to another user; make it writable and rerun: runs already recorded "
-                             "are kept", EXIT_STORAGE)
+        files = _unwritable(path) if path is not None else []
+        what = (f"{', '.join(files)} {'is' if len(files) == 1 else 'are'} read-only or belong"
+                f"{'s' if len(files) == 1 else ''} to another user; make {'it' if len(files) == 1 else 'them'} "
+                "writable" if files else
+                "the directory is read-only or belongs to another user; make it writable")
+        return KlbisectError(f"cannot write klbisect state{where} ({text}): {what} and rerun: runs already "
+                             "recorded are kept", EXIT_STORAGE)
     return KlbisectError(f"cannot write klbisect state ({text}); free disk space and rerun: "
                          "runs already recorded are kept", EXIT_STORAGE)
 
@@ -160,16 +165,34 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
 _opened: Path | None = None   # the state database this process opened last
 
 
+def _companions(path: Path) -> tuple[Path, Path]:
+    """SQLite's WAL and shared-memory files beside the database."""
+    return path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")
+
+
 def _owner_only(path: Path) -> None:
     """A store made before it was created 0600 (its WAL and shared memory
-    too) becomes so, where it is ours."""
-    for f in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+    too) becomes so, where it is ours. SQLite gives those two the database's
+    mode when it makes them: a command that ran while the database was
+    read-only left them so, and a database made writable again, as the
+    error advised, still could not be written through them (a tester's)."""
+    try:
+        writable = path.stat().st_mode & 0o200
+    except OSError:
+        writable = 0
+    for f in (path, *_companions(path)):
         try:
             st = f.stat()
-            if st.st_uid == os.getuid() and st.st_mode & 0o077:
-                f.chmod(0o600)
+            mode = st.st_mode & 0o700 | (0o600 if writable and f != path else 0)
+            if st.st_uid == os.getuid() and mode != st.st_mode & 0o777:
+                f.chmod(mode)
         except OSError:
             continue
+
+
+def _unwritable(path: Path) -> list[str]:
+    """The state's folder and files this process may not write."""
+    return [str(f) for f in (path.parent, path, *_companions(path)) if f.exists() and not os.access(f, os.W_OK)]
 
 
 class Store:

@@ -1200,40 +1200,6 @@ def test_an_accuracy_test_that_stops_on_its_first_low_label_is_not_read_as_a_fix
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
 
 
-def test_a_run_its_assertion_stopped_names_the_label_that_would_have_made_it_worse():
-    """A reviewer's: the line named the first label a run missed, in
-    alphabetical order, as the one that "reads lower in complete runs",
-    where another had that typical value."""
-    from klbisect.probe import STATUS_FAILED
-    from klbisect.session import run_shown
-    from klbisect.store import Run
-    usual, typical = frozenset({"a", "b", "c"}), {"a": 0.85, "b": 0.95, "c": 0.7}
-
-    def run(**values):
-        return Run(1, 1, "cmd:x", "f" * 40, 0.0, 1.0, 1, STATUS_FAILED, values, min(values.values()), None, None)
-    shown, crashed = run_shown(run(a=0.9), usual, None, typical, "lower")
-    assert crashed and "short of c, which reads lower in complete runs" in shown, shown
-    # only b missed, which reads higher: the run's min stands as a measurement
-    assert run_shown(run(a=0.9, c=0.7), usual, None, typical, "lower") == ("0.7", False)
-
-
-def test_the_labels_of_a_complete_run_are_voted_by_clean_exits():
-    """A broken NCCL killed every run of a night after its first label; those
-    runs outvoted three nights of complete ones. Runs that exited 0 vote
-    when there are any (a run klbisect stopped, exit None, is not one);
-    where none did, every run with values votes, as before."""
-    from klbisect.probe import STATUS_OK
-    from klbisect.session import _usual_labels
-    from klbisect.store import Run
-
-    def runs(labels: str, exit_code, n: int) -> list:
-        return [Run(1, 1, "cmd:x", "f" * 40, 0.0, 1.0, exit_code, STATUS_OK, {k: 0.004 for k in labels}, 0.004,
-                    None, None)] * n
-    assert _usual_labels(runs("abc", 0, 3) + runs("a", 1, 7)) == frozenset("abc")
-    assert _usual_labels(runs("abc", 1, 5) + runs("a", None, 2)) == frozenset("abc")
-    assert _usual_labels(runs("abc", 1, 3) + runs("a", 1, 7)) == frozenset("a")
-
-
 def test_a_label_that_fell_under_a_min_that_rose_by_chance_is_the_question_not_a_fix():
     """The accuracy test above, on a draw where the bad side's complete runs
     (mmlu, unchanged) read higher by chance (p=0.021): "the range holds a
@@ -1346,6 +1312,15 @@ def test_bad_revisions(small, good, bad, words):
     assert words in error_line(p, 151)
 
 
+def test_a_revision_left_out_is_not_the_next_option(small):
+    """A tester's: `--good --bad main` took --bad as the good revision and
+    said --bad was missing."""
+    p = klb("run", "--good", "--bad", "main", "--probe-cmd", "true", cwd=small.path)
+    assert "'--good': needs a revision (a sha, branch or tag), not the option '--bad'" in error_line(p, 150)
+    p = klb("calibrate", "--rev", "--runs", "3", cwd=small.path)
+    assert "not the option '--runs'" in error_line(p, 150)
+
+
 def test_a_good_tag_on_a_release_branch_is_pointed_at_the_merge_base(small):
     """SGLang's post-release tags sit on release branches: "swap them" was
     wrong both ways round; the merge base is what bad's history holds."""
@@ -1430,6 +1405,31 @@ def test_the_store_keeps_secrets_to_its_owner_and_purge_leaves_none(tmp_path):
     st.close()
     for f in path.parent.glob("state.db*"):
         assert b"SUPERSECRETKEY" not in f.read_bytes(), f
+
+
+def test_a_store_made_writable_again_is_written_through_its_wal_and_shared_memory(tmp_path):
+    """A tester's: a command that ran while state.db was read-only left its
+    -wal and -shm files read-only (SQLite gives them the database's mode);
+    after ``chmod u+w state.db``, as the error advised, every command still
+    exited 156 "readonly database". The next open gives them back the
+    database's write permission; while they stay unwritable, the error
+    names them."""
+    from klbisect.store import Store, storage_error
+    path = tmp_path / "k" / "state.db"
+    held = Store(path)                    # another reader keeps both files (the last one out removes them)
+    held.create_session("run", "a" * 40, "b" * 40, "cmd:x", {})
+    wal, shm = (path.with_name("state.db" + x) for x in ("-wal", "-shm"))
+    for f in (wal, shm):
+        f.chmod(0o400)                    # as SQLite made them beside a database that was 0400
+    st = Store(path)
+    st.create_session("run", "a" * 40, "b" * 40, "cmd:x", {})
+    assert [oct(f.stat().st_mode & 0o777) for f in (path, wal, shm)] == ["0o600"] * 3
+    st.close()
+    held.close()
+    if os.getuid() != 0:                  # root may write whatever its mode says
+        shm.chmod(0o400)
+        said = storage_error(sqlite3.OperationalError("attempt to write a readonly database"), path).message
+        assert f"{shm} is read-only or belongs to another user; make it writable and rerun" in said, said
 
 
 def test_redaction_leaves_labels_numbers_and_json_alone():

@@ -1,0 +1,55 @@
+"""Which recorded runs count as measurements, and how a run is shown
+(``klbisect.runs``): plain records, no repository."""
+from __future__ import annotations
+
+from klbisect.probe import STATUS_FAILED, STATUS_OK, STATUS_TIMEOUT
+from klbisect.runs import run_shown, usual_labels, valued_runs
+from klbisect.store import Run
+
+
+def run_of(exit_code, status: str, value, **values) -> Run:
+    return Run(1, 1, "cmd:x", "f" * 40, 0.0, 1.0, exit_code, status, values, value, None, None)
+
+
+def test_a_timeout_and_a_crash_short_of_a_label_do_not_count_but_an_assertion_does():
+    """A value printed before a timeout, or before a crash short of the
+    labels complete runs print, would hide the label that moved; a test's
+    own assertion after its first label over the threshold is a
+    measurement (the labels it never reached could only raise its max)."""
+    complete = [run_of(0, STATUS_OK, 0.005, a=0.004, b=0.005)] * 3
+    timed_out = run_of(None, STATUS_TIMEOUT, 0.004, a=0.004, b=0.004)
+    crashed = run_of(1, STATUS_OK, 0.004, a=0.004)
+    asserted = run_of(1, STATUS_FAILED, 0.012, a=0.012)
+    kept = valued_runs(complete + [timed_out, crashed, asserted], None)
+    assert kept == complete + [asserted]
+    assert run_shown(crashed, frozenset("ab"), None, {"a": 0.004, "b": 0.005}) == (
+        "0.004 from 1 of 2 labels, then exit 1: counted as a crash", True)
+    # judged on one label (--metric a), a run that printed it counts
+    assert valued_runs([crashed], "a") == [crashed]
+
+
+def test_a_run_its_assertion_stopped_names_the_label_that_would_have_made_it_worse():
+    """A reviewer's: the line named the first label a run missed, in
+    alphabetical order, as the one that "reads lower in complete runs",
+    where another had that typical value."""
+    usual, typical = frozenset({"a", "b", "c"}), {"a": 0.85, "b": 0.95, "c": 0.7}
+
+    def run(**values):
+        return run_of(1, STATUS_FAILED, min(values.values()), **values)
+    shown, crashed = run_shown(run(a=0.9), usual, None, typical, "lower")
+    assert crashed and "short of c, which reads lower in complete runs" in shown, shown
+    # only b missed, which reads higher: the run's min stands as a measurement
+    assert run_shown(run(a=0.9, c=0.7), usual, None, typical, "lower") == ("0.7", False)
+
+
+def test_the_labels_of_a_complete_run_are_voted_by_clean_exits():
+    """A broken NCCL killed every run of a night after its first label; those
+    runs outvoted three nights of complete ones. Runs that exited 0 vote
+    when there are any (a run klbisect stopped, exit None, is not one);
+    where none did, every run with values votes, as before."""
+
+    def runs(labels: str, exit_code, n: int) -> list:
+        return [run_of(exit_code, STATUS_OK, 0.004, **{k: 0.004 for k in labels})] * n
+    assert usual_labels(runs("abc", 0, 3) + runs("a", 1, 7)) == frozenset("abc")
+    assert usual_labels(runs("abc", 1, 5) + runs("a", None, 2)) == frozenset("abc")
+    assert usual_labels(runs("abc", 1, 3) + runs("a", 1, 7)) == frozenset("a")
