@@ -170,8 +170,10 @@ class Scenario:
             f = params["factor"]
             lo = self.good[0] * min(1.0, f) * math.exp(-9 * self.good[1])
             hi = self.good[0] * max(1.0, f) * math.exp(9 * self.good[1])
-        top = math.log(hi * (self.outlier_mult[1] if self.outlier_rate else 1.0)
-                       * (self.spike_mult[1] if self.spike_rate else 1.0))
+        # factors under 1 must not pull the top below the values themselves (a tester's
+        # outlier-mult=.3,.7 cut the grid at 0.0084, under most bad values)
+        top = math.log(hi * max(1.0, self.outlier_mult[1] if self.outlier_rate else 1.0)
+                       * max(1.0, self.spike_mult[1] if self.spike_rate else 1.0))
         # factors under 1 ("sometimes a low value", a tester's model) reach below the values
         lo *= min(1.0, self.outlier_mult[0] if self.outlier_rate else 1.0,
                   self.spike_mult[0] if self.spike_rate else 1.0)

@@ -172,6 +172,14 @@ def test_known_noise_search_weighs_runs_by_the_true_likelihood_ratio():
     llr = low.log_lr({"factor": 1.6})
     assert abs(np.mean([np.exp(llr(v)) for v in low.draw(rng, False, {"factor": 1.6}, 20000)]) - 1) < 0.05
     assert llr(0.0064) > 2 and -bb.LLR_CLIP < llr(0.0025) < 0    # a bad run read low is not a sure good one
+    # the same on the uniform kind (another tester's): the grid stopped at the top value times 0.7,
+    # under most bad values, and the known rows were right 81% of the time
+    low = bb.parse_model("name=lowread labels=3 good=0.003,0.006 bad=0.007,0.012 outliers=0.3 outlier-mult=0.3,0.7")
+    llr = low.log_lr({})
+    # E_good[LR] is the bad runs' share on the good runs' values: here 0.24, not 1
+    shared = np.mean([llr(v) < bb.LLR_CLIP for v in low.draw(rng, True, {}, 20000)])
+    assert abs(np.mean([np.exp(llr(v)) for v in low.draw(rng, False, {}, 20000)]) - shared) < 0.03, shared
+    assert llr(0.011) == bb.LLR_CLIP and -bb.LLR_CLIP < llr(0.0045) < 0
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_bisect.py"), "--trials", "4", "--commits", "1000",
          "--models", "seed", "--strategies", "known", "--jobs", "1"],
