@@ -558,6 +558,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
             if float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION or min(sides) < MIN_SIDE_RUNS:
                 integrated, post = second, alt
                 done = _integrated_done(integrated, post, confidence)
+    stretch = max_runs is None and integrated is not None     # the default cap, not the user's --max-runs
     if max_runs is None:
         max_runs = OVERLAP_MAX_RUNS if integrated is not None else runs_per_commit(model)
     exhausted = np.array([len(c.values) >= max_runs or c.crashes >= max_runs + crash_limit
@@ -568,8 +569,16 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         # runs they may get, more runs elsewhere cannot settle it: the
         # search would spend the rest on an endpoint. The user's mark is met.
         user = decided(post, confidence)
-        if user and all(exhausted[i] or i in (0, n) for i in _resting_on(user, untestable)):
+        if user and all(exhausted[i] or i in (0, n) for i in resting_on(user, untestable)):
             done = user
+    if done is None and stretch:
+        # Short of the user's mark, the two commits the likeliest answer rests
+        # on are where runs settle it: at the default cap they would go ten
+        # commits away, at P(bad) = 0.000 (a tester's 300 runs there, "NOT
+        # sure" at 0.95, where --max-runs 400 settled it in 222 more).
+        for i in resting_on(post.top(), untestable):
+            if 0 < i < n and not commits[i].crashes >= max_runs + crash_limit:
+                exhausted[i] = len(commits[i].values) >= RESTING_MAX_RUNS * max_runs
     nxt: list[int] = []
     unproven = None
     widening = False
@@ -583,7 +592,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         # must have been seen more than once, so one outlier cannot decide it.
         # The one on the high side more: a divergence's outliers are large, so
         # two of a good commit's can pass for a regression no endpoint run showed.
-        last_good, first_bad = _resting_on(done, untestable)
+        last_good, first_bad = resting_on(done, untestable)
         up = not isinstance(model, Model) or model.mu_bad >= model.mu_good
         need = {last_good: BOUNDARY_RUNS + (0 if up else HIGH_SIDE_EXTRA),
                 first_bad: BOUNDARY_RUNS + (HIGH_SIDE_EXTRA if up else 0)}
@@ -648,7 +657,7 @@ def _integrated_done(parts: tuple[np.ndarray, np.ndarray | float], post: Posteri
             or decided(tempered(parts, confidence, post.untestable), confidence))
 
 
-def _resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
+def resting_on(block: Block, untestable: np.ndarray) -> tuple[int, int]:
     """The two commits an answer rests on: the last testable one before the
     block (good) and the block's last (bad)."""
     before = max((i for i in range(block.first) if not untestable[i]), default=0)
@@ -666,6 +675,9 @@ ANSWER_MAX_CRASHES = 30
 LOST_CHECK = True
 # Runs each commit beside an answer's boundary must have (plan).
 BOUNDARY_RUNS = 2
+# Under the default cap of overlapping values, the commits the likeliest answer rests on may take
+# this many times the cap while it is short of the mark (plan); a --max-runs given is kept as given.
+RESTING_MAX_RUNS = 4
 HIGH_SIDE_EXTRA = 1      # ... and the one of them on the high side this many more (docs/benchmarks.rst: 2026-12-02)
 # interior commits this sure of a side lend it their runs (plan's refine)
 POOL_P = 0.001

@@ -1312,6 +1312,18 @@ def test_bad_revisions(small, good, bad, words):
     assert words in error_line(p, 151)
 
 
+def test_a_search_held_back_by_max_runs_says_so(history):
+    """A tester's: "NOT sure" at --max-total-runs named that option only,
+    where the commits beside the likeliest culprit held all the runs
+    --max-runs lets a commit have; a rerun with a higher --max-runs settled
+    it. Overlapping sides and two runs a commit: the search runs out."""
+    h = history(n_commits=8, seed=4, merges=0, noise=NoiseModel(good=(0.003, 0.006), bad=(0.004, 0.007)))
+    p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--max-runs", "2", cwd=h.path)
+    assert p.returncode == 157, p.stdout + p.stderr
+    assert re.search(r"which the likeliest answer rests on, holds? all the runs a commit may get \(2\): rerun with "
+                     r"a higher --max-runs \(e\.g\. 4\)", p.stdout), p.stdout
+
+
 def test_a_revision_left_out_is_not_the_next_option(small):
     """A tester's: `--good --bad main` took --bad as the good revision and
     said --bad was missing."""

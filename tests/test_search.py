@@ -514,6 +514,24 @@ def test_simulated_overlapping_regression_names_the_culprit(seed):
     assert block == [c], (c, block, runs)
 
 
+def test_the_commits_an_answer_rests_on_get_more_than_the_default_cap_while_it_is_short():
+    """A tester's: both commits beside the likeliest culprit held the default
+    100 runs and the search spent 300 more ten commits away, at P(bad) =
+    0.000, then stopped "NOT sure" at 0.95; --max-runs 400 settled it in
+    222. Short of the mark, those two may take four times the default cap;
+    a --max-runs the user gave is kept."""
+    rng = np.random.default_rng(3)
+    n, c, shift = 40, 20, math.log(1.15)
+    cs = [CommitRuns(lognormal_runs(rng, 40 if i in (0, n) else 100 if i in (c - 1, c) else 30,
+                                    shift if i >= c else 0.0)) for i in range(n + 1)]
+    model = Model.fit(cs[0].values, cs[n].values)
+    pl = plan(cs, model, 0.99)
+    assert pl.integrated and pl.done is None and pl.posterior.top().indices == [c]
+    assert not pl.exhausted[c - 1] and not pl.exhausted[c] and pl.next == [c]
+    given = plan(cs, model, 0.99, max_runs=100)
+    assert given.exhausted[c - 1] and given.exhausted[c] and given.next and given.next[0] not in (c - 1, c)
+
+
 def test_interior_runs_that_overlap_hand_over_to_the_integrated_model():
     """Endpoint runs that look separated by luck: the interior commits the
     posterior places firmly give runs right across both ranges, and the
