@@ -720,6 +720,10 @@ def cost_line(k: CostEstimate) -> str:
         model += (", less: it caps what one run may weigh, a guard against outliers" if k.disjoint else
                   ", simulating runs that differ only in their median: a change of spread or tail (spikes) "
                   "counts for nothing there")
+    elif k.model_bits > k.bits_per_run and not k.disjoint:
+        # a tester read 0.75 credited against "at most about 0.55" as an overconfident search
+        model += (", more than the runs show: it draws runs from its fitted centres and spread, with fewer "
+                  "runs far out than these have; the simulated search above weighs these values themselves")
     return (f"A bisect over {k.commits} commits with this probe: {worth}; klbisect's search on "
             f"resampled values: {k.simulated_mean_runs:.1f} runs on average, p95 "
             f"{k.simulated_p95_runs:.0f}, right in {k.simulated_accuracy:.0%} of {k.trials} trials "

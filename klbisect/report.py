@@ -7,6 +7,7 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
+from .search import POOL_P, PROVISIONAL_POOL_P
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_text
@@ -168,8 +169,11 @@ def format_status(st: dict) -> str:
         # the model as the runs stand now: the endpoints' and those of commits placed on a
         # side, so its centres are not the endpoints' own medians the start printed
         regime = (_VERDICTS_FOR_GIT if st["kind"] == "gitbisect" and not model.decisive else model.regime)
+        # pooled at search.plan's mark, surer than SIDES' 99%: the table below can count more runs
+        pool = POOL_P if model.decisive or not model.separates else PROVISIONAL_POOL_P
         lines.append(f"Learned from {m.get('n_good', 0)} good-side and {m.get('n_bad', 0)} bad-side runs (the "
-                     f"endpoints' and those of commits placed on a side; {value}): good around "
+                     f"endpoints' and those of commits placed on a side at {100 * (1 - pool):g}%; {value}): good "
+                     "around "
                      f"{fmt_value(f(m['mu_good']))}, bad around {fmt_value(f(m['mu_bad']))} "
                      f"({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
                      f"spreads apart{', log scale' if m['log_space'] else ''}); " + regime)

@@ -234,3 +234,14 @@ def test_a_tail_fit_that_its_own_runs_contradict_says_so():
         text = "\n".join(recommendation_lines(ls, 0.01, 0.95))
         assert "log-normal tail fit" in text
         assert ("the runs contradict the tail fit" in text) is contradicted, text
+
+
+def test_a_model_that_credits_a_run_more_than_the_runs_show_says_why():
+    """A tester's: "a run can tell at most about 0.55 bits" and then "its
+    model credits a run with 0.75 bits", unexplained, read as an
+    overconfident search. Either way round the line says why."""
+    from klbisect.calibrate import CostEstimate, cost_line
+    more = CostEstimate(200, 0.55, 14.0, 51.6, 67, 1.0, 40, model_bits=0.75)
+    assert "0.75 bits, more than the runs show: it draws runs from its fitted centres" in cost_line(more)
+    less = CostEstimate(200, 0.55, 14.0, 51.6, 67, 1.0, 40, model_bits=0.35)
+    assert "0.35 bits, simulating runs that differ only in their median" in cost_line(less)

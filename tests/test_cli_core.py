@@ -1235,7 +1235,8 @@ def test_two_endpoint_runs_a_side_name_the_culprit_and_say_how_the_model_grows(h
     assert ends < 12, ends
     st = klb("status", cwd=h.path)
     start = st.stdout.split("a run's value is the max over its labels):", 1)[1].splitlines()[0]
-    assert "good-side and" in st.stdout and "commits placed on a side" in st.stdout
+    # a tester read its 870 runs against the table's 970 as a contradiction: it pools at its own mark
+    assert "good-side and" in st.stdout and re.search(r"commits placed on a side at (99\.9|98)%", st.stdout)
     assert ("they separate cleanly" in start) or ("interior runs the search places on a side join it" in start)
 
 
