@@ -2432,6 +2432,10 @@ def explain_commit(entry: dict, model) -> str:
         elif model is not None:
             parts.append(f"{len(vals)} run(s) [{shown}] look {side}: weighed now, with the model every run so far "
                          f"gives, together {math.exp(min(abs(llr), 700)):.3g} times likelier if the commit is {side}")
+        else:
+            # a start killed while calibrating: "3 probe runs" in the header, none below (a tester's)
+            parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))}; no model "
+                         "weighs them yet (the endpoints have not been found to differ)")
     if entry.get("verdict") and entry.get("reason"):
         # the runs and the model as they stood then: its ratio differs from the one above
         parts.append(f"verdict {entry['verdict']}, when it was given: {entry['reason']}")

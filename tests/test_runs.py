@@ -53,3 +53,12 @@ def test_the_labels_of_a_complete_run_are_voted_by_clean_exits():
     assert usual_labels(runs("abc", 0, 3) + runs("a", 1, 7)) == frozenset("abc")
     assert usual_labels(runs("abc", 1, 5) + runs("a", None, 2)) == frozenset("abc")
     assert usual_labels(runs("abc", 1, 3) + runs("a", 1, 7)) == frozenset("a")
+
+
+def test_a_commit_measured_before_any_model_shows_its_runs():
+    """A tester's: status of a `start` killed while calibrating said "3
+    probe runs" and listed both endpoints with none."""
+    from klbisect.session import explain_commit
+    said = explain_commit({"index": 0, "values": [0.005779, 0.005183], "verdict": "good",
+                           "reason": "good endpoint"}, None)
+    assert said.startswith("2 run(s) [0.005779, 0.005183], median 0.005481; no model weighs them yet"), said
