@@ -250,7 +250,7 @@ def search_options(f):
                      help="Classic mode: majority of this many runs per commit."),
         click.option("--max-runs", type=COUNT, default=None,
                      help="At most this many runs with a value per commit [default: 10 when good and "
-                          "bad separate, 100 when they overlap; in `run`, 400 for the two commits the likeliest "
+                          "bad separate, 100 when they overlap; in `run` and `nightly`, 400 for the two commits the likeliest "
                           "answer rests on while it is short of --confidence]."),
         click.option("--endpoint-runs", type=SIDE_RUNS, default=MIN_ENDPOINT_RUNS, show_default=True,
                      help=f"Runs per endpoint before checking that they separate. `run` may start "

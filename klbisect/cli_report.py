@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from .cli import SESSION_ID, _emit_json, make_config, probe_options, repo_option, search_options
+from .cli import REVISION, SESSION_ID, _emit_json, make_config, probe_options, repo_option, search_options
 
 
 @click.command("report")
@@ -39,7 +39,8 @@ def report(repo, fmt, out, session_id, plot, offline):
 
 @click.command("nightly")
 @repo_option
-@click.option("--branch", default="main", show_default=True, help="Branch (or rev) whose head is measured.")
+@click.option("--branch", default="main", show_default=True, type=REVISION,
+              help="Branch (or rev) whose head is measured.")
 @click.option("--runs", type=int, default=3, show_default=True, help="Probe runs of the head per night.")
 @click.option("--baseline-nights", type=int, default=5, show_default=True,
               help="Compare with the pooled runs of this many recent good nightly heads.")

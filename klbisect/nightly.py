@@ -832,10 +832,13 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     elif j.verdict == "known":
         rec.update(known)
         if unsure:
+            # the limit its own note named (a reviewer's: --max-total-runs, where --max-runs held it)
+            cap = next(("--max-runs" for n in found.get("notes", []) if "a higher --max-runs" in n),
+                       "--max-total-runs")
             rec["notes"].append(f"the regression found on {rec['known_since']} is still there; its bisect "
                                 "stopped before --confidence: `klbisect nightly --night "
                                 f"{found['night']} --branch {found['head'][:12]}` with a higher "
-                                "--max-total-runs resumes it")
+                                f"{cap} resumes it")
         else:
             rec["notes"].append(f"the regression found on {rec['known_since']} is still there "
                                 "(not bisected or posted again)")

@@ -458,6 +458,8 @@ class Plan:
     lost: object = None           # decide.Separation: the endpoints' difference faded (stop, no signal)
     unproven: object = None       # decide.Separation: an answer of the whole range waits for the endpoints to differ
     widening: bool = False        # nothing inside is left to run: ``next`` measures the endpoints again
+    held: tuple = ()              # commits the likeliest answer rests on that hold all the runs they may get
+    held_cap: int = 0             # ... that many (a --max-runs to raise); not those stopped by crashes
 
 
 def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
@@ -631,7 +633,11 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     lost = None
     if done is None and integrated is not None and LOST_CHECK:
         lost = lost_separation(commits[0].values, commits[n].values)
-    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven, widening)
+    held_cap = max_runs * (RESTING_MAX_RUNS if stretch else 1)
+    held = tuple(i for i in resting_on(post.top(), untestable) if 0 < i < n and len(commits[i].values) >= held_cap
+                 and not commits[i].crashes >= max_runs + crash_limit) if done is None else ()
+    return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven, widening,
+                held, held_cap)
 
 
 def _endpoints_wanted(commits: Sequence[CommitRuns], pending: Sequence[int], cap: int, crash_limit: int,

@@ -43,7 +43,7 @@ from .proc import (interrupt_on_stop_signals, log_tail, marker_alive, owner_mark
                    reap_stale)
 from .runs import (MEASURED, cut_short, failed_launches, missed_worse, repeated_runs, run_shown, typical_values,
                    usual_labels, valued_runs, value_counts)
-from .search import CommitRuns, resting_on, plan
+from .search import CommitRuns, plan
 from .store import Run, SessionRow, Store, storage_error
 
 Progress = Callable[[str], None]
@@ -1678,11 +1678,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
                     + label_hint(ws, probe_key, good, bad, cfg, weak=True)
                     + _unbuilt_sglang_hint(ws, cfg))
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
-                pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}" + _capped_note(pl, shas, commits)
+                pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}" + _capped_note(pl, shas)
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
             if not pl.done and not pl.next and not ex.in_flight():
                 why = ("no commit left whose runs could raise the confidence (all exhausted or untestable)"
-                       + _capped_note(pl, shas, commits)
+                       + _capped_note(pl, shas)
                        + ("; at this threshold a majority verdict carries little evidence (the bad endpoint passes "
                           "often): leave --threshold and --votes out to judge runs by their values"
                           if isinstance(pl.model, ThresholdModel) and pl.model.fail_bad is not None
@@ -1873,19 +1873,16 @@ def _default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, 
     return LocalExecutor(slots, measurer.measure, spare_checkouts=len(slots) + 1 if len(slots) > 1 else 0)
 
 
-def _capped_note(pl, shas: list[str], commits: list[CommitRuns]) -> str:
+def _capped_note(pl, shas: list[str]) -> str:
     """Why more runs could not settle it, where the per-commit cap is the
     limit: the commits the likeliest answer rests on hold all the runs they
     may get (a tester's --max-total-runs advice, where --max-runs was it)."""
-    top = pl.posterior.top()
-    held = [i for i in resting_on(top, pl.untestable) if 0 < i < len(shas) - 1 and pl.exhausted[i]]
-    if not held:
+    if not pl.held:
         return ""
-    most = max(len(commits[i].values) for i in held)
-    which = " and ".join(shas[i][:12] for i in held)
-    return (f"; {which}, which the likeliest answer rests on, {'hold' if len(held) > 1 else 'holds'} all the runs "
-            f"a commit may get ({most}): rerun with a higher --max-runs (e.g. {2 * most}) to measure "
-            f"{'them' if len(held) > 1 else 'it'} more; the runs so far are kept")
+    which = " and ".join(shas[i][:12] for i in pl.held)
+    return (f"; {which}, which the likeliest answer rests on, {'hold' if len(pl.held) > 1 else 'holds'} all the "
+            f"runs a commit may get ({pl.held_cap}): rerun with a higher --max-runs (e.g. {2 * pl.held_cap}) to "
+            f"measure {'them' if len(pl.held) > 1 else 'it'} more; the runs so far are kept")
 
 
 def _finish(ws, sid, cands, pl, complete, reason, probe_key, build_key, progress) -> Result:

@@ -149,12 +149,16 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
                              "already recorded are kept", EXIT_STORAGE)
     if getattr(e, "errno", None) in (errno.EROFS, errno.EACCES, errno.EPERM) or any(
             t in text for t in ("readonly", "read-only", "unable to open database")):
-        path = path if path is not None else _opened    # a write after opening: the store it opened
+        if path is None:     # the file the error names, else (a write after opening) the store it opened
+            path = Path(e.filename) if getattr(e, "filename", None) else _opened
         where = f" in {path.parent}" if path is not None else ""
-        files = _unwritable(path) if path is not None else []
+        # a read-only file system: no chmod makes anything there writable
+        files = _unwritable(path) if path is not None and getattr(e, "errno", None) != errno.EROFS else []
         what = (f"{', '.join(files)} {'is' if len(files) == 1 else 'are'} read-only or belong"
                 f"{'s' if len(files) == 1 else ''} to another user; make {'it' if len(files) == 1 else 'them'} "
                 "writable" if files else
+                "its file system is mounted read-only; remount it writable, or clone the repository to a "
+                "disk that is," if getattr(e, "errno", None) == errno.EROFS else
                 "the directory is read-only or belongs to another user; make it writable")
         return KlbisectError(f"cannot write klbisect state{where} ({text}): {what} and rerun: runs already "
                              "recorded are kept", EXIT_STORAGE)

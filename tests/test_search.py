@@ -530,6 +530,10 @@ def test_the_commits_an_answer_rests_on_get_more_than_the_default_cap_while_it_i
     assert not pl.exhausted[c - 1] and not pl.exhausted[c] and pl.next == [c]
     given = plan(cs, model, 0.99, max_runs=100)
     assert given.exhausted[c - 1] and given.exhausted[c] and given.next and given.next[0] not in (c - 1, c)
+    assert pl.held == () and given.held == (c - 1, c) and given.held_cap == 100    # what a 157 names
+    # a reviewer's: one stopped by its crashes is not held by the cap (raising --max-runs would not help)
+    cs[c - 1] = CommitRuns(cs[c - 1].values[:5], crashes=120)
+    assert plan(cs, model, 0.99, max_runs=100).held == (c,)
 
 
 def test_interior_runs_that_overlap_hand_over_to_the_integrated_model():
