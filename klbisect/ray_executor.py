@@ -386,6 +386,15 @@ class RayExecutor:
                          log_to_driver=False, configure_logging=False)
             owns = True
         gpus = float(ray.cluster_resources().get("GPU", 0))
+        if cfg.gpus_per_probe > gpus and owns and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+            # a cluster of this machine alone, started here, never gains GPUs: the probes would
+            # wait forever (a tester's CI job hung; the local executor refuses the same at once)
+            with _keeping_signals():
+                ray.shutdown()
+            from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+            raise KlbisectError(f"--gpus-per-probe {cfg.gpus_per_probe} but the Ray cluster klbisect started on "
+                                f"this machine has {gpus:g} GPUs: lower --gpus-per-probe, or give --ray-address "
+                                "of a cluster that has them", EXIT_USAGE)
         if cfg.gpus_per_probe > gpus:
             # not an error: an autoscaling cluster may add GPU nodes on demand
             import sys  # noqa: PLC0415

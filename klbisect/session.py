@@ -1454,6 +1454,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
         progress(f"note: uncommitted changes to {gitrepo.describe_dirty(ws.repo, dirty)} are in "
                  "no run: klbisect measures the commits themselves, in worktrees (commit them, or copy a probe "
                  "you changed outside the repository)")
+    # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally. Too few is refused
+    # before a session is recorded (a tester's every later run "resuming session 1: 0 runs")
+    moved = pins_moved(ws.repo, cfg, builder, good, bad)
+    slots = make_slots(ws.worktrees, _slots_for(cfg, moved, progress),
+                       cfg.gpus_per_probe if cfg.executor == "local" else 0, pid_dir=ws.pids)
     # --fresh starts a session of its own; a later rerun without it resumes that one, and so
     # does the same command with it while that session is unfinished: "interrupted; rerun
     # the same command" must not leave out the runs it just saved (as `calibrate --fresh`)
@@ -1512,10 +1517,6 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     warn_build_paths(ws.repo, builder, good, bad, progress)
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
                         on_build=say_building(progress))
-    # Ray assigns GPUs on its nodes: this machine's GPUs matter only locally
-    moved = pins_moved(ws.repo, cfg, builder, good, bad)
-    slots = make_slots(ws.worktrees, _slots_for(cfg, moved, progress),
-                       cfg.gpus_per_probe if cfg.executor == "local" else 0, pid_dir=ws.pids)
     ex = (executor_factory(cfg, slots, measurer, ws) if executor_factory
           else _default_executor(cfg, slots, measurer, ws, take_turns=bool(moved)))
     slot_by_index = {s.index: s for s in slots}

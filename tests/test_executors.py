@@ -392,6 +392,28 @@ def test_sigterm_to_a_ray_bisect_exits_130_with_its_json(history, tmp_path):
     assert json.loads(out.strip().splitlines()[-1])["exit_code"] == 130
 
 
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_gpus_this_machine_lacks_are_refused_before_a_session_is_recorded(history, executor):
+    """A tester's: with no GPU, `--executor ray --gpus-per-probe 1` on the
+    Ray cluster klbisect started itself waited forever for GPUs it could
+    never gain (the local executor refuses at once); and the local refusal
+    left a session that every later run "resumed" with 0 runs."""
+    if executor == "ray":
+        pytest.importorskip("ray")
+    from conftest import child_env, klbisect_script  # noqa: PLC0415
+    env = {**child_env(), "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("RAY_ADDRESS", None)
+    p = subprocess.run(klbisect_script() + ["run", "--good", history.good, "--bad", history.bad, "--probe-cmd",
+                                            f"{sys.executable} probe.py", "--executor", executor, "--parallel", "2",
+                                            "--gpus-per-probe", "1"],
+                       cwd=history.path, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 150, p.stderr[-2000:]
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("klbisect: error:")]
+    assert len(said) == 1 and ("0 visible" in said[0] if executor == "local" else "has 0 GPUs" in said[0]), said
+    if executor == "local":
+        assert db_query(history.path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
+
+
 def test_a_repeat_run_goes_back_to_the_slot_that_has_the_commit(tmp_path):
     """The slot that last probed a commit has it checked out and built (and,
     for server probes, its server up): a repeat run of it goes there."""
