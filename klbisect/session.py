@@ -1010,10 +1010,12 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                 hint = hint_of_labels()
                 if hint:
                     over = over_labels(ws.worse)
+                    # "at most 40 a side" was in the progress line: a tester read the stop at 10 as broken
                     raise NoDifference(
                         f"good and bad do not differ over the {over} of labels after {len(g.values)}+"
-                        f"{len(b.values)} runs (p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad "
-                        f"{fmt_summary(sep.bad)}" + hint)
+                        f"{len(b.values)} runs (p={sep.p_value:.2g}; stopped short of --max-endpoint-runs "
+                        f"{cfg.max_endpoint_runs}, since one label shows what more runs of the {over} would "
+                        f"not): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
             if step.action == "fail":
                 raise NoDifference(
                     f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
@@ -1712,8 +1714,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
             raise
         # a session that reuses earlier runs (a resumed nightly's, another command's) resumes from all of them
         kept = len(st.session_runs(sid)) if cfg.fresh else len(st.runs(probe_key, shas))
-        raise Interrupted(f"interrupted: {fmt_count(kept, 'finished run')} of this range saved; "
-                          "rerun the same command to resume") from None
+        # the resume counts the session's own: a tester read 15 saved against "6 already recorded"
+        own = len(st.session_runs(sid))
+        raise Interrupted(f"interrupted: {fmt_count(kept, 'finished run')} of this range saved"
+                          + (f" ({own} of this session's)" if own != kept else "")
+                          + "; rerun the same command to resume") from None
     except KlbisectError as e:
         _note_stop(st, sid, e.message)
         raise

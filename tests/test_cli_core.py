@@ -1110,6 +1110,8 @@ def test_a_regression_the_max_over_labels_hides_is_named_with_its_metric(history
         and "--metric steady" in line, line
     # said once six runs a side show it: more would not change what to do
     assert "after 6+6 runs" in line, line
+    # and says why that is short of --max-endpoint-runs (a tester read the early stop as broken)
+    assert "stopped short of --max-endpoint-runs 20, since one label shows what more runs" in line, line
     p = klb(*args, "--metric", "steady", "--json", cwd=h.path)
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
 
@@ -1325,6 +1327,24 @@ def test_a_search_held_back_by_max_runs_says_so(history):
     assert p.returncode == 157, p.stdout + p.stderr
     assert re.search(r"which the likeliest answer rests on, holds? all the runs a commit may get \(2\): rerun with "
                      r"a higher --max-runs \(e\.g\. 4\)", p.stdout), p.stdout
+
+
+def test_an_interrupt_says_how_many_of_the_saved_runs_are_the_sessions_own(history):
+    """A tester's: "15 finished runs of this range saved", then the resume
+    said "6 runs already recorded" (the other 9 reused from a session
+    before `reset`)."""
+    h = history(n_commits=40, seed=6, merges=0, noise=SEPARATED)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"sleep 0.3; {probe_cmd()}")
+    assert klb(*args, cwd=h.path).returncode == 0
+    before = len(db_query(h.path, "SELECT id FROM runs"))
+    args += ("--confidence", "0.99999")          # another question: a new session, which reuses those runs
+    proc, err = interrupted(*args, cwd=h.path, after=before + 1)
+    assert proc.returncode == 130, err
+    said = re.search(r"interrupted: (\d+) finished runs of this range saved \((\d+) of this session's\)", err)
+    assert said and int(said[1]) > int(said[2]) >= 1, err
+    resumed = klb(*args, cwd=h.path)
+    assert f"{said[2]} runs already recorded" in resumed.stderr or f"{said[2]} run already recorded" in resumed.stderr, \
+        resumed.stderr
 
 
 def test_a_revision_left_out_is_not_the_next_option(small):
