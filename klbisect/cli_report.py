@@ -15,7 +15,8 @@ from .cli import REVISION, SESSION_ID, _emit_json, make_config, probe_options, r
               help="md: one GitHub comment; html: one self-contained file; json: result + commits "
                    "(default: from -o's extension, .html or .json, else md).")
 @click.option("-o", "--output", "out", default=None, metavar="FILE",
-              help="Write the report here (default: stdout); the plot goes next to it as .png.")
+              help="Write the report here (default: stdout); the plot goes next to it as .png (html "
+                   "embeds it instead).")
 @click.option("--session", "session_id", type=SESSION_ID, default=None,
               help="Session id (default: the current or last bisect).")
 @click.option("--plot", default=None, metavar="PNG", help="Where to write the plot.")

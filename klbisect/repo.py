@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -360,6 +361,14 @@ def head_sha(checkout: Path) -> str:
 
 # ---- worktrees -------------------------------------------------------------
 
+# `git worktree add` reads every worktree's record under .git/worktrees: one that
+# another slot's add has half written fails it ("failed to read .git/worktrees/
+# slot-3/commondir"; eight slots starting at once in CI). Slots are threads of one
+# klbisect, and the repository lock keeps other commands out, so one lock in the
+# process serialises the records' changes. (Ray nodes hold a file lock around theirs.)
+_WORKTREE_RECORDS = threading.Lock()
+
+
 def worktree_checkout(repo: git.Repo, path: Path, sha: str) -> None:
     """A detached worktree at ``sha``, created on first use and reused after."""
     if (path / ".git").exists():
@@ -373,15 +382,17 @@ def worktree_checkout(repo: git.Repo, path: Path, sha: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # --force reuses a registered path whose directory is gone; no `git worktree
     # prune`, which would also forget the user's own worktrees on an unmounted disk
-    _git(repo, "worktree", "add", "--force", "--detach", str(path), sha)
+    with _WORKTREE_RECORDS:
+        _git(repo, "worktree", "add", "--force", "--detach", str(path), sha)
 
 
 def worktree_remove(repo: git.Repo, path: Path) -> None:
-    try:
-        repo.git.execute(["git", "worktree", "remove", "--force", str(path)])
-    except git.GitCommandError:
-        shutil.rmtree(path, ignore_errors=True)
-        _forget_worktree(repo, path)
+    with _WORKTREE_RECORDS:
+        try:
+            repo.git.execute(["git", "worktree", "remove", "--force", str(path)])
+        except git.GitCommandError:
+            shutil.rmtree(path, ignore_errors=True)
+            _forget_worktree(repo, path)
 
 
 def _forget_worktree(repo: git.Repo, path: Path) -> None:
