@@ -330,7 +330,10 @@ def test_status_says_why_its_masses_and_the_answers_confidence_differ(bisected):
     from klbisect.session import status
     h, _ = bisected
     st = status(h.path)
-    assert "recomputed now" not in format_status(st)
+    # the refitted model can move the mass by a little (0.9924 now against 0.9953 at the stop, one draw
+    # in six): said exactly when it moved, and a single session's note names no later one
+    moved = abs(st["top"][0]["mass"] - st["result"]["confidence"]) >= 5e-4
+    assert ("recomputed now" in format_status(st)) == moved and "later sessions' too" not in format_status(st)
     st["result"]["confidence"] = st["top"][0]["mass"] - 0.01
     assert "recomputed now, from every run stored" in format_status(st)
     for t in st["top"][:3]:      # status lists three
