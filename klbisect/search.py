@@ -573,14 +573,17 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         user = decided(post, confidence)
         if user and all(exhausted[i] or i in (0, n) for i in resting_on(user, untestable)):
             done = user
+    # the commits the likeliest answer rests on, but not those its crashes stopped
+    resting = [i for i in resting_on(post.top(), untestable)
+               if 0 < i < n and commits[i].crashes < max_runs + crash_limit]
+    held_cap = max_runs * (RESTING_MAX_RUNS if stretch else 1)
     if done is None and stretch:
-        # Short of the user's mark, the two commits the likeliest answer rests
-        # on are where runs settle it: at the default cap they would go ten
-        # commits away, at P(bad) = 0.000 (a tester's 300 runs there, "NOT
-        # sure" at 0.95, where --max-runs 400 settled it in 222 more).
-        for i in resting_on(post.top(), untestable):
-            if 0 < i < n and not commits[i].crashes >= max_runs + crash_limit:
-                exhausted[i] = len(commits[i].values) >= RESTING_MAX_RUNS * max_runs
+        # Short of the user's mark, those two are where runs settle it: at the
+        # default cap they would go ten commits away, at P(bad) = 0.000 (a
+        # tester's 300 runs there, "NOT sure" at 0.95, where --max-runs 400
+        # settled it in 222 more).
+        for i in resting:
+            exhausted[i] = len(commits[i].values) >= held_cap
     nxt: list[int] = []
     unproven = None
     widening = False
@@ -633,9 +636,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     lost = None
     if done is None and integrated is not None and LOST_CHECK:
         lost = lost_separation(commits[0].values, commits[n].values)
-    held_cap = max_runs * (RESTING_MAX_RUNS if stretch else 1)
-    held = tuple(i for i in resting_on(post.top(), untestable) if 0 < i < n and len(commits[i].values) >= held_cap
-                 and not commits[i].crashes >= max_runs + crash_limit) if done is None else ()
+    held = tuple(i for i in resting if len(commits[i].values) >= held_cap) if done is None else ()
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven, widening,
                 held, held_cap)
 

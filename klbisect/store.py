@@ -152,14 +152,16 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
         if path is None:     # the file the error names, else (a write after opening) the store it opened
             path = Path(e.filename) if getattr(e, "filename", None) else _opened
         where = f" in {path.parent}" if path is not None else ""
-        # a read-only file system: no chmod makes anything there writable
-        files = _unwritable(path) if path is not None and getattr(e, "errno", None) != errno.EROFS else []
-        what = (f"{', '.join(files)} {'is' if len(files) == 1 else 'are'} read-only or belong"
-                f"{'s' if len(files) == 1 else ''} to another user; make {'it' if len(files) == 1 else 'them'} "
-                "writable" if files else
-                "its file system is mounted read-only; remount it writable, or clone the repository to a "
-                "disk that is," if getattr(e, "errno", None) == errno.EROFS else
-                "the directory is read-only or belongs to another user; make it writable")
+        files = _unwritable(path) if path is not None else []
+        if getattr(e, "errno", None) == errno.EROFS:     # no chmod makes anything there writable
+            what = ("its file system is mounted read-only; remount it writable, or clone the repository to a "
+                    "disk that is,")
+        elif len(files) == 1:
+            what = f"{files[0]} is read-only or belongs to another user; make it writable"
+        elif files:
+            what = f"{', '.join(files)} are read-only or belong to another user; make them writable"
+        else:
+            what = "the directory is read-only or belongs to another user; make it writable"
         return KlbisectError(f"cannot write klbisect state{where} ({text}): {what} and rerun: runs already "
                              "recorded are kept", EXIT_STORAGE)
     return KlbisectError(f"cannot write klbisect state ({text}); free disk space and rerun: "
