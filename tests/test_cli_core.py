@@ -1461,6 +1461,14 @@ def test_a_store_made_writable_again_is_written_through_its_wal_and_shared_memor
     assert [oct(f.stat().st_mode & 0o777) for f in (path, wal, shm)] == ["0o600"] * 3
     st.close()
     held.close()
+    # and never the other way: a database the user made read-only stays so (the old code made 0444 0600)
+    from klbisect.store import _owner_only
+    ro = tmp_path / "ro" / "state.db"
+    ro.parent.mkdir()
+    ro.touch()
+    ro.chmod(0o444)
+    _owner_only(ro)
+    assert oct(ro.stat().st_mode & 0o777) == "0o400"
     if os.getuid() != 0:                  # root may write whatever its mode says
         shm.chmod(0o400)
         said = storage_error(sqlite3.OperationalError("attempt to write a readonly database"), path).message
