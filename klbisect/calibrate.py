@@ -395,12 +395,13 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
     _check_options(runs, false_fail_rate, confidence, commits, thresholds, bad_rev)
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
+        # refused before the state directory is made: a typo leaves nothing behind
+        sha = gitrepo.resolve(ws.repo, rev, "revision")
+        bad_sha = gitrepo.resolve(ws.repo, bad_rev, "bad revision") if bad_rev else None
+        if bad_sha == sha:
+            raise KlbisectError(f"--bad-rev {bad_rev} is the same commit as --rev {rev} ({sha[:12]}): "
+                                "give a commit with the regression", EXIT_REVISION)
         with ws.locked():
-            sha = gitrepo.resolve(ws.repo, rev, "revision")
-            bad_sha = gitrepo.resolve(ws.repo, bad_rev, "bad revision") if bad_rev else None
-            if bad_sha == sha:
-                raise KlbisectError(f"--bad-rev {bad_rev} is the same commit as --rev {rev} ({sha[:12]}): "
-                                    "give a commit with the regression", EXIT_REVISION)
             probe, builder = make_probe(cfg), make_builder(cfg)
             build_key = builder.key if builder else None
             # a --fresh calibration cut short is resumed by the next one, back to the first of the chain

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from .executors import Failure, infrastructure_failure, port_bases
+from .executors import Failure, infrastructure_failure, port_bases, visible_gpus
 from .measure import Measurer, Outcome
 from .proc import private_log
 
@@ -342,6 +342,14 @@ def _keeping_signals() -> Iterator[None]:
                     pass
 
 
+def _no_gpus_here(wanted: int, gpus: float) -> None:
+    if wanted > gpus:
+        from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+        raise KlbisectError(f"--gpus-per-probe {wanted} but the Ray cluster klbisect starts on this machine "
+                            f"has {gpus:g} GPUs: lower --gpus-per-probe, or give --ray-address of a cluster "
+                            "that has them", EXIT_USAGE)
+
+
 class RayExecutor:
     """The executor interface (``slots``, ``free``, ``submit``, ``wait``,
     ``in_flight``, ``close``) over Ray tasks."""
@@ -372,6 +380,18 @@ class RayExecutor:
         self._builder = builder if hasattr(builder, "adopt_origin") else None
         self._nodes: set[str] = set()                 # Ray node ids whose interpreter a build may have changed
 
+    @staticmethod
+    def refuse_missing_gpus(cfg) -> None:
+        """Refuse, before any session is recorded, GPUs that the cluster
+        klbisect would start on this machine cannot have: it sees this
+        machine's GPUs (CUDA_VISIBLE_DEVICES as well), and never gains one.
+        Without Ray started or imported: that is the executor's to do."""
+        ray = sys.modules.get("ray")
+        if (cfg.gpus_per_probe <= 0 or cfg.ray_address or os.environ.get("RAY_ADDRESS")
+                or (ray is not None and ray.is_initialized())):
+            return
+        _no_gpus_here(cfg.gpus_per_probe, len(visible_gpus()))
+
     @classmethod
     def from_config(cls, cfg, ws, measurer: Measurer, take_turns: bool = False) -> "RayExecutor":
         try:
@@ -391,10 +411,7 @@ class RayExecutor:
             # wait forever (a tester's CI job hung; the local executor refuses the same at once)
             with _keeping_signals():
                 ray.shutdown()
-            from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
-            raise KlbisectError(f"--gpus-per-probe {cfg.gpus_per_probe} but the Ray cluster klbisect started on "
-                                f"this machine has {gpus:g} GPUs: lower --gpus-per-probe, or give --ray-address "
-                                "of a cluster that has them", EXIT_USAGE)
+            _no_gpus_here(cfg.gpus_per_probe, gpus)
         if cfg.gpus_per_probe > gpus:
             # not an error: an autoscaling cluster may add GPU nodes on demand
             import sys  # noqa: PLC0415

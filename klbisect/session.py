@@ -1422,6 +1422,8 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
     cfg.validate()
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
+        # refused before the state directory is made: a typo leaves nothing behind
+        gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
         with ws.locked():
             return _run_locked(ws, cfg, progress, executor_factory, check_reused)
     finally:
@@ -1461,6 +1463,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_f
     moved = pins_moved(ws.repo, cfg, builder, good, bad)
     slots = make_slots(ws.worktrees, _slots_for(cfg, moved, progress),
                        cfg.gpus_per_probe if cfg.executor == "local" else 0, pid_dir=ws.pids)
+    if cfg.executor == "ray" and executor_factory is None:
+        from .ray_executor import RayExecutor  # noqa: PLC0415 - imports no Ray
+        RayExecutor.refuse_missing_gpus(cfg)
     # --fresh starts a session of its own; a later rerun without it resumes that one, and so
     # does the same command with it while that session is unfinished: "interrupted; rerun
     # the same command" must not leave out the runs it just saved (as `calibrate --fresh`)
@@ -1906,6 +1911,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
     cfg.validate()
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
+        gitrepo.check_range(ws.repo, cfg.good, cfg.bad)   # before the state directory is made
         with ws.locked():
             gitrepo.ensure_clean(ws.repo)
             good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
@@ -2028,12 +2034,15 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
     125 skip. Runs as many times as the evidence needs; reuses earlier runs
     of the same commit, so a rerun after Ctrl-C continues where it was."""
     ws = Workspace(path)
+    no_session = KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
+                               "--probe-cmd ...` first", EXIT_USAGE)
     try:
+        if not ws.has_state():
+            raise no_session      # and makes no state directory
         with ws.locked():
             sess = ws.store.active_session("gitbisect")
             if sess is None or sess.model is None:
-                raise KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
-                                    "--probe-cmd ...` first", EXIT_USAGE)
+                raise no_session
             there = _elsewhere(ws, sess)
             if there is not None:
                 raise KlbisectError(f"session {sess.id}'s git bisect runs in the worktree {there}, not here: run "
@@ -2673,10 +2682,16 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
         ws.close()
 
 
+_NOT_OUR_BISECT = "left the git bisect in progress alone: klbisect did not start it (`git bisect reset` ends it)"
+
+
 def reset(path: str | Path | None, purge: bool = False) -> list[str]:
     ws = Workspace(path)
     done = []
     try:
+        if not ws.dir.exists():
+            # nothing of klbisect's here to end or remove: make no state directory for it
+            return [_NOT_OUR_BISECT] if gitrepo.bisect_in_progress(ws.repo) else []
         with ws.locked():
             st = ws.store
             ended = []
@@ -2702,8 +2717,7 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                 ended.append(sess)
             if gitrepo.bisect_in_progress(ws.repo):
                 # the user's own bisect: its marks are not ours to throw away
-                done.append("left the git bisect in progress alone: klbisect did not start it "
-                            "(`git bisect reset` ends it)")
+                done.append(_NOT_OUR_BISECT)
             # after git's reset: an editable install of the checkout is at its HEAD again. Also what an
             # interrupted `run` or `calibrate` (ended since) could not put back
             left = {int(k.rsplit(":", 1)[1]) for k in st.keys("env_before:")}

@@ -1310,9 +1310,25 @@ def test_not_a_git_repository(tmp_path):
 ])
 def test_bad_revisions(small, good, bad, words):
     sub = {"GOOD": small.good, "BAD": small.bad}
-    p = klb("run", "--good", sub.get(good, good), "--bad", sub.get(bad, bad), "--probe-cmd", "true",
-            cwd=small.path)
-    assert words in error_line(p, 151)
+    g, b = sub.get(good, good), sub.get(bad, bad)
+    for args in (("run", "--good", g, "--bad", b, "--probe-cmd", "true"),
+                 ("start", "--good", g, "--bad", b, "--probe-cmd", "true")):
+        assert words in error_line(klb(*args, cwd=small.path), 151)
+    # a command refused on its revisions leaves no state behind (a tester's: swapped
+    # revisions made .git/klbisect with its lock and an empty state.db)
+    assert not (Path(small.path) / ".git" / "klbisect").exists()
+
+
+@pytest.mark.parametrize("rev,bad_rev,words", [
+    ("deadbeefdeadbeef", None, "unknown revision"),
+    ("GOOD", "no-such-branch", "unknown bad revision"),
+])
+def test_calibrate_refused_on_its_revisions_leaves_no_state(small, rev, bad_rev, words):
+    args = ["calibrate", "--rev", {"GOOD": small.good}.get(rev, rev), "--runs", "3", "--probe-cmd", "true"]
+    if bad_rev:
+        args += ["--bad-rev", bad_rev]
+    assert words in error_line(klb(*args, cwd=small.path), 151)
+    assert not (Path(small.path) / ".git" / "klbisect").exists()
 
 
 def test_a_search_held_back_by_max_runs_says_so(history):

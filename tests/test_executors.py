@@ -410,8 +410,7 @@ def test_gpus_this_machine_lacks_are_refused_before_a_session_is_recorded(histor
     assert p.returncode == 150, p.stderr[-2000:]
     said = [ln for ln in p.stderr.splitlines() if ln.startswith("klbisect: error:")]
     assert len(said) == 1 and ("0 visible" in said[0] if executor == "local" else "has 0 GPUs" in said[0]), said
-    if executor == "local":
-        assert db_query(history.path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
+    assert db_query(history.path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
 
 
 def test_a_repeat_run_goes_back_to_the_slot_that_has_the_commit(tmp_path):

@@ -546,6 +546,10 @@ def test_reset_leaves_a_git_bisect_the_user_started_alone(history):
     assert "left the git bisect in progress alone" in rs.stdout
     assert in_bisect(h.path)
     assert "git bisect good" in git(h.path, "bisect", "log")
+    # with no klbisect session, `probe` under the user's bisect is refused, and neither
+    # command makes a state directory for a repository klbisect never worked in
+    assert "no klbisect session here" in error_line(klb("probe", cwd=h.path), 150)
+    assert not (h.path / ".git" / "klbisect").exists()
 
 
 def test_a_bisect_the_user_starts_after_resetting_klbisects_by_hand_is_theirs(history):
