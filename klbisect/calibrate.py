@@ -78,6 +78,7 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
     bad_runs: int = 0             # the bad commit's runs with values counted (0: stored before it was kept)
     worse: str = "higher"         # lower: an accuracy, failing at or below its threshold
+    interrupted: bool = False     # Ctrl-C in the cost estimate: the report stands without it
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -524,33 +525,48 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                              + (f"; yet {spikes} of its runs lie far past every run of --rev the worse way: a "
                                 "regression that shows only as occasional spikes? (`run --worse either` bisects it)"
                                 if (spikes := worse_tail(gv, bv, "lower" if low else "higher")) else ""))
-        progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
-                 f"(up to {COST_TRIALS} simulated bisects)...")
-        crashed = res.crashes + res.bad_crashes
-        res.cost = simulate_cost(gv, bv, commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
-                                 after_trial=_cost_clock(progress))
-        # a label far clearer than the max is priced beside it; where the max prices nothing
-        # (its values do not separate the revisions), a label that does is priced alone
-        lab, clear = clearer_label(ws, probe.key, sha, bad_sha, cfg, sep.p_value if res.cost else 1.0)
-        if clear:
-            progress(f"estimating the same bisect with --metric {lab}...")
-            alone = simulate_cost(*([own(r)[lab] for r in rs if lab in own(r)] for rs in (with_values, bad_runs)),
-                                  commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
-                                  after_trial=_cost_clock(progress))
-            if alone and res.cost is None:
-                res.notes.append(f"a bisect with --metric {lab}: {alone.simulated_mean_runs:.1f} runs on average (p95 "
-                                 f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%} of "
-                                 f"{alone.trials} replays); the {over_labels(cfg.worse)} over labels does not "
-                                 "separate the revisions, so it has no cost to give")
-            elif alone and alone.simulated_mean_runs < res.cost.simulated_mean_runs:
-                res.notes.append(f"{clear}: {alone.simulated_mean_runs:.1f} runs on average with it (p95 "
-                                 f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%}), against "
-                                 f"{res.cost.simulated_mean_runs:.1f} (p95 {res.cost.simulated_p95_runs:.0f}) over "
-                                 "every label")
-        hint = label_hint(ws, probe.key, sha, bad_sha, cfg) if res.cost is None else ""
+        priced = ""
+        try:
+            progress(f"estimating a bisect over {commits} commits: replaying the search on resampled values "
+                     f"(up to {COST_TRIALS} simulated bisects)...")
+            crashed = res.crashes + res.bad_crashes
+            res.cost = simulate_cost(gv, bv, commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
+                                     after_trial=_cost_clock(progress))
+            # a label far clearer than the max is priced beside it; where the max prices nothing
+            # (its values do not separate the revisions), a label that does is priced alone
+            lab, clear = clearer_label(ws, probe.key, sha, bad_sha, cfg, sep.p_value if res.cost else 1.0)
+            if clear:
+                progress(f"estimating the same bisect with --metric {lab}...")
+                alone = simulate_cost(*([own(r)[lab] for r in rs if lab in own(r)] for rs in (with_values, bad_runs)),
+                                      commits, COST_TRIALS, crash_rate=crashed / (crashed + len(gv) + len(bv)),
+                                      after_trial=_cost_clock(progress))
+                if alone and res.cost is None:
+                    # said after the note that names the label (below), which it prices
+                    priced = (f"a bisect with --metric {lab}: {alone.simulated_mean_runs:.1f} runs on average (p95 "
+                              f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%} of "
+                              f"{alone.trials} replays; endpoint runs included); the {over_labels(cfg.worse)} over "
+                              "labels does not separate the revisions, so it has no cost to give")
+                elif alone and alone.simulated_mean_runs < res.cost.simulated_mean_runs:
+                    res.notes.append(f"{clear}: {alone.simulated_mean_runs:.1f} runs on average with it (p95 "
+                                     f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%}; "
+                                     f"endpoint runs included), against {res.cost.simulated_mean_runs:.1f} (p95 "
+                                     f"{res.cost.simulated_p95_runs:.0f}) over every label")
+        except KeyboardInterrupt:
+            # every run is in: the statistics above them are whole, and a user presses Ctrl-C
+            # here because the replay is slow (a tester's report was lost with it)
+            res.cost, res.interrupted = None, True
+            res.notes.append("the cost estimate was interrupted: the same command gives it (no run is "
+                             "measured again)")
+        hint = label_hint(ws, probe.key, sha, bad_sha, cfg) if res.cost is None and not res.interrupted else ""
         if hint:
             # as `run` says it: one label plain under the max (or min) over the others
             res.notes.append(hint[2:])
+        if priced:
+            res.notes.append(priced)
+        if res.cost or priced:
+            # a tester budgeted GPU time on the estimate: a bisect of this very range needs fewer new runs
+            res.notes.append(f"a bisect from {rev} to {bad_sha[:12]} reuses the {len(gv) + len(bv)} runs measured here "
+                             "as its endpoints' (the estimate counts endpoint runs): it measures fewer new ones")
     silent = _silent_when_passing(ws, probe.key, [sha] + ([bad_sha] if bad_sha else []))
     if silent:
         res.notes.append(silent)

@@ -561,7 +561,10 @@ def calibrate(repo, rev, runs, bad_rev, commits, thresholds, false_fail_rate, co
     res = do_calibrate(repo, make_config(kw), rev, runs, bad_rev, ths, false_fail_rate, conf, commits)
     click.echo(format_calibration(res), err=as_json)
     if as_json:
-        _emit_json(res.to_json())
+        _emit_json({**res.to_json(), "exit_code": EXIT_INTERRUPTED if res.interrupted else 0})
+    if res.interrupted:
+        click.echo("klbisect: interrupted in the cost estimate; the report above is whole without it", err=True)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -143,10 +143,15 @@ def format_status(st: dict) -> str:
     lines = [f"Session {st['session']} ({kind}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
     for left in reversed(st.get("unfinished") or []):
-        how = ("`git bisect run klbisect probe` goes on with it" if left["kind"] == "gitbisect"
-               else "the same `klbisect run` resumes it")
+        how = ("is unfinished: `git bisect run klbisect probe` goes on with it," if left["kind"] == "gitbisect"
+               else "is unfinished: the same `klbisect run` resumes it,")
+        why = left.get("stopped")
+        if why and not why.startswith("interrupted"):
+            # rerun as it was, a run refused for its question (154: "rerun with --metric ...")
+            # stops the same way again: the way on is the advice it ended with (a tester's loop)
+            how = f"stopped: {why.rstrip('.')};"
         lines.insert(0, f"(Session {left['session']} ({left['kind']}: good {str(left['good'])[:12]} bad "
-                        f"{str(left['bad'])[:12]}, {fmt_count(left['runs'], 'run')}) is unfinished: {how}, "
+                        f"{str(left['bad'])[:12]}, {fmt_count(left['runs'], 'run')}) {how} "
                         f"`klbisect status --session {left['session']}` shows it, `klbisect reset` ends it. "
                         f"Shown below: session {st['session']}.)")
     if st.get("env_held"):
@@ -171,9 +176,17 @@ def format_status(st: dict) -> str:
         regime = (_VERDICTS_FOR_GIT if st["kind"] == "gitbisect" and not model.decisive else model.regime)
         # pooled at search.plan's mark, surer than SIDES' 99%: the table below can count more runs
         pool = POOL_P if model.decisive or not model.separates else PROVISIONAL_POOL_P
+        if model.separates and regime == model.regime:
+            # every two-run verdict read 1.6e+03:1 whatever its values, and a tester took that for
+            # the evidence's strength: it is the cap, squared
+            bad, good = model.bad_cap or model.cap, model.good_cap or model.cap
+            regime += (f"; one run counts for at most {bad:.3g}:1, so two that agree make {bad ** 2:.3g}:1"
+                       if bad == good else
+                       f"; one run counts for at most {bad:.3g}:1 for bad and {good:.3g}:1 for good (two that "
+                       f"agree: {bad ** 2:.3g}:1, {good ** 2:.3g}:1)")
         lines.append(f"Learned from {m.get('n_good', 0)} good-side and {m.get('n_bad', 0)} bad-side runs (the "
-                     f"endpoints' and those of commits placed on a side at {100 * (1 - pool):g}%; {value}): good "
-                     "around "
+                     f"endpoints' and those of commits placed on a side at {100 * (1 - pool):g}%, where the "
+                     f"KL table counts those at 99%; {value}): good around "
                      f"{fmt_value(f(m['mu_good']))}, bad around {fmt_value(f(m['mu_bad']))} "
                      f"({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "
                      f"spreads apart{', log scale' if m['log_space'] else ''}); " + regime)

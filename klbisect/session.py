@@ -2601,7 +2601,7 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             # a tester's killed `run` of another question stayed active behind a finished one
             # shown here, and only `reset` ("ended session 11") ever named it
             out["unfinished"] = [{"session": o.id, "kind": o.kind, "good": o.good, "bad": o.bad,
-                                  "runs": len(st.session_runs(o.id))}
+                                  "runs": len(st.session_runs(o.id)), "stopped": stop_reason(st, o.id)}
                                  for o in st.active_sessions(("run", "gitbisect")) if o.id != sess.id]
         if st.get(_env_key(sess.id)) and sess.state not in ("done", "ended"):
             # a session stopped part-way left the user's interpreter on its builds (a tester's

@@ -464,6 +464,13 @@ def test_calibrate_names_a_label_the_max_hides(history, tmp_path):
     # it announced a cost estimate: the label's is given, the max's has none (a tester saw neither)
     assert "estimating a bisect over 50 commits" in p.stderr
     assert "a bisect with --metric steady:" in p.stdout and "runs on average" in p.stdout, p.stdout
+    # after the note that names the label it prices, counting the endpoints' runs, which a bisect of
+    # this range reuses (a tester budgeted 317 runs where `run` measured 66 new ones)
+    notes = [ln for ln in p.stdout.splitlines() if ln.startswith("Note: ")]
+    named = next(i for i, ln in enumerate(notes) if "label steady alone differs" in ln)
+    priced = next(i for i, ln in enumerate(notes) if ln.startswith("Note: a bisect with --metric steady:"))
+    assert named < priced and "endpoint runs included" in notes[priced], notes
+    assert any(f"a bisect from {h.good} to {h.bad[:12]} reuses the 16 runs measured here" in ln for ln in notes), notes
 
 
 def test_calibrate_warns_when_only_failing_runs_print(history, tmp_path):
@@ -509,3 +516,32 @@ def test_calibrate_prices_the_label_that_moved_clearly_beside_the_max(history, t
     assert "--metric decode" in note and "runs on average with it" in note, note
     alone = float(note.split("runs on average with it")[0].rsplit(": ", 1)[1])
     assert alone < res["cost"]["simulated_mean_runs"], (alone, res["cost"])
+
+
+def test_ctrl_c_in_the_cost_estimate_keeps_the_report(history):
+    """A tester's: every run was in when Ctrl-C came in the slow replay of
+    the search, and the whole report was lost with it. The statistics are
+    printed without the estimate, and the command still exits 130."""
+    import signal  # noqa: PLC0415
+    import time  # noqa: PLC0415
+    from conftest import klb_popen, reaped  # noqa: PLC0415
+    h = history(n_commits=12, seed=3, merges=0, noise=NoiseModel(good=(0.003, 0.006), bad=(0.004, 0.007)))
+    args = ("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "8", "--commits", "5000",
+            "--metric", "prefill_cache_hit", "--probe-cmd", f"{PY} probe.py", "--json")
+    with reaped(klb_popen(*args, cwd=h.path)) as proc:
+        said = []
+        while not any(line.startswith("estimating a bisect") for line in said):
+            line = proc.stderr.readline()
+            assert line, "".join(said)
+            said.append(line)
+        time.sleep(0.5)     # inside the replays: overlapping runs over 5,000 commits take seconds each
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    err = "".join(said) + err
+    assert "Traceback" not in err
+    assert "the cost estimate was interrupted: the same command gives it" in err
+    assert "klbisect: interrupted in the cost estimate; the report above is whole without it" in err
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["interrupted"] and res["cost"] is None and res["exit_code"] == 130 and res["runs"] == 8
+    assert res["bad_runs"] == 8 and res["labels"], res

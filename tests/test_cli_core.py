@@ -1114,6 +1114,11 @@ def test_a_regression_the_max_over_labels_hides_is_named_with_its_metric(history
     assert "stopped short of --max-endpoint-runs 20, since one label shows what more runs" in line, line
     p = klb(*args, "--metric", "steady", "--json", cwd=h.path)
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
+    # the session that stopped is named with the advice it stopped on, not "the same `klbisect
+    # run` resumes it", which stops the same way (a tester's loop)
+    first = klb("status", cwd=h.path).stdout.splitlines()[0]
+    assert first.startswith("(Session 1 (run: ") and ") stopped: good and bad do not differ" in first \
+        and "--metric steady" in first and "resumes it" not in first, first
 
 
 ACCURACY_PROBE = r"""import random, subprocess, sys
@@ -1240,6 +1245,11 @@ def test_two_endpoint_runs_a_side_name_the_culprit_and_say_how_the_model_grows(h
     # a tester read its 870 runs against the table's 970 as a contradiction: it pools at its own mark
     assert "good-side and" in st.stdout and re.search(r"commits placed on a side at (99\.9|98)%", st.stdout)
     assert ("they separate cleanly" in start) or ("interior runs the search places on a side join it" in start)
+    # and names the table's own mark beside it (a tester's 42 against the table's n=47)
+    assert "where the KL table counts those at 99%" in st.stdout
+    # a two-run verdict's 1.6e+03:1 is the per-run cap squared, said once (a tester read it as the
+    # evidence's strength, the same for every pair of values)
+    assert re.search(r"one run counts for at most 40:1, so two that agree make 1\.6e\+03:1", start), start
 
 
 def test_classic_threshold_that_does_not_reproduce(history):
