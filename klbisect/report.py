@@ -57,7 +57,7 @@ def format_result(res: Result | dict) -> str:
             lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
     lines.append(f"Confidence: {fmt_confidence(r['confidence'])}"
                  f"{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
-    reused = f" + {r['reused_runs']} reused from earlier sessions" if r.get("reused_runs") else ""
+    reused = f" + {r['reused_runs']} reused from other sessions" if r.get("reused_runs") else ""
     lines.append(f"Probe runs: {r['probe_runs']}{reused} ({r['probe_seconds']:.0f}s probing"
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {fmt_count(r['n_commits'], 'candidate commit')}")

@@ -100,9 +100,12 @@ class BisectConfig:
         return {**self.question(), "timeout": self.timeout, "build_timeout": self.build_timeout,
                 "max_total_runs": self.max_total_runs, **({"fresh": True} if self.fresh else {})}
 
-    def run_command(self, good: str, bad: str) -> str:
+    def run_command(self, good: str, bad: str, max_runs: bool = True) -> str:
         """The `klbisect run` that asks this question, its options spelled out:
-        advice a user can paste (a `run` needs the probe options again)."""
+        advice a user can paste (a `run` needs the probe options again).
+        ``max_runs=False`` leaves --max-runs out: the advice out of a git
+        bisect that --max-runs stalled (a tester pasted it, and the run
+        stalled on the same cap 344 runs later)."""
         d = BisectConfig()
         argv = ["klbisect", "run", "--good", good, "--bad", bad]
 
@@ -121,6 +124,8 @@ class BisectConfig:
         opt("--build-timeout", f"{self.build_timeout:g}", f"{d.build_timeout:g}")
         for key in ("metric", "metric_regex", "threshold", "votes", "max_runs", "endpoint_runs",
                     "max_endpoint_runs", "max_total_runs", "confidence", "worse"):
+            if key == "max_runs" and not max_runs:
+                continue
             opt("--" + key.replace("_", "-"), getattr(self, key), getattr(d, key))
         if not self.first_parent:
             argv.append("--all-commits")
@@ -981,8 +986,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     # the max only hints, one label is plain: a search on the max would be long, and
                     # on a move that small it named a wrong commit once in 13 (a tester's)
                     raise NoDifference(
-                        f"good and bad only hint at a difference over the {over_labels(ws.worse)} of labels "
-                        f"(p={sep.p_value:.2g}): "
+                        f"good and bad only hint at a difference {_judged_on(ws)} (p={sep.p_value:.2g}): "
                         f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
                 silent = _silent_when_passing(ws, probe_key, [good, bad])
                 if silent:
@@ -1009,12 +1013,11 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                 # to --max-endpoint-runs would not change what to do (rerun with --metric)
                 hint = hint_of_labels()
                 if hint:
-                    over = over_labels(ws.worse)
                     # "at most 40 a side" was in the progress line: a tester read the stop at 10 as broken
                     raise NoDifference(
-                        f"good and bad do not differ over the {over} of labels after {len(g.values)}+"
+                        f"good and bad do not differ {_judged_on(ws)} after {len(g.values)}+"
                         f"{len(b.values)} runs (p={sep.p_value:.2g}; stopped short of --max-endpoint-runs "
-                        f"{cfg.max_endpoint_runs}, since one label shows what more runs of the {over} would "
+                        f"{cfg.max_endpoint_runs}, since another label shows what more runs would "
                         f"not): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
             if step.action == "fail":
                 raise NoDifference(
@@ -1094,12 +1097,22 @@ def _silent_when_passing(ws: Workspace, probe_key: str, shas: list[str]) -> str:
             "prints only when it fails: add -s to the pytest command)")
 
 
+def _judged_on(ws: Workspace) -> str:
+    """What the endpoints were compared on, for a "do not differ" line."""
+    return f"on label {ws.metric}" if ws.metric else f"over the {over_labels(ws.worse)} of labels"
+
+
 def _labels_offered(ws: Workspace, cfg: BisectConfig) -> bool:
     """Whether a label's own --metric can be offered: not under --metric,
     and not with a regex without a label group (it names its matches by
     position)."""
-    return ws.metric is None and (cfg.metric_regex is None
-                                  or "label" in re.compile(cfg.metric_regex).groupindex)
+    return ws.metric is None and _names_labels(cfg)
+
+
+def _names_labels(cfg: BisectConfig) -> bool:
+    """Whether runs come with their labels' names (a regex without a label
+    group names its matches by position)."""
+    return cfg.metric_regex is None or "label" in re.compile(cfg.metric_regex).groupindex
 
 
 def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]],
@@ -1108,6 +1121,8 @@ def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]]
     runs separate the endpoints, named with the --metric that bisects it,
     and with --worse when it moved the way this session calls better (an
     accuracy bisected as if higher were worse)."""
+    if ws.metric is not None and _names_labels(cfg):
+        return _other_label(ws, cfg, on_good, on_bad)
     if not _labels_offered(ws, cfg):
         return ""
     apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
@@ -1120,6 +1135,20 @@ def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]]
                 f"metric, rerun with --worse {moved} --metric {shlex.quote(lab)}, which reuses these runs")
     return (f"label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' "
             f"{over_labels(ws.worse)}): rerun with --metric {shlex.quote(lab)}, which reuses these runs")
+
+
+def _other_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]],
+                 on_bad: dict[str, list[float]]) -> str:
+    """Under a --metric whose label did not move, another label that did
+    (the worse way): a tester's --metric on the steady one of two spent
+    40+40 runs and stopped with no word of the one that moved."""
+    apart = [(lab, p) for lab, p in (labels_apart(on_good, on_bad) if len(on_good) > 1 else [])
+             if lab != ws.metric and cfg.worse in ("either", _moved(on_good, on_bad, lab))]
+    if not apart:
+        return ""
+    lab, p = apart[0]
+    return (f"label {lab} differs (p={p:.2g}) where --metric {ws.metric} does not: rerun with --metric "
+            f"{shlex.quote(lab)}, which reuses these runs")
 
 
 def _by_label(runs: list, sha: str) -> dict[str, list[float]]:
@@ -2245,6 +2274,11 @@ def _reuse_unchecked(ws: Workspace, sid: int, probe_key: str, sha: str, model) -
     return sum(r.session_id == sid for r in runs) < want
 
 
+def _max_runs_left_out(cfg: BisectConfig) -> str:
+    return (f" (without --max-runs {cfg.max_runs}: the run spreads its runs over the commits as the evidence "
+            "needs, where a low cap holds each commit short of it)" if cfg.max_runs else "")
+
+
 def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: str) -> KlbisectError | None:
     """Why `probe` stops git bisect (exit 157, so git aborts) before another
     run: commits left undecided at --max-runs, or --max-total-runs spent.
@@ -2255,8 +2289,8 @@ def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: s
     undecided = [s for s, v in ws.store.verdicts(sess.id).items()
                  if s != sha and is_undecided_skip(v["verdict"], str(v.get("reason", "")))]
     total = len(ws.store.session_runs(sess.id))
-    advice = (f"`klbisect reset`, then `{cfg.run_command(sess.good[:12], sess.bad[:12])}` reuses these {total} "
-              "runs and weighs them all together")
+    advice = (f"`klbisect reset`, then `{cfg.run_command(sess.good[:12], sess.bad[:12], max_runs=False)}` reuses "
+              f"these {total} runs and weighs them all together" + _max_runs_left_out(cfg))
     if len(undecided) >= UNDECIDED_LIMIT:
         return KlbisectError(f"{len(undecided)} commits stayed undecided after their --max-runs runs: a verdict per "
                              "commit is out of reach here (good and bad runs overlap, or --max-runs is too low), "
@@ -2383,8 +2417,9 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
                    f"({fmt_subject(cands[best.last][1], 50)}) instead: `klbisect report` shows that answer, "
                    "`klbisect reset` ends git bisect")
     else:
-        instead = (f"; `{cfg.run_command(sess.good[:12], sess.bad[:12])}` reuses these runs and measures until "
-                   "sure" + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model))
+        instead = (f"; `{cfg.run_command(sess.good[:12], sess.bad[:12], max_runs=False)}` reuses these runs and "
+                   "measures until sure" + _max_runs_left_out(cfg)
+                   + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model))
     said = f"its answer {shas[between[-1]][:12]}"
     if best.indices != between and best.mass > mass and (mass < 0.5 or best.mass >= cfg.confidence):
         # "most likely (NOT sure)" must name the most likely: after one wrong verdict (a

@@ -1111,12 +1111,16 @@ def test_a_regression_the_max_over_labels_hides_is_named_with_its_metric(history
     # said once six runs a side show it: more would not change what to do
     assert "after 6+6 runs" in line, line
     # and says why that is short of --max-endpoint-runs (a tester read the early stop as broken)
-    assert "stopped short of --max-endpoint-runs 20, since one label shows what more runs" in line, line
+    assert "stopped short of --max-endpoint-runs 20, since another label shows what more runs" in line, line
+    # --metric on a label that never moved names the one that did (a tester's 40+40 runs, no word of it)
+    line = error_line(klb(*args, "--metric", "decode", cwd=h.path), 154)
+    assert "do not differ on label decode after 6+6 runs" in line and "label steady differs (p=" in line \
+        and "where --metric decode does not: rerun with --metric steady" in line, line
     p = klb(*args, "--metric", "steady", "--json", cwd=h.path)
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
     # the session that stopped is named with the advice it stopped on, not "the same `klbisect
     # run` resumes it", which stops the same way (a tester's loop)
-    first = klb("status", cwd=h.path).stdout.splitlines()[0]
+    first = klb("status", cwd=h.path).stdout.splitlines()[1]
     assert first.startswith("(Session 1 (run: ") and ") stopped: good and bad do not differ" in first \
         and "--metric steady" in first and "resumes it" not in first, first
 

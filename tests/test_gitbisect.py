@@ -762,6 +762,11 @@ def test_probe_stops_git_bisect_once_commits_stay_undecided(history):
     assert "157" in out.stdout + out.stderr, out.stdout + out.stderr
     assert "2 commits stayed undecided after their --max-runs runs" in out.stderr
     assert f"`klbisect run --good {h.good[:12]} --bad {h.bad[:12]} --probe-cmd " in out.stderr
+    # without the --max-runs that stalled it: a tester pasted the advice, and the run stalled
+    # on the same cap 344 runs later
+    advice = out.stderr.split("`klbisect run ", 1)[1].split("`", 1)[0]
+    assert "--max-runs" not in advice, advice
+    assert "(without --max-runs 1: the run spreads its runs" in out.stderr
     skips = db_query(h.path, "SELECT sha FROM verdicts WHERE verdict='skip'")
     assert len(skips) == 2
     assert db_query(h.path, "SELECT COUNT(*) FROM runs")[0][0] == 12 + 2
