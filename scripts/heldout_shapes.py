@@ -4,7 +4,8 @@ search (``klbisect.simulate.simulate_bisect``, what bench_bisect's klbisect
 strategy runs): good commits that drift before the culprit, values printed
 to one or two significant digits, a regression that adds a constant, Pareto
 tails, and the culprit at either end of a short history. A tester wrote
-them on 2026-12-04 as held-out models; this is their harness, kept.
+them on 2026-12-04 as held-out models; this is their harness, kept. The
+``offset`` shapes (2026-12-06) give each commit an offset of its own.
 
     python scripts/heldout_shapes.py --jobs 16 --trials 100            # every shape
     python scripts/heldout_shapes.py --shapes drift50,ln60 --trials 300 --commits 10 --culprit last
@@ -79,7 +80,13 @@ SHAPES: dict[str, tuple[str, Callable]] = {
     "seed": ("the benchmark's seed case (a check: the table's seed row)",
              lambda r, i, c, n: seed_max(r, i >= c)),
     "ln60": ("log-normal .004 sigma .25, x1.6", lambda r, i, c, n: lognormal(r, 0.004 * (1.6 if i >= c else 1), 0.25)),
+    "offset6": ("log-normal .004 sigma .2, x1.3; every commit's median also x e^(.06 Z), its own (2026-12-06)",
+                lambda r, i, c, n: lognormal(r, 0.004 * (1.3 if i >= c else 1), 0.2)),
+    "offset3": ("as offset6, x e^(.03 Z)", lambda r, i, c, n: lognormal(r, 0.004 * (1.3 if i >= c else 1), 0.2)),
 }
+# shape -> the log spread of an offset each commit keeps for all its runs (a build's autotuned
+# kernels, a change that nudges the numerics): drawn once a trial, apart from the runs' draws
+OFFSETS = {"offset6": 0.06, "offset3": 0.03}
 
 
 def one(args) -> tuple[str, int, int, list[int] | None]:
@@ -87,7 +94,8 @@ def one(args) -> tuple[str, int, int, list[int] | None]:
     rng = np.random.default_rng([seed, t])
     c = {"first": 1, "last": n}.get(where) or int(rng.integers(1, n + 1))
     draw = SHAPES[shape][1]
-    block, runs = simulate_bisect(n, lambda i: draw(rng, i, c, n))
+    off = np.exp(OFFSETS.get(shape, 0.0) * np.random.default_rng([seed, t, 1]).standard_normal(n + 1))
+    block, runs = simulate_bisect(n, lambda i: draw(rng, i, c, n) * off[i])
     return shape, c, runs, block
 
 

@@ -399,3 +399,19 @@ def test_write_docs_never_replaces_a_file_it_did_not_write(tmp_path):
                         "--write-docs", str(notes)], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "--write-docs" in r.stderr and "Traceback" not in r.stderr
     assert notes.read_text() == "My notes: keep me\n"
+
+
+def test_heldout_shapes_smoke():
+    """The held-out shapes' harness runs a shape with per-commit offsets and
+    one without, and prints a row for each."""
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "heldout_shapes.py"), "--shapes", "offset3,ln60", "--commits", "30",
+         "--trials", "2", "--jobs", "1"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {ln.split()[0]: ln.split() for ln in r.stdout.splitlines()[2:]}
+    assert set(rows) == {"offset3", "ln60"}, r.stdout
+    assert all(row[1].endswith("/2") for row in rows.values()), r.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "heldout_shapes.py"), "--shapes", "nosuch"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown nosuch" in bad.stderr
