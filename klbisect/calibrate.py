@@ -553,10 +553,11 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                                      f"{res.cost.simulated_p95_runs:.0f}) over every label")
         except KeyboardInterrupt:
             # every run is in: the statistics above them are whole, and a user presses Ctrl-C
-            # here because the replay is slow (a tester's report was lost with it)
-            res.cost, res.interrupted = None, True
-            res.notes.append("the cost estimate was interrupted: the same command gives it (no run is "
-                             "measured again)")
+            # here because the replay is slow (a tester's report was lost with it); an estimate
+            # finished before it stands
+            res.interrupted = True
+            res.notes.append(f"the {'estimate with one label' if res.cost else 'cost estimate'} was interrupted: "
+                             "the same command gives it (no run is measured again)")
         hint = label_hint(ws, probe.key, sha, bad_sha, cfg) if res.cost is None and not res.interrupted else ""
         if hint:
             # as `run` says it: one label plain under the max (or min) over the others
@@ -565,8 +566,10 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
             res.notes.append(priced)
         if res.cost or priced:
             # a tester budgeted GPU time on the estimate: a bisect of this very range needs fewer new runs
-            res.notes.append(f"a bisect from {rev} to {bad_sha[:12]} reuses the {len(gv) + len(bv)} runs measured here "
-                             "as its endpoints' (the estimate counts endpoint runs): it measures fewer new ones")
+            kept = len(ws.store.runs(probe.key, [sha, bad_sha], every=True))
+            res.notes.append(f"a `klbisect run` from {sha[:12]} to {bad_sha[:12]} with this probe command reuses "
+                             f"the {kept} runs recorded at them (not with --fresh) as its endpoints': the "
+                             "estimate counts endpoint runs, so it measures fewer new ones")
     silent = _silent_when_passing(ws, probe.key, [sha] + ([bad_sha] if bad_sha else []))
     if silent:
         res.notes.append(silent)
@@ -699,7 +702,7 @@ def format_calibration(c: Calibration) -> str:
     block("Per label:", c.labels)
     if c.bad_sha:
         block(f"Bad commit {c.bad_sha[:12]}:", c.bad_labels, bad=True)
-    if c.bad_sha and not c.cost:
+    if c.bad_sha and not c.cost and not c.interrupted:
         sides = (f"{c.runs} runs a side" if c.bad_runs in (0, c.runs)
                  else f"{c.runs} and {c.bad_runs} runs")
         lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: these {sides} do not show a "

@@ -44,6 +44,7 @@ from .executors import Failure, infrastructure_failure, port_bases, visible_gpus
 from .measure import Measurer, Outcome
 from .proc import private_log
 
+RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"   # where `ray start` leaves its address
 MAX_NODE_WORKTREES = 64          # worktrees one node keeps per repository
 LOG_RETURN_LIMIT = 4 << 20       # bytes of each log sent back (the tail)
 DEFAULT_MAX_RETRIES = 2          # Ray's retries of a task whose worker/node died
@@ -385,10 +386,13 @@ class RayExecutor:
         """Refuse, before any session is recorded, GPUs that the cluster
         klbisect would start on this machine cannot have: it sees this
         machine's GPUs (CUDA_VISIBLE_DEVICES as well), and never gains one.
-        Without Ray started or imported: that is the executor's to do."""
+        Without Ray started or imported: that is the executor's to do, as
+        is a cluster it is given or finds (`ray start`)."""
         ray = sys.modules.get("ray")
         if (cfg.gpus_per_probe <= 0 or cfg.ray_address or os.environ.get("RAY_ADDRESS")
-                or (ray is not None and ray.is_initialized())):
+                or (ray is not None and ray.is_initialized()) or Path(RAY_CURRENT_CLUSTER).exists()):
+            # (ray.init attaches to a cluster `ray start` began on this machine, whose GPU nodes
+            # may be elsewhere: the executor counts those)
             return
         _no_gpus_here(cfg.gpus_per_probe, len(visible_gpus()))
 

@@ -1121,8 +1121,6 @@ def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]]
     runs separate the endpoints, named with the --metric that bisects it,
     and with --worse when it moved the way this session calls better (an
     accuracy bisected as if higher were worse)."""
-    if ws.metric is not None and _names_labels(cfg):
-        return _other_label(ws, cfg, on_good, on_bad)
     if not _labels_offered(ws, cfg):
         return ""
     apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
@@ -1142,6 +1140,8 @@ def _other_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float
     """Under a --metric whose label did not move, another label that did
     (the worse way): a tester's --metric on the steady one of two spent
     40+40 runs and stopped with no word of the one that moved."""
+    if ws.metric is None or not _names_labels(cfg):
+        return ""
     apart = [(lab, p) for lab, p in (labels_apart(on_good, on_bad) if len(on_good) > 1 else [])
              if lab != ws.metric and cfg.worse in ("either", _moved(on_good, on_bad, lab))]
     if not apart:
@@ -1173,7 +1173,8 @@ def label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectCo
     on_good, on_bad = _by_label(stored, good), _by_label(stored, bad)
     hint = (_one_label(ws, cfg, on_good, on_bad)
             or _vanished_label(*([set(r.values) for r in counted if r.sha == sha] for sha in (good, bad)))
-            or (_closest_label(ws, cfg, on_good, on_bad) if weak else ""))
+            # only once all the runs asked for are in: a weak move of the --metric label may yet show
+            or (_closest_label(ws, cfg, on_good, on_bad) or _other_label(ws, cfg, on_good, on_bad) if weak else ""))
     return f"; {hint}" if hint else ""
 
 
@@ -2724,8 +2725,9 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
     ws = Workspace(path)
     done = []
     try:
-        if not ws.dir.exists():
+        if not ws.dir.exists() and not ws.dir.is_symlink():
             # nothing of klbisect's here to end or remove: make no state directory for it
+            # (a dangling link there is the storage error `locked` gives)
             return [_NOT_OUR_BISECT] if gitrepo.bisect_in_progress(ws.repo) else []
         with ws.locked():
             st = ws.store

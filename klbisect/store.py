@@ -355,7 +355,9 @@ class Store:
             "SELECT * FROM sessions WHERE kind='calibrate' AND good=? AND bad IS ? AND probe_key=? "
             "ORDER BY id DESC LIMIT 1", (rev, bad, probe_key)).fetchone()
         sess = self._session(row)
-        return sess if sess and sess.config.get("fresh") and sess.result is None else None
+        # one whose cost estimate was cut short kept its report, but not the estimate the rerun gives
+        short = sess is not None and (sess.result is None or bool(sess.result.get("interrupted")))
+        return sess if sess and sess.config.get("fresh") and short else None
 
     def update_session(self, sid: int, **fields) -> None:
         cols, vals = [], []

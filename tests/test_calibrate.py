@@ -470,7 +470,8 @@ def test_calibrate_names_a_label_the_max_hides(history, tmp_path):
     named = next(i for i, ln in enumerate(notes) if "label steady alone differs" in ln)
     priced = next(i for i, ln in enumerate(notes) if ln.startswith("Note: a bisect with --metric steady:"))
     assert named < priced and "endpoint runs included" in notes[priced], notes
-    assert any(f"a bisect from {h.good} to {h.bad[:12]} reuses the 16 runs measured here" in ln for ln in notes), notes
+    assert any(f"a `klbisect run` from {h.good[:12]} to {h.bad[:12]} with this probe command reuses the 16 runs "
+               "recorded at them" in ln for ln in notes), notes
 
 
 def test_calibrate_warns_when_only_failing_runs_print(history, tmp_path):
@@ -525,9 +526,11 @@ def test_ctrl_c_in_the_cost_estimate_keeps_the_report(history):
     import signal  # noqa: PLC0415
     import time  # noqa: PLC0415
     from conftest import klb_popen, reaped  # noqa: PLC0415
-    h = history(n_commits=12, seed=3, merges=0, noise=NoiseModel(good=(0.003, 0.006), bad=(0.004, 0.007)))
-    args = ("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "8", "--commits", "5000",
-            "--metric", "prefill_cache_hit", "--probe-cmd", f"{PY} probe.py", "--json")
+    # apart enough to price (a pair of samples that did not separate has no estimate to cut short),
+    # overlapping enough that each replay over 5,000 commits takes a while
+    h = history(n_commits=12, seed=3, merges=0, noise=NoiseModel(good=(0.003, 0.006), bad=(0.0045, 0.008)))
+    args = ("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "12", "--commits", "5000",
+            "--metric", "prefill_cache_hit", "--probe-cmd", f"{PY} probe.py", "--json", "--fresh")
     with reaped(klb_popen(*args, cwd=h.path)) as proc:
         said = []
         while not any(line.startswith("estimating a bisect") for line in said):
@@ -542,6 +545,16 @@ def test_ctrl_c_in_the_cost_estimate_keeps_the_report(history):
     assert "Traceback" not in err
     assert "the cost estimate was interrupted: the same command gives it" in err
     assert "klbisect: interrupted in the cost estimate; the report above is whole without it" in err
+    # a cut-short estimate is no finding that the commits do not separate (a reviewer's)
+    assert "do not separate" not in err
     res = json.loads(out.strip().splitlines()[-1])
-    assert res["interrupted"] and res["cost"] is None and res["exit_code"] == 130 and res["runs"] == 8
-    assert res["bad_runs"] == 8 and res["labels"], res
+    assert res["interrupted"] and res["cost"] is None and res["exit_code"] == 130 and res["runs"] == 12
+    assert res["bad_runs"] == 12 and res["labels"], res
+    # under --fresh the same command resumes it, its runs counted, as any interrupted one
+    from klbisect.store import Store  # noqa: PLC0415
+    st = Store(h.path / ".git" / "klbisect" / "state.db")
+    try:
+        sess = st.interrupted_calibration(h.good, h.bad, st.latest_session(("calibrate",)).probe_key)
+        assert sess is not None and sess.result["interrupted"]
+    finally:
+        st.close()
