@@ -2067,8 +2067,8 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
     no_session = KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
                                "--probe-cmd ...` first", EXIT_USAGE)
     try:
-        if not ws.has_state():
-            raise no_session      # and makes no state directory
+        if not ws.dir.exists() and not ws.dir.is_symlink():
+            raise no_session      # and makes no state directory (one that exists may be another's: busy)
         with ws.locked():
             sess = ws.store.active_session("gitbisect")
             if sess is None or sess.model is None:
