@@ -184,10 +184,10 @@ def format_status(st: dict) -> str:
                        if bad == good else
                        f"; one run counts for at most {bad:.3g}:1 for bad and {good:.3g}:1 for good (two that "
                        f"agree: {bad ** 2:.3g}:1, {good ** 2:.3g}:1)")
-        table = ((st.get("result") or {}).get("labels")
-                 and f", where the {'KL' if worse == 'higher' else 'Metric'} before -> after below counts those at 99%")
+        table = (f", where the {'KL' if worse == 'higher' else 'Metric'} before -> after below counts those at 99%"
+                 if (st.get("result") or {}).get("labels") else "")
         lines.append(f"Learned from {m.get('n_good', 0)} good-side and {m.get('n_bad', 0)} bad-side runs (the "
-                     f"endpoints' and those of commits placed on a side at {100 * (1 - pool):g}%{table or ''}; "
+                     f"endpoints' and those of commits placed on a side at {100 * (1 - pool):g}%{table}; "
                      f"{value}): good around "
                      f"{fmt_value(f(m['mu_good']))}, bad around {fmt_value(f(m['mu_bad']))} "
                      f"({abs(m['mu_bad'] - m['mu_good']) / m['scale']:.1f} run-to-run "

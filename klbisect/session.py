@@ -342,6 +342,11 @@ class Workspace:
             owner.unlink(missing_ok=True)   # left behind only by a klbisect killed hard
             self._lock.release()
 
+    def never_used(self) -> bool:
+        """No state directory here (a dangling link is one: `locked` gives its
+        storage error): a command with nothing to read or end makes none."""
+        return not self.dir.exists() and not self.dir.is_symlink()
+
     def has_state(self) -> bool:
         """Whether there is a state database to read; a file or a dangling
         link where the state directory belongs is an error, not "no session"."""
@@ -1017,7 +1022,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                     raise NoDifference(
                         f"good and bad do not differ {_judged_on(ws)} after {len(g.values)}+"
                         f"{len(b.values)} runs (p={sep.p_value:.2g}; stopped short of --max-endpoint-runs "
-                        f"{cfg.max_endpoint_runs}, since another label shows what more runs would "
+                        f"{cfg.max_endpoint_runs}, since one label shows what more runs would "
                         f"not): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
             if step.action == "fail":
                 raise NoDifference(
@@ -1453,9 +1458,9 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         # refused before the state directory is made: a typo leaves nothing behind
-        gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
+        good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
         with ws.locked():
-            return _run_locked(ws, cfg, progress, executor_factory, check_reused)
+            return _run_locked(ws, cfg, good, bad, progress, executor_factory, check_reused)
     finally:
         ws.close()
 
@@ -1473,10 +1478,9 @@ def _fresh_origin(st: Store, good: str, bad: str, probe_key: str, cfg: BisectCon
     return None
 
 
-def _run_locked(ws: Workspace, cfg: BisectConfig, progress: Progress, executor_factory,
+def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress: Progress, executor_factory,
                 check_reused: bool = True) -> Result:
     first_build = ws.store.last_build_id()     # the builds after it are this command's
-    good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
     cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
     shas = [c[0] for c in cands]
     probe, builder = make_probe(cfg), make_builder(cfg)
@@ -1941,10 +1945,9 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
     cfg.validate()
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
-        gitrepo.check_range(ws.repo, cfg.good, cfg.bad)   # before the state directory is made
+        good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)   # before the state directory is made
         with ws.locked():
             gitrepo.ensure_clean(ws.repo)
-            good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)
             active = ws.store.active_session("gitbisect")
             if (active and active.state == "calibrating" and active.model is None
                     and not gitrepo.bisect_in_progress(ws.repo)
@@ -2067,7 +2070,7 @@ def probe_head(path: str | Path | None, progress: Progress = _stderr) -> HeadVer
     no_session = KlbisectError("no klbisect session here: run `klbisect start --good G --bad B "
                                "--probe-cmd ...` first", EXIT_USAGE)
     try:
-        if not ws.dir.exists() and not ws.dir.is_symlink():
+        if ws.never_used():
             raise no_session      # and makes no state directory (one that exists may be another's: busy)
         with ws.locked():
             sess = ws.store.active_session("gitbisect")
@@ -2725,9 +2728,8 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
     ws = Workspace(path)
     done = []
     try:
-        if not ws.dir.exists() and not ws.dir.is_symlink():
+        if ws.never_used():
             # nothing of klbisect's here to end or remove: make no state directory for it
-            # (a dangling link there is the storage error `locked` gives)
             return [_NOT_OUR_BISECT] if gitrepo.bisect_in_progress(ws.repo) else []
         with ws.locked():
             st = ws.store

@@ -152,8 +152,9 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
         if path is None:     # the file the error names, else (a write after opening) the store it opened
             path = Path(e.filename) if getattr(e, "filename", None) else _opened
         where = f" in {path.parent}" if path is not None else ""
-        files = _unwritable(path) if path is not None else []
-        if getattr(e, "errno", None) == errno.EROFS:     # no chmod makes anything there writable
+        rofs = getattr(e, "errno", None) == errno.EROFS     # no chmod makes anything there writable
+        files = _unwritable(path) if path is not None and not rofs else []
+        if rofs:
             what = ("its file system is mounted read-only; remount it writable, or clone the repository to a "
                     "disk that is,")
         elif len(files) == 1:

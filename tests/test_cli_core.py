@@ -1111,7 +1111,7 @@ def test_a_regression_the_max_over_labels_hides_is_named_with_its_metric(history
     # said once six runs a side show it: more would not change what to do
     assert "after 6+6 runs" in line, line
     # and says why that is short of --max-endpoint-runs (a tester read the early stop as broken)
-    assert "stopped short of --max-endpoint-runs 20, since another label shows what more runs" in line, line
+    assert "stopped short of --max-endpoint-runs 20, since one label shows what more runs" in line, line
     # --metric on a label that never moved names the one that did (a tester's 40+40 runs, no word of it)
     # once the runs asked for are in: a weak move of decode itself might have shown by then (a reviewer's)
     line = error_line(klb(*args, "--metric", "decode", cwd=h.path), 154)
