@@ -604,11 +604,14 @@ def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "
             f"{label[2:]}; the {over_labels(cfg.worse)} over labels went the better way ({moved}: good "
             f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}, p={sep.p_value:.2g}), so it cannot be bisected "
             "as a regression")
+    # a label that moved on its own is the better advice: under --worse {moved} the other
+    # side's max (or min) may be a label that never moved (CI's draw: an accuracy's max
+    # "fixed" at p=0.039, by chance, while gsm8k fell)
     raise NoDifference(
         f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
         f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
-        f"a fix, or --good and --bad are swapped; pass --worse {moved} (or either) if {moved} values are worse "
-        "here")
+        f"a fix, or --good and --bad are swapped" + (label or f"; pass --worse {moved} (or either) if {moved} "
+                                                       "values are worse here"))
 
 
 def _question_of(config: dict) -> dict:
