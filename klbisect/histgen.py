@@ -552,10 +552,27 @@ def _draw(rng, spec, bad):
     return value
 
 
+def _draw_number(folder):
+    """The next number of a run that draws from ``folder``: claimed by
+    creating its file, so runs in parallel never share one."""
+    os.makedirs(folder, exist_ok=True)
+    n = len(os.listdir(folder))
+    while True:
+        try:
+            os.close(os.open(os.path.join(folder, str(n)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            return n
+        except FileExistsError:
+            n += 1
+
+
 def main():
     spec = _load(".probe_noise.json")
-    # a fixed KVSERVE_PROBE_SEED replays the same draws (tests that need one exact story)
-    rng = random.Random(os.environ.get("KVSERVE_PROBE_SEED") or os.urandom(16))
+    # a fixed KVSERVE_PROBE_SEED replays the same draws in every run; with KVSERVE_PROBE_DRAWS
+    # (a folder) the nth run draws its own, the same on every replay (a test suite's runs)
+    seed = os.environ.get("KVSERVE_PROBE_SEED")
+    if os.environ.get("KVSERVE_PROBE_DRAWS"):
+        seed = f"{seed}:{_draw_number(os.environ['KVSERVE_PROBE_DRAWS'])}"
+    rng = random.Random(seed or os.urandom(16))
     _launch_server(spec, rng)
     bad = _matches(spec["bad_when"])
     n, results = spec["samples"], {}

@@ -20,7 +20,7 @@ import filelock
 import psutil
 import pytest
 
-from conftest import (HEX40, HIDDEN_LABEL_PROBE, PY, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query,
+from conftest import (HEX40, HIDDEN_LABEL_PROBE, PY, SAME_DRAWS, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query,
                       error_line, git, interrupted, json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir,
                       user_state, wait_gone)
 from klbisect import repo as gitrepo
@@ -913,7 +913,7 @@ def test_a_regression_of_spikes_whose_middle_fell_is_not_called_a_fix(history, t
     assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == h.culprit, p.stderr
 
 
-NAN_MOSTLY_LOW = ("import random, sys\n"
+NAN_MOSTLY_LOW = SAME_DRAWS + ("import random, sys\n"
                 "for ln in sys.stdin:\n"
                 "    low = ln.startswith('avg_kl_div=') and float(ln.split('=')[1]) < 0.005\n"
                 "    print('avg_kl_div=nan' if low and random.random() < 0.8 else ln.rstrip())\n")
