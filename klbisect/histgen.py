@@ -552,26 +552,29 @@ def _draw(rng, spec, bad):
     return value
 
 
-def _draw_number(folder):
-    """The next number of a run that draws from ``folder``: claimed by
-    creating its file, so runs in parallel never share one."""
+def _draws_of_this_commit(folder):
+    """"HEAD:n" for the nth run of this checkout's commit that draws from
+    ``folder``: counted per commit, so a commit's draws do not depend on the
+    order in which runs of other commits came (parallel slots)."""
+    import fcntl
+    import subprocess
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip() or "HEAD"
     os.makedirs(folder, exist_ok=True)
-    n = len(os.listdir(folder))
-    while True:
-        try:
-            os.close(os.open(os.path.join(folder, str(n)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            return n
-        except FileExistsError:
-            n += 1
+    with open(os.path.join(folder, head), "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write("x")
+        f.flush()
+        return f"{head}:{f.tell()}"
 
 
 def main():
     spec = _load(".probe_noise.json")
-    # a fixed KVSERVE_PROBE_SEED replays the same draws in every run; with KVSERVE_PROBE_DRAWS
-    # (a folder) the nth run draws its own, the same on every replay (a test suite's runs)
+    # a fixed KVSERVE_PROBE_SEED replays the same draws in every run; without it, KVSERVE_PROBE_DRAWS
+    # (a folder) makes the nth run of each commit draw the same on every replay (a test suite's runs)
     seed = os.environ.get("KVSERVE_PROBE_SEED")
-    if os.environ.get("KVSERVE_PROBE_DRAWS"):
-        seed = f"{seed}:{_draw_number(os.environ['KVSERVE_PROBE_DRAWS'])}"
+    if not seed and os.environ.get("KVSERVE_PROBE_DRAWS"):
+        seed = _draws_of_this_commit(os.environ["KVSERVE_PROBE_DRAWS"])
     rng = random.Random(seed or os.urandom(16))
     _launch_server(spec, rng)
     bad = _matches(spec["bad_when"])

@@ -610,8 +610,9 @@ def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "
     raise NoDifference(
         f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
         f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
-        f"a fix, or --good and --bad are swapped" + (label or f"; pass --worse {moved} (or either) if {moved} "
-                                                       "values are worse here"))
+        f"a fix, or --good and --bad are swapped" + (label if "alone moved" in label else
+                                                       f"; pass --worse {moved} (or either) if {moved} values are "
+                                                       "worse here" + label))
 
 
 def _question_of(config: dict) -> dict:
@@ -1134,7 +1135,10 @@ def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]]
     apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
     if not apart:
         return ""
-    lab, p = apart[0]
+    # a label that moved the worse way first: one that moved the better way (another
+    # label's fix, or a label that is better lower) is the answer only when none did
+    lab, p = next(((lab, p) for lab, p in apart if cfg.worse in ("either", _moved(on_good, on_bad, lab))),
+                  apart[0])
     moved = _moved(on_good, on_bad, lab)
     if cfg.worse not in ("either", moved):
         return (f"label {lab} alone moved {moved} (p={p:.2g}): if {moved} values are worse for this "

@@ -38,21 +38,18 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 # about plumbing, not statistics, so the answer is certain.
 SEPARATED = NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014))
 
-# the first lines of a wrapper probe that draws with `random`: its nth run in a test seeds
-# `random` with n, as the generated probe.py does under KVSERVE_PROBE_DRAWS (same_draws)
-SAME_DRAWS = """import os as _os, random as _random
-_folder = _os.environ.get("KVSERVE_PROBE_DRAWS")
-if _folder:
-    _folder = _os.path.join(_folder, "wrapper")
+# the first lines of a wrapper probe that draws with `random`: the nth run of a commit in a test
+# seeds `random` with the commit and n, as the generated probe.py does under KVSERVE_PROBE_DRAWS
+SAME_DRAWS = """import fcntl as _fcntl, os as _os, random as _random, subprocess as _subprocess
+if _os.environ.get("KVSERVE_PROBE_DRAWS"):
+    _head = _subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    _folder = _os.path.join(_os.environ["KVSERVE_PROBE_DRAWS"], "wrapper")
     _os.makedirs(_folder, exist_ok=True)
-    _n = len(_os.listdir(_folder))
-    while True:
-        try:
-            _os.close(_os.open(_os.path.join(_folder, str(_n)), _os.O_CREAT | _os.O_EXCL | _os.O_WRONLY))
-            break
-        except FileExistsError:
-            _n += 1
-    _random.seed(f"wrapper:{_n}")
+    with open(_os.path.join(_folder, _head or "HEAD"), "a+") as _f:
+        _fcntl.flock(_f, _fcntl.LOCK_EX)
+        _f.write("x")
+        _f.flush()
+        _random.seed(f"wrapper:{_head}:{_f.tell()}")
 """
 
 # a probe over the driver probe.py: two labels that never move set every run's max, and the
@@ -69,9 +66,10 @@ print(f"[steady]\navg_kl_div={random.uniform(0.0047, 0.0052) if bad else random.
 
 @pytest.fixture(autouse=True)
 def same_draws(tmp_path_factory, monkeypatch):
-    """Each test's simulated probe runs draw the same numbers on every test
-    run: a statistical test that fails, fails again (CI once drew p=0.039
-    where nothing had moved)."""
+    """The nth run of a commit by a test's simulated probe draws the same
+    numbers on every test run: a statistical test that fails, fails again
+    (CI once drew p=0.039 where nothing had moved). Module-scoped fixtures
+    start before this one and draw afresh."""
     monkeypatch.setenv("KVSERVE_PROBE_DRAWS", str(tmp_path_factory.mktemp("draws")))
 
 

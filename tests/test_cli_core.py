@@ -881,7 +881,7 @@ def test_a_range_whose_values_fell_is_a_fix_not_a_regression(history):
     assert "a run's value is the min over its labels" in klb("status", cwd=h.path).stdout
 
 
-SPIKES_PROBE = r"""import pathlib, random, subprocess, sys
+SPIKES_PROBE = SAME_DRAWS + r"""import pathlib, random, subprocess, sys
 out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
 bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
 # the regression: every fourth run of a bad commit spikes 5x, while the middle of the runs fell
@@ -1199,7 +1199,48 @@ def test_a_label_that_fell_is_named_when_the_max_went_the_better_way(history, tm
     assert "swapped" in line and "--worse lower --metric gsm8k" in line, line
 
 
-ACCURACY_ASSERTING_PROBE = r"""import random, subprocess, sys
+# label a fell (a fix, or a label that is better lower); label b rose, the worse way, under a's max
+FIX_AND_RISE_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
+print(f"[a]\navg_kl_div={random.uniform(0.0058, 0.0062) if bad else random.uniform(0.0098, 0.0102):.6f}")
+print(f"[b]\navg_kl_div={random.uniform(0.0047, 0.0049) if bad else random.uniform(0.0039, 0.0041):.6f}")
+"""
+
+
+def test_a_label_that_rose_is_named_before_one_that_fell(history, tmp_path):
+    """A reviewer's: label a fell far (p=1e-15) while b rose, the worse way,
+    and the max over labels fell with a: the answer said "rerun with
+    --worse lower --metric a", never a word of b, the regression."""
+    h = history(n_commits=30, seed=5, noise=SEPARATED)
+    wrapper = tmp_path / "fix_and_rise.py"
+    wrapper.write_text(FIX_AND_RISE_PROBE)
+    line = error_line(klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}", cwd=h.path), 154)
+    assert "label b alone differs" in line and "--metric b" in line and "--metric a" not in line, line
+
+
+# under --metric x: x moved lower, the better way; y (another label) prints nan at the bad endpoint
+VANISHING_OTHER_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
+print(f"[x]\navg_kl_div={random.uniform(0.0030, 0.0035) if bad else random.uniform(0.0040, 0.0045):.6f}")
+print("[y]\navg_kl_div=" + ("nan" if bad else f"{random.uniform(0.001, 0.002):.6f}"))
+"""
+
+
+def test_a_metric_that_went_the_better_way_keeps_the_worse_advice(history, tmp_path):
+    """A reviewer's: under --metric x, which fell, the note on another label
+    (y's line unread at the bad endpoint) took the place of "pass --worse
+    lower", the advice that applies."""
+    h = history(n_commits=30, seed=5, noise=SEPARATED)
+    wrapper = tmp_path / "vanishing.py"
+    wrapper.write_text(VANISHING_OTHER_PROBE)
+    line = error_line(klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", f"{PY} {wrapper}", "--metric", "x",
+                          "--metric-regex", r"\[(?P<label>\w+)\]\navg_kl_div=(?P<value>[0-9.]+)", cwd=h.path), 154)
+    assert "swapped; pass --worse lower (or either)" in line, line
+
+
+ACCURACY_ASSERTING_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
 out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
 bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
 # gsm8k fell, and the test stops on it before mmlu (always lower) prints
