@@ -39,8 +39,10 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 SEPARATED = NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014))
 
 # the first lines of a wrapper probe that draws with `random`: the nth run of a commit in a test
-# seeds `random` with the commit and n, as the generated probe.py does under KVSERVE_PROBE_DRAWS
+# (``nth``, from 0) seeds `random` with the commit and n, as the generated probe.py does under
+# KVSERVE_PROBE_DRAWS
 SAME_DRAWS = """import fcntl as _fcntl, os as _os, random as _random, subprocess as _subprocess
+nth = 0
 if _os.environ.get("KVSERVE_PROBE_DRAWS"):
     _head = _subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     _folder = _os.path.join(_os.environ["KVSERVE_PROBE_DRAWS"], "wrapper")
@@ -49,15 +51,20 @@ if _os.environ.get("KVSERVE_PROBE_DRAWS"):
         _fcntl.flock(_f, _fcntl.LOCK_EX)
         _f.write("x")
         _f.flush()
-        _random.seed(f"wrapper:{_head}:{_f.tell()}")
+        nth = _f.tell() - 1
+    _random.seed(f"wrapper:{_head}:{nth}")
+"""
+
+# the first lines of a wrapper over the driver probe.py (its output in ``out``): ``bad`` says
+# which side of the regression the commit is on
+OVER_DRIVER = SAME_DRAWS + r"""import pathlib, random, subprocess, sys
+out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
+bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
 """
 
 # a probe over the driver probe.py: two labels that never move set every run's max, and the
 # one that moved a little at the regression never reaches it
-HIDDEN_LABEL_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-# two labels that never move set every run's max; the one that moved, a little, never reaches it
+HIDDEN_LABEL_PROBE = OVER_DRIVER + r"""# two labels that never move set every run's max; the one that moved, a little, never reaches it
 for label, high in (("long_ctx", 0.02), ("decode", 0.019)):
     print(f"[{label}]\navg_kl_div={high}")
 print(f"[steady]\navg_kl_div={random.uniform(0.0047, 0.0052) if bad else random.uniform(0.0040, 0.0045):.6f}")

@@ -8,7 +8,7 @@ import subprocess
 
 import numpy as np
 
-from conftest import (HIDDEN_LABEL_PROBE, PY, SAME_DRAWS, SEPARATED, calibrate_wrapped, db_query, error_line, klb,
+from conftest import (HIDDEN_LABEL_PROBE, OVER_DRIVER, PY, SEPARATED, calibrate_wrapped, db_query, error_line, klb,
                       probe_cmd)
 from klbisect.histgen import NoiseModel
 from klbisect.calibrate import (MAX_LABEL, Calibration, format_calibration, label_stats, raise_to_labels,
@@ -493,10 +493,7 @@ def test_calibrate_warns_when_only_failing_runs_print(history, tmp_path):
     assert "printed no value, while every run with a value failed" in p.stdout and "add -s" in p.stdout, p.stdout
 
 
-CLEARER_LABEL_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-# the max over labels moved a little under long_ctx's noise; decode moved far more, under it
+CLEARER_LABEL_PROBE = OVER_DRIVER + r"""# the max over labels moved a little under long_ctx's noise; decode moved far more, under it
 print(f"[long_ctx]\navg_kl_div={random.lognormvariate(0, 0.3) * (0.0075 if bad else 0.005):.6f}")
 print(f"[decode]\navg_kl_div={random.lognormvariate(0, 0.05) * (0.003 if bad else 0.001):.6f}")
 """

@@ -20,7 +20,7 @@ import filelock
 import psutil
 import pytest
 
-from conftest import (HEX40, HIDDEN_LABEL_PROBE, PY, SAME_DRAWS, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query,
+from conftest import (HEX40, HIDDEN_LABEL_PROBE, OVER_DRIVER, PY, SAME_DRAWS, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query,
                       error_line, git, interrupted, json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir,
                       user_state, wait_gone)
 from klbisect import repo as gitrepo
@@ -881,10 +881,7 @@ def test_a_range_whose_values_fell_is_a_fix_not_a_regression(history):
     assert "a run's value is the min over its labels" in klb("status", cwd=h.path).stdout
 
 
-SPIKES_PROBE = SAME_DRAWS + r"""import pathlib, random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-# the regression: every fourth run of a bad commit spikes 5x, while the middle of the runs fell
+SPIKES_PROBE = OVER_DRIVER + r"""# the regression: every fourth run of a bad commit spikes 5x, while the middle of the runs fell
 count = pathlib.Path(sys.argv[1])
 n = int(count.read_text()) if bad and count.exists() else 0
 if bad:
@@ -1126,17 +1123,7 @@ def test_a_regression_the_max_over_labels_hides_is_named_with_its_metric(history
         and "--metric steady" in first and "resumes it" not in first, first
 
 
-ACCURACY_PROBE = r"""import pathlib, random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-# each side's nth run draws the same numbers on every test run (CI drew a chance p=0.039 once)
-side = "bad" if bad else "good"
-seen = pathlib.Path(__file__).with_name("runs") / side
-seen.mkdir(parents=True, exist_ok=True)
-nth = len(list(seen.iterdir()))
-(seen / str(nth)).touch()
-random.seed(f"{side}{nth}")
-# mmlu and arc never move, always the lowest and the highest; gsm8k fell
+ACCURACY_PROBE = OVER_DRIVER + r"""# mmlu and arc never move, always the lowest and the highest; gsm8k fell
 print(f"[mmlu] accuracy={random.uniform(0.68, 0.71):.4f}")
 print(f"[arc] accuracy={random.uniform(0.90, 0.93):.4f}")
 print(f"[gsm8k] accuracy={random.uniform(0.76, 0.81) if bad else random.uniform(0.82, 0.86):.4f}")
@@ -1200,10 +1187,7 @@ def test_a_label_that_fell_is_named_when_the_max_went_the_better_way(history, tm
 
 
 # label a fell (a fix, or a label that is better lower); label b rose, the worse way, under a's max
-FIX_AND_RISE_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-print(f"[a]\navg_kl_div={random.uniform(0.0058, 0.0062) if bad else random.uniform(0.0098, 0.0102):.6f}")
+FIX_AND_RISE_PROBE = OVER_DRIVER + r"""print(f"[a]\navg_kl_div={random.uniform(0.0058, 0.0062) if bad else random.uniform(0.0098, 0.0102):.6f}")
 print(f"[b]\navg_kl_div={random.uniform(0.0047, 0.0049) if bad else random.uniform(0.0039, 0.0041):.6f}")
 """
 
@@ -1220,10 +1204,7 @@ def test_a_label_that_rose_is_named_before_one_that_fell(history, tmp_path):
 
 
 # under --metric x: x moved lower, the better way; y (another label) prints nan at the bad endpoint
-VANISHING_OTHER_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-print(f"[x]\navg_kl_div={random.uniform(0.0030, 0.0035) if bad else random.uniform(0.0040, 0.0045):.6f}")
+VANISHING_OTHER_PROBE = OVER_DRIVER + r"""print(f"[x]\navg_kl_div={random.uniform(0.0030, 0.0035) if bad else random.uniform(0.0040, 0.0045):.6f}")
 print("[y]\navg_kl_div=" + ("nan" if bad else f"{random.uniform(0.001, 0.002):.6f}"))
 """
 
@@ -1240,10 +1221,7 @@ def test_a_metric_that_went_the_better_way_keeps_the_worse_advice(history, tmp_p
     assert "swapped; pass --worse lower (or either)" in line, line
 
 
-ACCURACY_ASSERTING_PROBE = SAME_DRAWS + r"""import random, subprocess, sys
-out = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True).stdout
-bad = max(float(line.split("=")[1]) for line in out.splitlines() if line.startswith("avg_kl_div=")) >= 0.01
-# gsm8k fell, and the test stops on it before mmlu (always lower) prints
+ACCURACY_ASSERTING_PROBE = OVER_DRIVER + r"""# gsm8k fell, and the test stops on it before mmlu (always lower) prints
 for label, acc in (("gsm8k", random.uniform(0.76, BAD_TOP) if bad else random.uniform(0.82, 0.86)),
                    ("mmlu", random.uniform(0.68, 0.71))):
     print(f"[{label}] accuracy={acc:.4f}", flush=True)
