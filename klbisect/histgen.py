@@ -570,11 +570,12 @@ def _draws_of_this_commit(folder):
 
 def main():
     spec = _load(".probe_noise.json")
-    # a fixed KVSERVE_PROBE_SEED replays the same draws in every run; without it, KVSERVE_PROBE_DRAWS
-    # (a folder) makes the nth run of each commit draw the same on every replay (a test suite's runs)
+    # KVSERVE_PROBE_DRAWS (a folder): the nth run of each commit draws the same on every replay (a
+    # test suite's runs), KVSERVE_PROBE_SEED picking which; the seed alone: every run draws the same
     seed = os.environ.get("KVSERVE_PROBE_SEED")
-    if not seed and os.environ.get("KVSERVE_PROBE_DRAWS"):
-        seed = _draws_of_this_commit(os.environ["KVSERVE_PROBE_DRAWS"])
+    if os.environ.get("KVSERVE_PROBE_DRAWS"):
+        nth = _draws_of_this_commit(os.environ["KVSERVE_PROBE_DRAWS"])
+        seed = f"{seed}:{nth}" if seed else nth
     rng = random.Random(seed or os.urandom(16))
     _launch_server(spec, rng)
     bad = _matches(spec["bad_when"])
@@ -1116,17 +1117,7 @@ def seen(line):
     return f"avg_kl_div={v * scale:.6g}\n"
 
 
-env = dict(os.environ)
-if os.environ.get("KL_DRIVER_SEED"):
-    # the n-th run of a commit draws the same values in every test run
-    import fcntl
-    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    with open(os.path.join(os.environ["KL_DRIVER_SEED_DIR"], head), "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.write("x")
-        f.flush()
-        env["KVSERVE_PROBE_SEED"] = f"{os.environ['KL_DRIVER_SEED']}:{head}:{f.tell()}"
-p = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True, env=env)
+p = subprocess.run([sys.executable, "probe.py"], capture_output=True, text=True)
 sys.stdout.write("".join(seen(line) for line in p.stdout.splitlines(keepends=True)))
 sys.stderr.write(p.stderr)
 sys.exit(p.returncode)

@@ -38,21 +38,17 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 # about plumbing, not statistics, so the answer is certain.
 SEPARATED = NoiseModel(good=(0.003, 0.004), bad=(0.012, 0.014))
 
-# the first lines of a wrapper probe that draws with `random`: the nth run of a commit in a test
-# (``nth``, from 0) seeds `random` with the commit and n, as the generated probe.py does under
-# KVSERVE_PROBE_DRAWS
-SAME_DRAWS = """import fcntl as _fcntl, os as _os, random as _random, subprocess as _subprocess
+# the first lines of a wrapper probe, run in a generated history's checkout, that draws with
+# `random`: the nth run of a commit in a test (``nth``, from 0) seeds `random` as the history's
+# probe.py seeds its own draws under KVSERVE_PROBE_DRAWS (same_draws), counted apart from them
+SAME_DRAWS = """import os as _os, random as _random, sys as _sys
 nth = 0
 if _os.environ.get("KVSERVE_PROBE_DRAWS"):
-    _head = _subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    _folder = _os.path.join(_os.environ["KVSERVE_PROBE_DRAWS"], "wrapper")
-    _os.makedirs(_folder, exist_ok=True)
-    with open(_os.path.join(_folder, _head or "HEAD"), "a+") as _f:
-        _fcntl.flock(_f, _fcntl.LOCK_EX)
-        _f.write("x")
-        _f.flush()
-        nth = _f.tell() - 1
-    _random.seed(f"wrapper:{_head}:{nth}")
+    _sys.path.insert(0, _os.getcwd())
+    from probe import _draws_of_this_commit
+    _draw = _draws_of_this_commit(_os.path.join(_os.environ["KVSERVE_PROBE_DRAWS"], "wrapper"))
+    nth = int(_draw.rsplit(":", 1)[1]) - 1
+    _random.seed(f"wrapper:{_draw}")
 """
 
 # the first lines of a wrapper over the driver probe.py (its output in ``out``): ``bad`` says

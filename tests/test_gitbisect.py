@@ -844,16 +844,14 @@ def test_probe_checks_runs_earlier_sessions_recorded_before_leaning_on_them(hist
     assert not in_bisect(h.path)
 
 
-def test_a_git_answer_doubted_only_by_earlier_sessions_runs_says_so(history, driver_probe, tmp_path,
-                                                                     monkeypatch):
+def test_a_git_answer_doubted_only_by_earlier_sessions_runs_says_so(history, driver_probe, monkeypatch):
     """A machine that never showed the regression left runs at main~5;
     git, on the new one, never checks that commit out, so its verdicts
     cannot be stopped there, but the runs that doubt git's answer are named
     with what to do."""
-    # whether git's answer ends NOT sure depends on the draws: replay ones that do
-    monkeypatch.setenv("KL_DRIVER_SEED", os.environ.get("KLB_TEST_SEED", "3"))
-    (tmp_path / "seeds").mkdir()
-    monkeypatch.setenv("KL_DRIVER_SEED_DIR", str(tmp_path / "seeds"))
+    # whether git's answer ends NOT sure depends on the draws: replay ones that do (the nth
+    # run of each commit under same_draws, this seed picking which)
+    monkeypatch.setenv("KVSERVE_PROBE_SEED", os.environ.get("KLB_TEST_SEED", "3"))
     h = history(n_commits=40, seed=21, culprit_index=12, noise=SEPARATED)
     old_bad = h.shas[-6]
     hidden = klb("start", "--good", h.good, "--bad", old_bad, "--probe-cmd", driver_probe, cwd=h.path,

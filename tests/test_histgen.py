@@ -89,6 +89,27 @@ def test_probe_values_and_exit_codes(hist):
     git(hist.path, "checkout", "-q", "main")
 
 
+def test_a_draws_folder_replays_each_commits_runs(hist, tmp_path, monkeypatch):
+    """KVSERVE_PROBE_DRAWS: the nth run of a commit draws the same in every
+    new folder, whatever ran at other commits between; runs differ from
+    each other; KVSERVE_PROBE_SEED picks another set."""
+    def runs(folder: str, seed: str = "") -> list[dict[str, float]]:
+        monkeypatch.setenv("KVSERVE_PROBE_DRAWS", str(tmp_path / folder))
+        monkeypatch.setenv("KVSERVE_PROBE_SEED", seed)
+        out = []
+        for sha in (hist.good, hist.good, hist.culprit, hist.good) if folder != "b" else (
+                hist.culprit, hist.good, hist.good, hist.good):
+            checkout(hist, sha)
+            out.append((sha, probe(hist)[1]))
+        git(hist.path, "checkout", "-q", "main")
+        return sorted(out, key=lambda r: r[0] == hist.good)   # the culprit's run, then good's in order
+    a, b = runs("a"), runs("b")
+    assert a == b
+    goods = [v for sha, v in a if sha == hist.good]
+    assert len({json.dumps(v) for v in goods}) == 3
+    assert runs("c", seed="7") != a
+
+
 def test_probe_is_fast(hist):
     checkout(hist, hist.good)
     t = time.perf_counter()
