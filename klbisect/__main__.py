@@ -13,6 +13,8 @@ def _stop(signum, frame):
 
 
 def _interrupted(said: str) -> None:
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)    # said and exiting 130: a second stop changes nothing
     print(f"klbisect: {said}", file=sys.stderr)
     if "--json" in sys.argv[1:]:
         from .errors import EXIT_INTERRUPTED, json_failure
@@ -49,18 +51,34 @@ def run() -> None:
             if old[s] is not signal.SIG_IGN:   # nohup's SIGHUP stays ignored
                 signal.signal(s, _stop)
         from .cli import main
-        from .proc import interrupt_on_stop_signals
+        from .proc import interrupt_on_stop_signals, settle
     except KeyboardInterrupt:
         _interrupted("interrupted before it started; nothing was recorded")
+    except Exception as e:  # noqa: BLE001 - a traceback's exit 1 is "bad" to git bisect
+        # a --build that pip-installs into this interpreter can break numpy or click between
+        # two probes: exit 1 would record the commit as bad
+        from .errors import EXIT_INTERNAL, json_failure     # errors imports nothing that can break
+        said = (f"klbisect cannot load its own modules in {sys.executable} ({type(e).__name__}: {e}); "
+                "a build or install step may have changed this environment: reinstall klbisect's "
+                "dependencies there, or give the build its own environment")
+        print(f"klbisect: error: {said}", file=sys.stderr)
+        if "--json" in sys.argv[1:]:
+            print(json.dumps(json_failure(sys.argv[1:2] == ["nightly"], said, EXIT_INTERNAL)), flush=True)
+        sys.exit(EXIT_INTERNAL)
     try:
         # installed before the early handlers go: no moment is left with SIGTERM's default
         with interrupt_on_stop_signals():
-            main()
+            try:
+                main()
+            except SystemExit:
+                settle()
+                raise
     except KeyboardInterrupt:   # in the instants main() does not cover (its own catch reports the rest)
         _interrupted("interrupted; finished runs are saved, rerun to resume")
     finally:
         for s, h in old.items():
-            signal.signal(s, signal.SIG_DFL if h is None else h)
+            if signal.getsignal(s) is not signal.SIG_IGN:   # settled: ignored until the process ends
+                signal.signal(s, signal.SIG_DFL if h is None else h)
 
 if __name__ == "__main__":
     run()

@@ -5,6 +5,8 @@ misconfiguration as a bad commit; 0/1/125 are reserved for verdicts.
 """
 from __future__ import annotations
 
+import re
+
 EXIT_GOOD = 0
 EXIT_BAD = 1
 EXIT_SKIP = 125
@@ -76,3 +78,21 @@ def json_failure(nightly: bool, error: str, code: int, partial: dict | None = No
     keys = ({"regressed": None, "verdict": "error", "culprit": None, "pr": None, "report": None, "posted": False}
             if nightly else {"culprit": None, "complete": False})
     return {**keys, **(partial or {}), "error": error, "exit_code": code}
+
+
+# C0 and C1 controls, and the bidi overrides that reorder what a terminal shows
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_CONTROL_OR_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(m: re.Match) -> str:
+    c = ord(m.group())
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(m.group()) or (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}")
+
+
+def shown(text: str, one_line: bool = False) -> str:
+    """Text from elsewhere (a probe's log tail, a server's answer) as an
+    error may show it: escape sequences (a title, a clear screen, binary
+    junk) shown, not played on the user's terminal; with ``one_line``,
+    line breaks too, so the error stays one line."""
+    return (_CONTROL_OR_LINE if one_line else _CONTROL).sub(_escaped, text)

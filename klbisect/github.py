@@ -16,7 +16,8 @@ from typing import Protocol
 
 import requests
 
-from .errors import EXIT_USAGE, KlbisectError
+from .errors import EXIT_USAGE, KlbisectError, shown
+from .redact import MASK
 
 DEFAULT_API = "https://api.github.com"
 API_ENV = "KLBISECT_GITHUB_API"   # GitHub Enterprise's API, or (in tests) a loopback server
@@ -52,6 +53,31 @@ def api_base() -> str:
     return (os.environ.get(API_ENV) or os.environ.get(ACTIONS_API_ENV) or DEFAULT_API).rstrip("/")
 
 
+def check_api_base() -> None:
+    """Refuse an API address that cannot be one before hours of probing
+    (a tester's "not a url" was reported as a post that "may have arrived")."""
+    from urllib.parse import urlsplit  # noqa: PLC0415
+    base = api_base()
+    name = API_ENV if os.environ.get(API_ENV) else ACTIONS_API_ENV
+    try:
+        parts = urlsplit(base)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:      # a port that is not a number
+        ok = False
+    if not ok:
+        raise GitHubError(f"{name}={base!r} is not an http(s) address of a GitHub API (like https://api.github.com "
+                          "or https://HOST/api/v3): fix or unset it", EXIT_USAGE)
+    if parts.scheme == "http" and parts.hostname not in ("localhost", "127.0.0.1", "::1"):
+        raise GitHubError(f"{name}={base!r} is plain http: the token would cross the network unencrypted; "
+                          "use its https address", EXIT_USAGE)
+
+
+def _same_origin(url: str, base: str) -> bool:
+    from urllib.parse import urlsplit  # noqa: PLC0415
+    a, b = urlsplit(url), urlsplit(base)
+    return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
+
+
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+|Name or service not known|timed out|Connection refused")
 
 
@@ -72,7 +98,7 @@ def parse_slug(remote_url: str | None) -> str | None:
 
 
 def _redact(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
+    return text.replace(token, MASK) if token else text
 
 
 def _headers(token: str | None) -> dict[str, str]:
@@ -167,7 +193,9 @@ def post_comment(slug: str, issue_number: int, body: str, token: str, session: r
         raise GitHubError(f"could not reach GitHub at {api_base()} to comment on {slug}#{issue_number}: "
                           f"{why[-1] if why else '?'}", EXIT_USAGE)
     if r.status_code != 201:
-        detail = _redact(r.text, token)[:200]   # redact first: a cut could split the token
+        # redact first: a cut could split the token; one line, whatever the server's page holds
+        # (as UTF-8: requests guesses a charset-less page's encoding, and read an HTML error as UTF-16)
+        detail = shown(_redact(r.content.decode("utf-8", "replace"), token)[:200], one_line=True)
         hint = _REFUSED_HINTS.get(r.status_code, "")
         raise GitHubError(f"GitHub refused the comment on {slug}#{issue_number}: HTTP {r.status_code} {detail}"
                           + (f" ({hint})" if hint else ""), EXIT_USAGE)
@@ -199,6 +227,6 @@ def find_comment(slug: str, issue_number: int, marker: str, token: str, since: f
             if isinstance(c, dict) and marker in str(c.get("body") or ""):
                 return str(c.get("html_url") or "")
         url = (r.links.get("next") or {}).get("url")
-        if not url:
-            return None
+        if not url or not _same_origin(url, api_base()):
+            return None     # the token goes to the API it was given for, nowhere a server points
     return None

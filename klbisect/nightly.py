@@ -73,7 +73,7 @@ from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE
 from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .probe import STATUS_NOTFOUND, STATUS_TIMEOUT
 from .plots import check_writable
-from .redact import redact
+from .redact import MASK, redact
 from .runs import status_words
 from .session import WorktreeMeter, close_builder
 
@@ -432,6 +432,14 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         if opts.report_format != "html":
             check_writable(os.path.splitext(os.path.abspath(opts.report_path))[0] + ".png")
     target = _post_target(path, opts) if (opts.post_to or opts.post_issue) else None
+    if target is not None and not opts.dry_run:
+        # needed only on the night a regression is found, hours in: checked now
+        from .github import check_api_base  # noqa: PLC0415
+        check_api_base()
+        if not os.environ.get("GITHUB_TOKEN"):
+            raise KlbisectError(f"{'--post-to' if opts.post_to else '--post-issue'} ({'%s#%d' % target}) needs "
+                                "GITHUB_TOKEN set to a token that may comment there; or pass --dry-run to print "
+                                "what would be posted", EXIT_USAGE)
     cfg = dataclasses.replace(cfg, good="", bad="")
     if cfg.probe == "cmd" and not cfg.probe_cmd:
         raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
@@ -649,8 +657,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             again = judge_labels_again(by_label([head]), by_label(found_heads, open_after if open_fresh else 0),
                                        opts.alpha, opts.min_effect, opts.min_baseline)
             if again is not None:
-                # the night's own comparison stays what `history` shows; the label's is in the reason
-                return dataclasses.replace(again, cmp=j.cmp, reason=f"{j.reason}; {again.reason}"
+                # the night's own comparison stays what `history` shows; the label's is in the reason,
+                # first: it is why the night is borderline (a tester read a p of 0.00075 as the cause)
+                return dataclasses.replace(again, cmp=j.cmp, reason=f"{again.reason}; {j.reason}"
                                            if again.verdict == "known" else again.reason)
         return j
 
@@ -1424,7 +1433,7 @@ def _post_locked(ws, path, opts: NightlyOptions, rec: dict, target: tuple[str, i
             rec["post"] = {"target": f"{slug}#{issue}", "error": "klbisect.github is not available"}
             progress("not posting: klbisect.github is not available")
         except Exception as e:  # noqa: BLE001 - posting must not lose the night's answer
-            msg = str(e).replace(token, "***")
+            msg = str(e).replace(token, MASK)
             rec["post"] = {"target": f"{slug}#{issue}", "error": msg[:400], "at": time.time()}
             progress(f"posting to {slug}#{issue} failed: {msg[:400]}")
     ws.store.update_session(rec["session"], result=rec)
@@ -1440,9 +1449,12 @@ def _comment_url(got) -> str | None:
 
 
 def summary(rec: dict) -> dict:
-    """The --json object: {"regressed", "verdict", "culprit", "pr", "report",
-    "posted"}; ``posted`` is the comment's URL, false when posting failed
-    (or was a dry run), null when nothing was to be posted."""
+    """The --json object: {"night", "branch", "head", "regressed", "verdict",
+    "culprit", "pr", "report", "posted", "exit_code"}; ``posted`` is the
+    comment's URL, false when posting failed (or was a dry run), null when
+    nothing was to be posted. ``regressed`` is true while a regression is
+    open ("regressed": found tonight; "known": found on an earlier night);
+    ``exit_code`` is the command's, with ``error`` when it is not 0."""
     post = rec.get("post")
     if post is None:
         posted = None
@@ -1450,7 +1462,8 @@ def summary(rec: dict) -> dict:
         posted = False
     else:
         posted = post.get("url") or True
-    out = {"regressed": rec.get("verdict") in OPEN_VERDICTS, "verdict": rec.get("verdict"),
+    out = {"night": rec.get("night"), "branch": rec.get("branch"), "head": rec.get("head"),
+           "regressed": rec.get("verdict") in OPEN_VERDICTS, "verdict": rec.get("verdict"),
            "culprit": rec.get("culprit"), "pr": rec.get("pr"), "report": rec.get("report"),
            "posted": posted}
     if rec.get("fixed"):
@@ -1475,6 +1488,7 @@ def summary(rec: dict) -> dict:
     elif exit_code(rec):
         bad = next(e for e in rec.get("earlier", []) if e.get("exit_code"))
         out.update(error=f"night {bad['night']}: {bad.get('error')}", exit_code=exit_code(rec))
+    out.setdefault("exit_code", 0)
     return out
 
 

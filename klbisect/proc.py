@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,11 +28,12 @@ from typing import Iterable, Iterator, Mapping, Sequence
 
 import psutil
 
+from .errors import shown
 from .redact import redact
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_MARK = "KLBISECT_PROBE_ID"   # one run_logged call: its detached children are killed when it ends
+MARK = "KLBISECT_PROBE_ID"   # one run_logged call (or server): its detached children are killed with it
 _OWNER = "KLBISECT_OWNER"     # the klbisect process that started a child, as "pid:start ticks"
 _subreaper = False
 _ACTIVE: set[int] = set()  # process groups started by this process and not yet reaped
@@ -141,6 +141,8 @@ def interrupt_on_stop_signals() -> Iterator[None]:
     ttys = [fd for fd in (1, 2) if os.isatty(fd)]   # a hung-up terminal no longer says it is one
 
     def handler(signum, frame):
+        if _settled.is_set():
+            return
         again = _signalled.is_set()
         _signalled.set()
         if signum == signal.SIGHUP:
@@ -170,7 +172,7 @@ def interrupt_on_stop_signals() -> Iterator[None]:
     finally:
         sys.unraisablehook = old_hook
         for s, h in old.items():
-            signal.signal(s, signal.SIG_DFL if h is None else h)
+            signal.signal(s, signal.SIG_IGN if _settled.is_set() else signal.SIG_DFL if h is None else h)
         _signalled.clear()
 
 
@@ -179,6 +181,22 @@ def interrupt_on_stop_signals() -> Iterator[None]:
 # finalizer is printed as "Exception ignored" and lost, and the command ran
 # on to its end and exit 0 after a Ctrl-C. Every new process checks this.
 _signalled = threading.Event()
+_settled = threading.Event()
+
+
+def settle() -> None:
+    """The command's answer is printed and its exit code chosen: a stop
+    signal from now on (during the interpreter's teardown) must change
+    neither. A tester's TERM a moment after `run` printed its JSON with
+    exit code 0 made the process exit 143, and one after `start` had
+    begun git bisect made `start && git bisect run ...` stop there. Only
+    the command-line entry point calls it: the process ends next."""
+    _settled.set()
+    for s in (*STOP_SIGNALS, signal.SIGINT):
+        try:
+            signal.signal(s, signal.SIG_IGN)
+        except ValueError:   # not the main thread
+            pass
 
 # The main thread is inside Popen: a KeyboardInterrupt raised there (while
 # it waits for the child's exec) would leave the child running with its pid
@@ -237,7 +255,7 @@ def become_subreaper() -> None:
     _subreaper = True
 
 
-def _kill_marked(mark: str) -> None:
+def kill_marked(mark: str) -> None:
     """Kill every descendant of ours that inherited this run's marker."""
     try:
         kids = psutil.Process().children(recursive=True)
@@ -246,7 +264,7 @@ def _kill_marked(mark: str) -> None:
     found = []
     for p in kids:
         try:
-            if p.environ().get(_MARK) == mark:
+            if p.environ().get(MARK) == mark:
                 found.append(p)
         except psutil.Error:
             continue
@@ -291,7 +309,7 @@ def _adopted() -> list[psutil.Process]:
 def _kill_unmarked_orphans(since: int) -> None:
     """Kill what a probe left that carries no marker: a daemon that cleared
     its environment (``env -i setsid server &``, a double fork that calls
-    ``clearenv``) escapes ``_kill_marked``. One of our adopted children
+    ``clearenv``) escapes ``kill_marked``. One of our adopted children
     started after ``since`` with neither of klbisect's variables (servers
     and runs carry ours) can only be that."""
     found = []
@@ -310,7 +328,7 @@ def _kill_unmarked_orphans(since: int) -> None:
             env = p.environ()
         except (OSError, psutil.Error):
             continue
-        if _MARK not in env and _OWNER not in env:
+        if MARK not in env and _OWNER not in env:
             found.append(p)
     if found:
         _terminate([], _with_descendants(found), grace=2.0)
@@ -691,7 +709,7 @@ def run_logged(
     full_env = child_environ()
     if env:
         full_env.update(env)
-    mark = full_env[_MARK] = uuid.uuid4().hex
+    mark = full_env[MARK] = uuid.uuid4().hex
     start = time.monotonic()
     global _running, _running_since
     with _running_lock:
@@ -767,7 +785,7 @@ def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: fl
                     proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-                _kill_marked(mark)
+                kill_marked(mark)
                 stopped = proc.pid in _STOPPED
                 _STOPPED.discard(proc.pid)
                 _ACTIVE.discard(proc.pid)
@@ -805,13 +823,4 @@ def log_tail(path: str | Path, lines: int = 15) -> str:
         got = got[1:]
     # a probe's escape sequences (a title, a clear screen, binary junk) are
     # shown, not played on the user's terminal
-    return _CONTROL.sub(_escaped, "\n".join(got[-lines:]))
-
-
-def _escaped(m: re.Match) -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-
-# C0 and C1 controls, and the bidi overrides that reorder what a terminal shows
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+    return shown("\n".join(got[-lines:]))

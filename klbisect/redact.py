@@ -16,11 +16,15 @@ import re
 MASK = "<redacted>"
 
 _NAME = r"(?:TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|(?:SECRET|PRIVATE)_?KEY|CREDENTIALS?)"
-# a value: quoted (also as JSON escapes its quotes), or up to a quote, space, backslash, ;, , or a
-# ) that ends it (a repr's closing parenthesis: ServerArgs(..., api_key=None)); one inside is kept
-_VALUE = r"""(\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'|(?:[^\s'"\\;,)]|\)(?=[^\s'"\\;,]))+)"""
+# a value: quoted (also as JSON escapes its quotes, and as shlex.quote writes a ' inside '...': the
+# advice `klbisect run --probe-cmd 'KEY='"'"'v'"'"' ...'`), or up to a quote, space, backslash, ;, , or
+# a ) that ends it (a repr's closing parenthesis: ServerArgs(..., api_key=None)); one inside is kept
+_VALUE = (r"""('"'"'.*?'"'"'|\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'"""
+          r"""|(?:[^\s'"\\;,)]|\)(?=[^\s'"\\;,]))+)""")
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
 _ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
+# "api_key": "v", password: v (JSON or YAML inside a log line; a whole JSON text is redacted by key)
+_COLON = re.compile(r"""(?<![\w-])(["']?)([A-Za-z0-9_]*""" + _NAME + r")\1([ \t]*:[ \t]*)" + _VALUE, re.I)
 # --api-key VALUE, --token=VALUE, --hf_token VALUE, '--api-key', 'VALUE' (not --max-new-tokens, nor prose:
 # "per-token FP8"), also after an escaped newline or tab (a repr or JSON inside a log line)
 _FLAG = re.compile(r"(?:(?<![\w-])|(?<=\\[nrt]))(--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key))"
@@ -91,6 +95,8 @@ def redact(text: str, known=()) -> str:
         # as a whole word: an --api-key of "testkey" must not eat "testkeys_passed"
         text = re.sub(r"(?<![\w-])" + re.escape(v) + r"(?![\w-])", MASK, text)
     text = _ASSIGN.sub(lambda m: m.group(0) if _kept(m.group(2), m.group(1)) else f"{m.group(1)}={MASK}", text)
+    text = _COLON.sub(lambda m: m.group(0) if _kept(m.group(4), m.group(2))
+                      else f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{MASK}", text)
     text = _FLAG.sub(lambda m: m.group(0) if _kept(m.group(3), m.group(1)) else f"{m.group(1)}{m.group(2)}{MASK}",
                      text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) + ' ' if m.group(3) else ''}{MASK}", text)
@@ -105,7 +111,9 @@ def redact_json(obj):
     if isinstance(obj, str):
         return redact(obj)
     if isinstance(obj, dict):
-        return {redact_json(k): redact_json(v) for k, v in obj.items()}
+        # {"api_key": "v"}: the value alone names nothing
+        return {redact_json(k): MASK if isinstance(k, str) and isinstance(v, str) and _SECRET_VAR.match(k)
+                and not _kept(v, k) else redact_json(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact_json(v) for v in obj]
     return obj

@@ -10,7 +10,7 @@ from .decide import Model
 from .search import POOL_P, PROVISIONAL_POOL_P
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
-from .redact import redact_text
+from .redact import redact_json, redact_text
 from .session import Result
 
 
@@ -795,7 +795,9 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
     from .plots import session_plot  # noqa: PLC0415
     if fmt not in ("md", "html", "json"):
         raise KlbisectError(f"unknown report format {fmt!r}; use md, html or json", EXIT_USAGE)
-    data = data if data is not None else report_data(path, session_id, offline)
+    # strings redacted before they are rendered: html.escape makes a quoted secret ('v' as &#x27;v&#x27;)
+    # one that no pattern over the finished page knows
+    data = redact_json(data if data is not None else report_data(path, session_id, offline))
     # HTML carries its plot inside: a PNG file beside it only when asked for (--plot)
     plot_path = plot or (None if fmt == "html" else default_plot_path(data, out))
     png = session_plot(data)     # written after the report: a bad -o must leave no PNG behind

@@ -276,6 +276,11 @@ def make_builder(cfg: BisectConfig):
 
 # ---- workspace: paths, lock, store -------------------------------------------
 
+# seconds a command waits for the lock before it is busy (153): a command stopping after Ctrl-C
+# still holds it while it stops its probe and any server
+LOCK_WAIT = 10.0
+
+
 class Workspace:
     """A repository and klbisect's state for it."""
 
@@ -320,7 +325,14 @@ class Workspace:
         except OSError as e:
             raise storage_error(e) from None
         try:
-            self._lock.acquire(timeout=0)
+            try:
+                self._lock.acquire(timeout=0)
+            except filelock.Timeout:
+                # one still stopping: Ctrl-C ends `git bisect run` at once while its `klbisect
+                # probe` stops its probe (a server's whole tree), and a rerun at once was busy
+                print(f"klbisect: another klbisect holds this repository; waiting up to {LOCK_WAIT:g} s for it "
+                      "to finish", file=sys.stderr, flush=True)
+                self._lock.acquire(timeout=LOCK_WAIT)
         except filelock.Timeout:
             raise KlbisectError(f"busy: another klbisect is working on {self.top} "
                                 f"(lock {self.dir / 'lock'}); wait for it or stop it first", EXIT_BUSY) from None
@@ -575,33 +587,35 @@ def _goes_better(cfg: BisectConfig, sep) -> bool:
     return cfg.worse not in ("either", "higher" if sep.direction == "up" else "lower")
 
 
-def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "", spikes: int = 0) -> None:
+def _check_direction(cfg: BisectConfig, sep, finding: Callable[[], LabelHint | None] = lambda: None,
+                     spikes: int = 0) -> None:
     """Endpoints that moved the way that is better: a fix in the range, or
     --good and --bad swapped. Named as "first bad", its commit would be
-    blamed for the improvement. ``hint``: what a "barely differ" adds;
+    blamed for the improvement. ``finding``: what the labels show (label_finding);
     ``spikes``: bad runs far past every good one the worse way (worse_tail)."""
     moved = "higher" if sep.direction == "up" else "lower"
     if not _goes_better(cfg, sep):
         return
+    label = finding()
+    hint = str(label or "")
     if spikes:
         raise NoDifference(
             f"the bad endpoint's runs sit {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
             f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), the better way, yet {spikes} of them "
             f"lie far past every good run the worse way: a regression that shows only as occasional spikes? "
-            f"--worse either bisects whatever changed, these runs reused" + hint())
+            f"--worse either bisects whatever changed, these runs reused" + hint)
     if sep.p_value > SEPARATION_P:
         raise NoDifference(
             f"good and bad barely differ (p={sep.p_value:.2g}; good {fmt_summary(sep.good)}, bad "
             f"{fmt_summary(sep.bad)}), and the little difference there is goes the better way ({moved}): most "
             f"likely there is no regression between these endpoints; check that --bad fails the test (pass "
-            f"--worse {moved} if {moved} values are worse for this metric)" + hint())
-    label = hint()
-    if "alone differs" in label:
+            f"--worse {moved} if {moved} values are worse for this metric)" + hint)
+    if label and label.kind == "moved worse":
         # a label that moved the worse way under a max that moved the better way, by chance
         # or with another label's fix: that label is the question (a test's draw had the
         # accuracy's min "fixed" at p=0.02 while gsm8k fell at p=2e-10)
         raise NoDifference(
-            f"{label[2:]}; the {over_labels(cfg.worse)} over labels went the better way ({moved}: good "
+            f"{label.text}; the {over_labels(cfg.worse)} over labels went the better way ({moved}: good "
             f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}, p={sep.p_value:.2g}), so it cannot be bisected "
             "as a regression")
     # a label that moved on its own is the better advice: under --worse {moved} the other
@@ -610,9 +624,9 @@ def _check_direction(cfg: BisectConfig, sep, hint: Callable[[], str] = lambda: "
     raise NoDifference(
         f"the bad endpoint's runs are {moved} than the good one's (good {fmt_summary(sep.good)}, bad "
         f"{fmt_summary(sep.bad)}, p={sep.p_value:.2g}), and this metric is worse {cfg.worse}: the range holds "
-        f"a fix, or --good and --bad are swapped" + (label if "alone moved" in label else
+        f"a fix, or --good and --bad are swapped" + (hint if label and label.kind == "moved better" else
                                                        f"; pass --worse {moved} (or either) if {moved} values are "
-                                                       "worse here" + label))
+                                                       "worse here" + hint))
 
 
 def _question_of(config: dict) -> dict:
@@ -962,6 +976,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             sep = step.separation
 
             hint_of_labels = partial(label_hint, ws, probe_key, good, bad, cfg)
+            finding = partial(label_finding, ws, probe_key, good, bad, cfg)
             if min(len(g.values), len(b.values)) >= cfg.endpoint_runs and all(map(broke, (*g.values, *b.values))):
                 # the same at both ends, run after run: up to --max-endpoint-runs would say no more.
                 # One label broken everywhere breaks the max over labels: the others may still tell.
@@ -989,7 +1004,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
                          "every good run: measuring both further before calling it a fix")
                 step = EndpointStep("more", max(want - len(g.values), 0), max(want - len(b.values), 0), sep)
             if step.action == "ready":
-                _check_direction(cfg, sep, hint_of_labels, spikes)
+                _check_direction(cfg, sep, finding, spikes)
                 hint = hint_of_labels() if sep.p_value > SEPARATION_P else ""
                 if hint:
                     # the max only hints, one label is plain: a search on the max would be long, and
@@ -1125,26 +1140,27 @@ def _names_labels(cfg: BisectConfig) -> bool:
 
 
 def _one_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]],
-               on_bad: dict[str, list[float]]) -> str:
+               on_bad: dict[str, list[float]]) -> LabelHint | None:
     """When the max (or min) over labels shows nothing: a label whose own
     runs separate the endpoints, named with the --metric that bisects it,
     and with --worse when it moved the way this session calls better (an
     accuracy bisected as if higher were worse)."""
     if not _labels_offered(ws, cfg):
-        return ""
+        return None
     apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
     if not apart:
-        return ""
+        return None
     # a label that moved the worse way first: one that moved the better way (another
     # label's fix, or a label that is better lower) is the answer only when none did
     lab, p = next(((lab, p) for lab, p in apart if cfg.worse in ("either", _moved(on_good, on_bad, lab))),
                   apart[0])
     moved = _moved(on_good, on_bad, lab)
     if cfg.worse not in ("either", moved):
-        return (f"label {lab} alone moved {moved} (p={p:.2g}): if {moved} values are worse for this "
-                f"metric, rerun with --worse {moved} --metric {shlex.quote(lab)}, which reuses these runs")
-    return (f"label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' "
-            f"{over_labels(ws.worse)}): rerun with --metric {shlex.quote(lab)}, which reuses these runs")
+        return LabelHint("moved better", f"label {lab} alone moved {moved} (p={p:.2g}): if {moved} values are worse "
+                         f"for this metric, rerun with --worse {moved} --metric {shlex.quote(lab)}, which reuses "
+                         "these runs")
+    return LabelHint("moved worse", f"label {lab} alone differs (p={p:.2g}, its change hidden under the other labels' "
+                     f"{over_labels(ws.worse)}): rerun with --metric {shlex.quote(lab)}, which reuses these runs")
 
 
 def _other_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float]],
@@ -1174,20 +1190,42 @@ def _by_label(runs: list, sha: str) -> dict[str, list[float]]:
     return out
 
 
+@dataclass(frozen=True)
+class LabelHint:
+    """What the labels show that the max (or min) over them hides. ``kind``
+    says which finding it is, so a caller picks its words by it, not by the
+    text: "moved worse" (one label alone, hidden under the others), "moved
+    better" (one label alone, the way this session calls better), or
+    "other" (a vanished line, the closest label, another than --metric)."""
+    kind: str
+    text: str
+
+    def __str__(self) -> str:
+        return f"; {self.text}"
+
+
+def label_finding(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig,
+                  weak: bool = False) -> LabelHint | None:
+    """``label_hint``'s finding, or None when nothing."""
+    stored = ws.store.runs(probe_key, [good, bad])
+    counted = valued_runs(stored, None, ws.worse)
+    on_good, on_bad = _by_label(stored, good), _by_label(stored, bad)
+    found = _one_label(ws, cfg, on_good, on_bad)
+    if found:
+        return found
+    text = (_vanished_label(*([set(r.values) for r in counted if r.sha == sha] for sha in (good, bad)))
+            # only once all the runs asked for are in: a weak move of the --metric label may yet show
+            or (_closest_label(ws, cfg, on_good, on_bad) or _other_label(ws, cfg, on_good, on_bad) if weak else ""))
+    return LabelHint("other", text) if text else None
+
+
 def label_hint(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig, weak: bool = False) -> str:
     """What the labels show that the max (or min) over them hides, from
     every stored run of the two endpoints, as "; ..." to end a message;
     "" when nothing. ``weak``: also the label that differs most when none
     does on its own account (for a final "do not separate": a hint there
     must not stop a calibration that more runs could settle)."""
-    stored = ws.store.runs(probe_key, [good, bad])
-    counted = valued_runs(stored, None, ws.worse)
-    on_good, on_bad = _by_label(stored, good), _by_label(stored, bad)
-    hint = (_one_label(ws, cfg, on_good, on_bad)
-            or _vanished_label(*([set(r.values) for r in counted if r.sha == sha] for sha in (good, bad)))
-            # only once all the runs asked for are in: a weak move of the --metric label may yet show
-            or (_closest_label(ws, cfg, on_good, on_bad) or _other_label(ws, cfg, on_good, on_bad) if weak else ""))
-    return f"; {hint}" if hint else ""
+    return str(label_finding(ws, probe_key, good, bad, cfg, weak) or "")
 
 
 WEAK_LABEL_P = 0.1   # a label this different alone is named, short of what several looked at need
@@ -1954,8 +1992,20 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
     try:
         good, bad = gitrepo.check_range(ws.repo, cfg.good, cfg.bad)   # before the state directory is made
         with ws.locked():
-            gitrepo.ensure_clean(ws.repo)
             active = ws.store.active_session("gitbisect")
+            if (active and active.state == "bisecting" and active.model is not None
+                    and (active.good, active.bad, _question_of(active.config)) == (good, bad, cfg.question())
+                    and not (cfg.fresh and not active.config.get("fresh"))
+                    and gitrepo.bisect_in_progress(ws.repo)
+                    and ws.store.get(_bisect_key(active.id)) == gitrepo.bisect_id(ws.repo)
+                    and _elsewhere(ws, active) is None):
+                # the same start again, after one that finished but was stopped a moment before it
+                # could say so (a tester's TERM as git bisect began: `start && git bisect run ...`
+                # stopped, and the rerun was "a git bisect is already in progress")
+                progress(f"klbisect: session {active.id} already began this git bisect")
+                return {"session": active.id, "git": "", "model": active.model,
+                        "n_commits": len(ws.store.candidates(active.id)) - 1, "top": str(ws.top)}
+            gitrepo.ensure_clean(ws.repo)
             if (active and active.state == "calibrating" and active.model is None
                     and not gitrepo.bisect_in_progress(ws.repo)
                     and ((active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question())

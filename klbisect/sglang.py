@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ import requests
 
 from . import proc
 from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
-from .errors import EXIT_USAGE, KlbisectError
+from .errors import EXIT_USAGE, KlbisectError, shown
 from .metric import JSON_PREFIX
 from .probe import (DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_NOSERVER, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot,
                     config_key)
@@ -190,7 +191,8 @@ class Client:
     @staticmethod
     def _refused(r: requests.Response, what: str) -> ProtocolError:
         why = (": the server checks an API key and refused this one (--server-args --api-key KEY is the key "
-               "klbisect sends)" if r.status_code == 401 else f": {redact(r.text[:300])}")
+               "klbisect sends)" if r.status_code == 401
+               else f": {shown(redact(r.content.decode('utf-8', 'replace'))[:300], one_line=True)}")
         return ProtocolError(f"{what} answered {r.status_code}{why}")
 
     def _timeout(self) -> float:
@@ -388,6 +390,7 @@ class SGLangServer:
         self.argv, self.cwd, self.env, self.port = argv, Path(cwd), dict(env), port
         self.log_path, self.launch_timeout, self.pid_dir = Path(log_path), launch_timeout, pid_dir
         self.proc: subprocess.Popen | None = None
+        self._mark = ""
         self._pid_file: Path | None = None
         self._lock = threading.Lock()
         self._stopped = False
@@ -419,8 +422,11 @@ class SGLangServer:
             with proc.private_log(self.log_path, "ab") as log:
                 log.write(("$ " + redact(shlex.join(self.argv), flag_secrets(self.argv)) + "\n").encode())
                 log.flush()
+                # its own marker: a worker that left the tree (setsid, its parent gone) still carries it
+                self._mark = uuid.uuid4().hex
                 fut = _SPAWNER.submit(
-                    subprocess.Popen, self.argv, cwd=str(self.cwd), env=self.env, stdin=subprocess.DEVNULL,
+                    subprocess.Popen, self.argv, cwd=str(self.cwd), env={**self.env, proc.MARK: self._mark},
+                    stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT, preexec_fn=proc._child_setup)
                 try:
                     self.proc = fut.result()
@@ -507,6 +513,10 @@ class SGLangServer:
                 return
             self._stopped = True
             kill_tree(self.proc.pid, grace=5.0)
+            # adopted by klbisect (the subreaper), out of the server's tree: a GPU worker would
+            # hold its memory until the next klbisect command reaped it
+            if self._mark:
+                proc.kill_marked(self._mark)
             try:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:

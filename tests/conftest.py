@@ -141,10 +141,10 @@ def calibrate_wrapped(h, tmp_path: Path, source: str, runs: int) -> subprocess.C
 
 @contextlib.contextmanager
 def fake_github(status: int = 201, body: bytes = b'{"html_url": "https://github.com/acme/kv/issues/7#c1"}',
-                delay: float = 0.0):
-    """A GitHub API on loopback that answers every request with ``status``
-    and ``body`` after ``delay`` seconds; yields its URL and the request
-    bodies it received, in order."""
+                delay: float = 0.0, headers: dict | None = None):
+    """A GitHub API on loopback that answers every request with ``status``,
+    ``headers`` and ``body`` after ``delay`` seconds; yields its URL and the
+    request bodies it received, in order."""
     import threading  # noqa: PLC0415
     from http.server import BaseHTTPRequestHandler, HTTPServer  # noqa: PLC0415
     got: list[bytes] = []
@@ -155,6 +155,8 @@ def fake_github(status: int = 201, body: bytes = b'{"html_url": "https://github.
             time.sleep(delay)
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.end_headers()
             self.wfile.write(body)
 

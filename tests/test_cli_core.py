@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from conftest import (HEX40, HIDDEN_LABEL_PROBE, OVER_DRIVER, PY, SAME_DRAWS, SEPARATED, build_cmd, calibrate_wrapped, child_env, db_query,
-                      error_line, git, interrupted, json_tail, klb, klb_popen, log_file, probe_cmd, processes_with, state_dir,
+                      error_line, git, interrupted, json_tail, klb, klb_popen, klbisect_script, log_file, probe_cmd, processes_with, state_dir,
                       user_state, wait_gone)
 from klbisect import repo as gitrepo
 from klbisect.histgen import NoiseModel
@@ -1262,10 +1262,11 @@ def test_a_label_that_fell_under_a_min_that_rose_by_chance_is_the_question_not_a
     (mmlu, unchanged) read higher by chance (p=0.021): "the range holds a
     fix" led the line, the label that fell at p=2.4e-10 came after it."""
     from klbisect.decide import separation
-    from klbisect.session import BisectConfig, NoDifference, _check_direction
+    from klbisect.session import BisectConfig, LabelHint, NoDifference, _check_direction
     sep = separation([0.682 + 0.002 * i for i in range(10)], [0.690 + 0.002 * i for i in range(10)])
     assert sep.separated and sep.direction == "up"
-    label = "; label gsm8k alone differs (p=2.4e-10): rerun with --metric gsm8k, which reuses these runs"
+    label = LabelHint("moved worse", "label gsm8k alone differs (p=2.4e-10): rerun with --metric gsm8k, which "
+                      "reuses these runs")
     with pytest.raises(NoDifference) as e:
         _check_direction(BisectConfig(worse="lower"), sep, lambda: label)
     said = str(e.value)
@@ -1473,7 +1474,8 @@ def test_a_token_in_the_probe_command_is_never_printed(history):
     shows it; the store keeps the command as given (probe runs it again)."""
     h = history(n_commits=24, seed=6, noise=SEPARATED)
     secret = "hf_SECRETabc123456"
-    cmd = f"HF_TOKEN={secret} {probe_cmd()} --api-key sk-OTHERsecret99"
+    # and one quoted, of no known shape: html.escape and shlex.quote each hid it from the patterns
+    cmd = f"HF_TOKEN={secret} WANDB_API_KEY='wandbSECRET22' {probe_cmd()} --api-key sk-OTHERsecret99"
     outs = [klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", cmd, "--json", cwd=h.path)]
     assert outs[0].returncode == 0, outs[0].stderr
     assert "HF_TOKEN=<redacted>" in outs[0].stderr
@@ -1483,9 +1485,21 @@ def test_a_token_in_the_probe_command_is_never_printed(history):
     outs += [klb(*c, cwd=h.path) for c in (("status",), ("status", "--json"), ("log",), ("report", "--offline"),
                                              ("report", "--offline", "--format", "html"))]
     for p in outs:
-        assert secret not in p.stdout + p.stderr and "OTHERsecret" not in p.stdout + p.stderr
+        said = p.stdout + p.stderr
+        assert secret not in said and "OTHERsecret" not in said and "wandbSECRET" not in said, said
     logs = [f for f in (state_dir(h.path) / "logs").rglob("*") if f.is_file()]
     assert logs and not [f for f in logs if secret in f.read_text(errors="replace")]
+    # a git bisect short of its mark advises the `klbisect run` that goes on, the command quoted in it
+    # (a reviewer's: shlex.quote wrote the quoted value as '"'"'v'"'"', html.escape as &#x27;v&#x27;)
+    h = history(n_commits=40, seed=7, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", cmd, "--max-total-runs", "14",
+               cwd=h.path).returncode == 0
+    run = subprocess.run(["git", "bisect", "run", *klbisect_script(), "probe"], cwd=h.path, env=child_env(),
+                         capture_output=True, text=True, timeout=900)
+    said = [run.stdout + run.stderr] + [p.stdout + p.stderr for p in [klb(*c, cwd=h.path) for c in (
+        ("status",), ("report", "--offline"), ("report", "--offline", "--format", "html"))]]
+    assert "reuses these" in said[1] and "--probe-cmd" in said[1].split("reuses these")[0], said[1]
+    assert not [s for s in said if "wandbSECRET" in s], said
 
 
 def test_a_log_tail_of_brackets_is_text_not_a_crash():
@@ -1597,6 +1611,16 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
     assert flag_secrets(["--api-key", "12345678", "--num-token", "32", "--max-new-tokens", "64"]) == ["12345678"]
     assert redact("test12_generate passed; running test12 now", ["test12"]) == \
         "test12_generate passed; running <redacted> now"
+    # a reviewer's: the advice `klbisect run --probe-cmd '...'` quotes a quoted value as '"'"'v'"'"',
+    # which read as an empty value and was kept; and a key's value in JSON or YAML is named by its key
+    import shlex
+    advice = shlex.join(["klbisect", "run", "--probe-cmd", "WANDB_API_KEY='wandb_secret_2' python probe.py "
+                         "--api-key 'k3y9'"])
+    assert redact(advice) == "klbisect run --probe-cmd 'WANDB_API_KEY=<redacted> python probe.py --api-key <redacted>'"
+    assert redact('{"api_key": "sk_live_x", "n": 1} password: hunter22 max_tokens: 32 "hf_token": null') == \
+        '{"api_key": <redacted>, "n": 1} password: <redacted> max_tokens: 32 "hf_token": null'
+    assert json.loads(redact_text(json.dumps({"api_key": "sk_live_x", "max_tokens": "32"}))) == \
+        {"api_key": "<redacted>", "max_tokens": "32"}
 
 
 def test_more_parallel_slots_than_port_ranges_are_refused(small):
@@ -1947,6 +1971,23 @@ def test_second_klbisect_gets_busy(small):
             p = klb(*args, cwd=small.path)
             assert "busy" in error_line(p, 153), args
     assert db_query(small.path, "SELECT * FROM runs") == []
+
+
+def test_a_command_waits_a_little_for_one_still_stopping(small):
+    """A tester's: Ctrl-C ends `git bisect run` at once, while its `klbisect
+    probe` stops its probe; the rerun typed at once was busy (153)."""
+    sd = state_dir(small.path)
+    sd.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([PY, "-c", "import filelock, sys, time; lk = filelock.FileLock(sys.argv[1]); "
+                               "lk.acquire(); print('held', flush=True); time.sleep(2)", str(sd / "lock")],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=small.path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert p.returncode == 0 and "waiting up to 10 s" in p.stderr, p.stderr
 
 
 def test_interrupted_run_resumes_without_repeating_runs(history):

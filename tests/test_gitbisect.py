@@ -339,6 +339,25 @@ def test_start_refuses_a_bisect_in_progress(history):
     git(repo, "bisect", "reset")
 
 
+def test_the_same_start_again_goes_on_with_its_own_git_bisect(history):
+    """A tester's TERM as `start` finished (git bisect begun, the session
+    ready) stopped `start ... && git bisect run klbisect probe`; the same
+    start again said a git bisect was in progress and to reset it. It is
+    its own: the rerun says so, and git bisect run goes on."""
+    h = history(n_commits=30, seed=3, noise=SEPARATED)
+    args = ("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd())
+    assert klb(*args, cwd=h.path).returncode == 0
+    head = git(h.path, "rev-parse", "HEAD")
+    again = klb(*args, cwd=h.path)
+    assert again.returncode == 0 and "session 1 already began this git bisect" in again.stderr, again.stderr
+    assert "git bisect run klbisect probe" in again.stdout and git(h.path, "rev-parse", "HEAD") == head
+    other = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--confidence", "0.999",
+                cwd=h.path)
+    assert "already in progress" in error_line(other, 152)     # another question still is refused
+    run = bisect_run(h.path)
+    assert f"{h.culprit} is the first bad commit" in run.stdout, run.stdout + run.stderr
+
+
 def test_start_errors_are_clean(history):
     h = history(n_commits=30, seed=3)
     repo = h.path

@@ -663,6 +663,23 @@ def test_a_signal_while_the_modules_load_keeps_the_json_promise(tmp_path):
     assert obj["verdict"] == "error" and obj["exit_code"] == 130 and "interrupted" in obj["error"]
 
 
+def test_modules_that_no_longer_load_abort_git_bisect_not_mark_the_commit_bad(tmp_path):
+    """A reviewer's: a --build that pip-installs into klbisect's own
+    interpreter can leave numpy broken between probes; `klbisect probe`
+    then printed a traceback and exited 1, which git bisect records as bad."""
+    broken = tmp_path / "broken" / "numpy"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('numpy half-installed')\n")
+    env = {**child_env(), "PYTHONPATH": str(broken.parent)}
+    for argv in (["probe"], ["nightly", "--json"]):
+        p = subprocess.run([sys.executable, "-m", "klbisect", *argv], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 159, p.stderr
+        assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert "cannot load its own modules" in p.stderr and "numpy half-installed" in p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1])["verdict"] == "error"
+
+
 SLOW_COMMAND = """
 import sys, time
 import klbisect.cli
@@ -683,6 +700,40 @@ def test_a_sigterm_after_the_modules_loaded_is_one_line_not_a_silent_death(tmp_p
     assert code == 130, err
     assert err.strip() == "klbisect: interrupted; finished runs are saved, rerun to resume"
     assert json.loads(out.strip().splitlines()[-1])["exit_code"] == 130
+
+
+SETTLED_COMMAND = """
+import atexit, sys, time
+import klbisect.cli
+def answered(*a, **k):
+    print('{"culprit": "abc", "exit_code": 0}', flush=True)
+    sys.exit(0)
+klbisect.cli.main = answered
+def teardown():
+    print("exiting", flush=True)
+    time.sleep(3)
+atexit.register(teardown)
+from klbisect.__main__ import run
+sys.argv = ["klbisect", "run", "--json"]
+run()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_after_the_answer_leaves_its_exit_code(tmp_path, sig):
+    """A tester's: a TERM a moment after `run` printed its JSON (exit code 0)
+    made the process exit 143, and one at the end of `start` broke
+    `start && git bisect run klbisect probe` after git bisect had begun."""
+    p = subprocess.Popen([sys.executable, "-c", SETTLED_COMMAND], cwd=tmp_path, env=child_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
+    try:
+        assert json.loads(p.stdout.readline())["exit_code"] == 0
+        assert p.stdout.readline().strip() == "exiting"
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=20)
+    finally:
+        p.kill()
+    assert p.returncode == 0 and "interrupted" not in err, (p.returncode, err)
 
 
 def test_a_log_tail_cut_mid_line_leaves_the_cut_line_out(tmp_path):

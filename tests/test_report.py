@@ -403,6 +403,26 @@ def test_a_post_github_refuses_says_what_to_check(monkeypatch):
     assert "Connection refused" in e.value.message and "HTTPConnectionPool" not in e.value.message, e.value.message
 
 
+def test_github_s_answers_stay_one_line_and_its_links_keep_the_token_home(monkeypatch):
+    """A reviewer's: the comments' next page was followed wherever the
+    server's Link header pointed, with the token. A tester's: an error
+    page's line breaks and escapes reached the terminal as they were."""
+    from conftest import fake_github
+
+    from klbisect.github import GitHubError, find_comment, post_comment
+    with fake_github() as (elsewhere, stolen):
+        with fake_github(200, b"[]", headers={"Link": f'<{elsewhere}/steal?page=2>; rel="next"'}) as (api, got):
+            monkeypatch.setenv("KLBISECT_GITHUB_API", api)
+            assert find_comment("acme/kv", 7, "marker", "ghp_" + "x" * 36, backoff=0) is None
+            assert len(got) == 1 and stolen == []
+        with fake_github(500, b"<html>oops\n\x1b[31mred</html>") as (api, _):
+            monkeypatch.setenv("KLBISECT_GITHUB_API", api)
+            with pytest.raises(GitHubError) as e:
+                post_comment("acme/kv", 7, "hi", "ghp_" + "x" * 36, retries=0, backoff=0)
+    said = e.value.message
+    assert "\n" not in said and "\x1b" not in said and "oops\\n\\x1b[31mred" in said, said
+
+
 def test_judged_by_says_overlap_only_where_runs_of_one_side_fell_among_the_others():
     """A tester's report said "good and bad runs overlap" of runs where no
     good run was above any bad one (they sat close for their spread), and

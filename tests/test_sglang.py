@@ -876,6 +876,24 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     assert all(f.stat().st_mode & 0o077 == 0 for f in state_dir(clone).glob("state.db*"))
 
 
+def test_a_server_worker_that_left_its_tree_goes_with_the_server(repo, tmp_path):
+    """A reviewer's: a worker that called setsid and lost its parent is
+    adopted by klbisect, out of the server's tree, and lived on (holding
+    its GPU) until the next klbisect command reaped it."""
+    from conftest import klb, processes_with
+    tag = f"klbdaemon{uuid.uuid4().hex[:10]}"
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
+    p = klb("calibrate", "--rev", repo.good, "--runs", "1", "--probe", "sglang", "--model-path", "fake-tiny",
+            "--prompts", str(repo.prompts), cwd=clone, env={"FAKE_SGLANG_DAEMON": tag})
+    try:
+        assert p.returncode == 0, p.stderr
+        assert not processes_with(tag), "the server's setsid worker outlived the command"
+    finally:
+        for q in processes_with(tag):
+            q.kill()
+
+
 def test_probe_separates_good_and_culprit(repo, tmp_path):
     wt = _worktree(repo, tmp_path / "wt", repo.good)
     pidfile = tmp_path / "pids"

@@ -15,6 +15,8 @@ Test hooks, read from the environment:
   FAKE_SGLANG_PIDFILE     append "pid" lines for the server and its helper
   FAKE_SGLANG_NEVER_READY stay at 503 forever (launch timeout)
   FAKE_SGLANG_GENERATE_DELAY  seconds to sleep in every /generate
+  FAKE_SGLANG_DAEMON      start a worker that leaves the tree (setsid, its parent
+                          gone), its command line holding this value
 """
 from __future__ import annotations
 
@@ -441,6 +443,15 @@ def serve(argv: list[str]) -> None:
     # A helper process like SGLang's scheduler/detokenizer, so that tests see
     # whether the whole tree is killed, not just the launcher.
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    tag = os.environ.get("FAKE_SGLANG_DAEMON")
+    if tag:
+        middle = os.fork()
+        if middle == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)", tag])
+            os._exit(0)
+        os.waitpid(middle, 0)
     pidfile = os.environ.get("FAKE_SGLANG_PIDFILE")
     if pidfile:
         with open(pidfile, "a") as f:
