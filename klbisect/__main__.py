@@ -57,8 +57,9 @@ def run() -> None:
     except Exception as e:  # noqa: BLE001 - a traceback's exit 1 is "bad" to git bisect
         # a --build that pip-installs into this interpreter can break numpy or click between
         # two probes: exit 1 would record the commit as bad
-        from .errors import EXIT_INTERNAL, json_failure     # errors imports nothing that can break
-        said = (f"klbisect cannot load its own modules in {sys.executable} ({type(e).__name__}: {e}); "
+        from .errors import EXIT_INTERNAL, json_failure, shown   # errors imports nothing that can break
+        said = (f"klbisect cannot load its own modules in {sys.executable} ("
+                f"{shown(f'{type(e).__name__}: {e}', one_line=True)}); "
                 "a build or install step may have changed this environment: reinstall klbisect's "
                 "dependencies there, or give the build its own environment")
         print(f"klbisect: error: {said}", file=sys.stderr)

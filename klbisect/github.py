@@ -75,7 +75,12 @@ def check_api_base() -> None:
 def _same_origin(url: str, base: str) -> bool:
     from urllib.parse import urlsplit  # noqa: PLC0415
     a, b = urlsplit(url), urlsplit(base)
-    return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
+    default = {"http": 80, "https": 443}
+    try:
+        return (a.scheme, a.hostname, a.port or default.get(a.scheme)) == \
+            (b.scheme, b.hostname, b.port or default.get(b.scheme))
+    except ValueError:      # a port that is not a number
+        return False
 
 
 _ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+|Name or service not known|timed out|Connection refused")

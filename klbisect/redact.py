@@ -23,8 +23,14 @@ _VALUE = (r"""('"'"'.*?'"'"'|\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'"""
           r"""|(?:[^\s'"\\;,)]|\)(?=[^\s'"\\;,]))+)""")
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
 _ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
-# "api_key": "v", password: v (JSON or YAML inside a log line; a whole JSON text is redacted by key)
-_COLON = re.compile(r"""(?<![\w-])(["']?)([A-Za-z0-9_]*""" + _NAME + r")\1([ \t]*:[ \t]*)" + _VALUE, re.I)
+# a key that names a secret, whole: api_key, hf-token, password, token (not eos_token, kl_per_token)
+_KEY = (r"(?:[A-Za-z0-9_-]*[-_])?(?:api[-_]?key|access[-_]?key|private[-_]?key|secret(?:[-_]?key)?|password|"
+        r"passwd|credentials?|(?:hf|gh|github|hub|auth|access|api|bearer|refresh|session|id|slack|openai|wandb)"
+        r"[-_]?token)|token")
+_KEY_NAME = re.compile(_KEY, re.I)
+# "api_key": "v" and 'token': 'v', also JSON-escaped (\"api_key\": \"v\"), inside a line: both quoted,
+# so that prose ("token: expected an int", "GITHUB_TOKEN: set") and YAML are left alone
+_QUOTED_PAIR = re.compile(r"""(\\"|"|')(""" + _KEY + r""")\1(\s*:\s*)(\\"|"|')((?:(?!\4)[^\n])*)\4""", re.I)
 # --api-key VALUE, --token=VALUE, --hf_token VALUE, '--api-key', 'VALUE' (not --max-new-tokens, nor prose:
 # "per-token FP8"), also after an escaped newline or tab (a repr or JSON inside a log line)
 _FLAG = re.compile(r"(?:(?<![\w-])|(?<=\\[nrt]))(--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key))"
@@ -95,8 +101,9 @@ def redact(text: str, known=()) -> str:
         # as a whole word: an --api-key of "testkey" must not eat "testkeys_passed"
         text = re.sub(r"(?<![\w-])" + re.escape(v) + r"(?![\w-])", MASK, text)
     text = _ASSIGN.sub(lambda m: m.group(0) if _kept(m.group(2), m.group(1)) else f"{m.group(1)}={MASK}", text)
-    text = _COLON.sub(lambda m: m.group(0) if _kept(m.group(4), m.group(2))
-                      else f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{MASK}", text)
+    text = _QUOTED_PAIR.sub(lambda m: m.group(0) if _kept(m.group(5), m.group(2))
+                            else f"{m.group(1)}{m.group(2)}{m.group(1)}{m.group(3)}{m.group(4)}{MASK}{m.group(4)}",
+                            text)
     text = _FLAG.sub(lambda m: m.group(0) if _kept(m.group(3), m.group(1)) else f"{m.group(1)}{m.group(2)}{MASK}",
                      text)
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) + ' ' if m.group(3) else ''}{MASK}", text)
@@ -105,17 +112,20 @@ def redact(text: str, known=()) -> str:
     return _SHAPES.sub(MASK, text)
 
 
-def redact_json(obj):
+def redact_json(obj, keys: bool = True):
     """Every string in a JSON-able object redacted on its own: a pattern run
-    over the serialized text could reach across a string's end."""
+    over the serialized text could reach across a string's end. ``keys``:
+    the dict keys too (``False`` for data a program reads on: two labels
+    could redact to one key)."""
     if isinstance(obj, str):
         return redact(obj)
     if isinstance(obj, dict):
         # {"api_key": "v"}: the value alone names nothing
-        return {redact_json(k): MASK if isinstance(k, str) and isinstance(v, str) and _SECRET_VAR.match(k)
-                and not _kept(v, k) else redact_json(v) for k, v in obj.items()}
+        return {(redact_json(k) if keys else k):
+                MASK if isinstance(k, str) and isinstance(v, str) and _KEY_NAME.fullmatch(k) and not _kept(v, k)
+                else redact_json(v, keys) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [redact_json(v) for v in obj]
+        return [redact_json(v, keys) for v in obj]
     return obj
 
 

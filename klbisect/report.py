@@ -795,22 +795,23 @@ def write_report(path=None, fmt: str = "md", out: str | None = None, session_id:
     from .plots import session_plot  # noqa: PLC0415
     if fmt not in ("md", "html", "json"):
         raise KlbisectError(f"unknown report format {fmt!r}; use md, html or json", EXIT_USAGE)
-    # strings redacted before they are rendered: html.escape makes a quoted secret ('v' as &#x27;v&#x27;)
-    # one that no pattern over the finished page knows
-    data = redact_json(data if data is not None else report_data(path, session_id, offline))
+    data = data if data is not None else report_data(path, session_id, offline)
     # HTML carries its plot inside: a PNG file beside it only when asked for (--plot)
     plot_path = plot or (None if fmt == "html" else default_plot_path(data, out))
     png = session_plot(data)     # written after the report: a bad -o must leave no PNG behind
     data["plot"] = plot_path
+    # strings redacted before they are rendered: html.escape makes a quoted secret ('v' as &#x27;v&#x27;)
+    # one that no pattern over the finished page knows (the paths above are read from the data as it is)
+    shown = redact_json(data, keys=False)
     if fmt == "md":
         # a report file names its plot from where it lies, as a link in it would
         note = (os.path.relpath(plot_path, Path(out).resolve().parent) if out and out != "-"
                 else plot_path)
-        text = render_markdown(data, plot_note=note)
+        text = render_markdown(shown, plot_note=note)
     elif fmt == "html":
-        text = render_html(data, png)
+        text = render_html(shown, png)
     else:
-        text = json.dumps(render_json(data), default=str, indent=1)
+        text = json.dumps(render_json(shown), default=str, indent=1)
     text = redact_text(text)   # a report goes to GitHub: the probe command it names may carry a token
     written = None
     if out and out != "-":

@@ -2002,6 +2002,9 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 # the same start again, after one that finished but was stopped a moment before it
                 # could say so (a tester's TERM as git bisect began: `start && git bisect run ...`
                 # stopped, and the rerun was "a git bisect is already in progress")
+                # the settings a rerun may change (--timeout, --max-total-runs) apply from here,
+                # as on any start that resumes its session
+                ws.store.update_session(active.id, config=cfg.stored())
                 progress(f"klbisect: session {active.id} already began this git bisect")
                 return {"session": active.id, "git": "", "model": active.model,
                         "n_commits": len(ws.store.candidates(active.id)) - 1, "top": str(ws.top)}

@@ -1617,10 +1617,14 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
     advice = shlex.join(["klbisect", "run", "--probe-cmd", "WANDB_API_KEY='wandb_secret_2' python probe.py "
                          "--api-key 'k3y9'"])
     assert redact(advice) == "klbisect run --probe-cmd 'WANDB_API_KEY=<redacted> python probe.py --api-key <redacted>'"
-    assert redact('{"api_key": "sk_live_x", "n": 1} password: hunter22 max_tokens: 32 "hf_token": null') == \
-        '{"api_key": <redacted>, "n": 1} password: <redacted> max_tokens: 32 "hf_token": null'
-    assert json.loads(redact_text(json.dumps({"api_key": "sk_live_x", "max_tokens": "32"}))) == \
-        {"api_key": "<redacted>", "max_tokens": "32"}
+    assert redact('{"api_key": "sk_live_x", "n": 1} \'hf-token\': \'x1\' payload={\\"token\\": \\"abc9\\"}') == \
+        '{"api_key": "<redacted>", "n": 1} \'hf-token\': \'<redacted>\' payload={\\"token\\": \\"<redacted>\\"}'
+    assert json.loads(redact_text(json.dumps({"api_key": "sk_live_x", "max_tokens": "32", "eos_token": "</s>"}))) == \
+        {"api_key": "<redacted>", "max_tokens": "32", "eos_token": "</s>"}
+    # ... and only quoted pairs: prose, klbisect's own lines and SGLang's log keep their words (a reviewer's)
+    prose = ("check GITHUB_TOKEN: GitHub does not accept it; (token from GITHUB_TOKEN: set) Token: expected an int "
+             "#running-req: 1, #token: 4321, eos_token: </s> worse again on kl_per_token: p=0.001 \"hf_token\": null")
+    assert redact(prose) == prose
 
 
 def test_more_parallel_slots_than_port_ranges_are_refused(small):

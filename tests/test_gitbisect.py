@@ -348,8 +348,10 @@ def test_the_same_start_again_goes_on_with_its_own_git_bisect(history):
     args = ("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd())
     assert klb(*args, cwd=h.path).returncode == 0
     head = git(h.path, "rev-parse", "HEAD")
-    again = klb(*args, cwd=h.path)
+    again = klb(*args, "--timeout", "77", cwd=h.path)
     assert again.returncode == 0 and "session 1 already began this git bisect" in again.stderr, again.stderr
+    # what a rerun may change applies, as on any start that resumes (a reviewer's)
+    assert json.loads(db_query(h.path, "SELECT config FROM sessions")[0]["config"])["timeout"] == 77
     assert "git bisect run klbisect probe" in again.stdout and git(h.path, "rev-parse", "HEAD") == head
     other = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--confidence", "0.999",
                 cwd=h.path)

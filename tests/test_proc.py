@@ -669,7 +669,8 @@ def test_modules_that_no_longer_load_abort_git_bisect_not_mark_the_commit_bad(tm
     then printed a traceback and exited 1, which git bisect records as bad."""
     broken = tmp_path / "broken" / "numpy"
     broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('numpy half-installed')\n")
+    # numpy's own message runs over several lines
+    (broken / "__init__.py").write_text("raise ImportError('numpy half-installed\\n\\nIMPORTANT: READ THIS')\n")
     env = {**child_env(), "PYTHONPATH": str(broken.parent)}
     for argv in (["probe"], ["nightly", "--json"]):
         p = subprocess.run([sys.executable, "-m", "klbisect", *argv], cwd=tmp_path, env=env,
