@@ -225,8 +225,12 @@ class Client:
         raise ProtocolError(f"/flush_cache kept answering {r.status_code}")
 
     def server_info(self) -> dict:
-        r = self.session.get(self.base_url + "/get_server_info", timeout=self._timeout())
-        return r.json() if r.status_code == 200 else {}
+        # /server_info is the name since /get_server_info was deprecated; older commits have only the latter
+        for path in ("/server_info", "/get_server_info"):
+            r = self.session.get(self.base_url + path, timeout=self._timeout())
+            if r.status_code == 200:
+                return r.json()
+        return {}
 
 
 def _output_logprobs(result: dict) -> list[float]:
@@ -841,7 +845,12 @@ PACKAGING_PATHS = (
     "python/pyproject.toml", "python/setup.py", "python/setup.cfg", "python/MANIFEST.in",
     "python/*Cargo.toml", "python/*Cargo.lock", "python/*.rs",
 )
-KERNEL_SOURCE_DIR = "sgl-kernel/"
+# the kernel wheel's sources (sgl-kernel/, moved to python/sglang/kernels/aot/ as sglang-kernel): the
+# pinned prebuilt wheel runs, never these
+KERNEL_SOURCE_DIRS = ("sgl-kernel/", "python/sglang/kernels/aot/")
+# what `pip install -e python` builds besides Python: setup.py's Rust extensions (the radix tree's
+# core among them) from ../rust, and their protobuf definitions
+EXTENSION_SOURCE_DIRS = ("rust/", "proto/")
 KERNEL_NOTE = "kernel source change not exercised by this probe"
 
 _PIN = re.compile(r"""["']\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*==\s*([A-Za-z0-9][A-Za-z0-9.+!_-]*)""")
@@ -877,15 +886,16 @@ class ChangeKinds:
 
 
 def classify_changes(changed: Sequence[str]) -> ChangeKinds:
-    """Split changed paths: packaging metadata (needs a reinstall), kernel
-    sources under ``sgl-kernel/`` (never exercised: the pinned wheel runs),
-    everything else (pure Python, tests, docs)."""
+    """Split changed paths: packaging metadata and the Rust extensions'
+    sources (need a reinstall, which builds them), kernel wheel sources
+    (never exercised: the pinned wheel runs), everything else (pure Python,
+    tests, docs)."""
     kinds = ChangeKinds([], [], [])
     for p in changed:
-        if matches_any(p, PACKAGING_PATHS) and p.startswith("python/"):
-            kinds.packaging.append(p)
-        elif p.startswith(KERNEL_SOURCE_DIR):
+        if p.startswith(KERNEL_SOURCE_DIRS):
             kinds.kernel_sources.append(p)
+        elif p.startswith(EXTENSION_SOURCE_DIRS) or (matches_any(p, PACKAGING_PATHS) and p.startswith("python/")):
+            kinds.packaging.append(p)
         else:
             kinds.other.append(p)
     return kinds

@@ -108,11 +108,45 @@ def test_pins_to_install_and_commands():
     ]
 
 
+def test_server_info_under_its_new_name_and_its_old():
+    """/get_server_info is deprecated for /server_info (a reviewer's, from
+    SGLang's http_server.py): once it goes, a disabled radix cache would
+    no longer be seen. Commits before the rename have only the old name."""
+    for served in ("/server_info", "/get_server_info"):
+        class Info(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                ok = self.path == served
+                body = json.dumps({"disable_radix_cache": True} if ok else {"detail": "Not Found"}).encode()
+                self.send_response(200 if ok else 404)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Info)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            assert Client(f"http://127.0.0.1:{srv.server_address[1]}").server_info() == {"disable_radix_cache": True}
+        finally:
+            srv.shutdown()
+            srv.server_close()
+
+
 def test_changed_path_classification_and_kernel_note():
     kinds = classify_changes(["python/pyproject.toml", "sgl-kernel/csrc/attn.cu", "python/sglang/srt/x.py",
                               "docs/a.md", "python/sglang/srt/native/lib.rs"])
     assert kinds.packaging == ["python/pyproject.toml", "python/sglang/srt/native/lib.rs"]
     assert kinds.kernel_sources == ["sgl-kernel/csrc/attn.cu"]
+    # a reviewer's, from SGLang's tree: the Rust extensions setup.py builds from ../rust (the radix
+    # tree's core), and the kernel wheel's sources where they moved
+    kinds = classify_changes(["rust/mem-cache/src/unified_tree_core.rs", "proto/sglang/api.proto",
+                              "python/sglang/kernels/aot/csrc/attention/merge_attn_states.cu",
+                              "python/sglang/kernels/aot/pyproject.toml"])
+    assert kinds.packaging == ["rust/mem-cache/src/unified_tree_core.rs", "proto/sglang/api.proto"]
+    assert kinds.kernel_sources == ["python/sglang/kernels/aot/csrc/attention/merge_attn_states.cu",
+                                    "python/sglang/kernels/aot/pyproject.toml"]
+    assert SGLangBuilder().needs_build(["rust/mem-cache/src/unified_tree_core.rs"])
     assert kernel_note(["sgl-kernel/csrc/attn.cu", "sgl-kernel/CMakeLists.txt"], False) == KERNEL_NOTE
     assert kernel_note(["sgl-kernel/csrc/attn.cu"], True) == ""
     assert kernel_note(["sgl-kernel/csrc/attn.cu", "python/sglang/a.py"], False).startswith(KERNEL_NOTE)

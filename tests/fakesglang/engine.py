@@ -351,7 +351,7 @@ def make_handler(state: State):
                 if path == "/health_generate" and not state.ready():
                     return self._send(503, "")
                 return self._send(200, "")
-            if path == "/get_server_info":
+            if path in ("/get_server_info", "/server_info"):
                 import sglang
 
                 return self._send(200, {
