@@ -182,16 +182,21 @@ class Client:
     deadline: float | None = None     # time.monotonic() by which the run must end
     session: requests.Session = field(default_factory=requests.Session)
     api_key: str | None = None        # the server's --api-key: sent as a bearer token, as SGLang's clients do
+    # its --admin-api-key: SGLang's admin-optional endpoints (/flush_cache) take only that one when it is set
+    admin_api_key: str | None = None
 
     def __post_init__(self) -> None:
         self.session.trust_env = False  # never send loopback traffic through a proxy
         if self.api_key:
             self.session.headers["Authorization"] = f"Bearer {self.api_key}"
 
+    def _admin(self) -> dict:
+        return {"Authorization": f"Bearer {self.admin_api_key}"} if self.admin_api_key else {}
+
     @staticmethod
     def _refused(r: requests.Response, what: str) -> ProtocolError:
         why = (": the server checks an API key and refused this one (--server-args --api-key KEY is the key "
-               "klbisect sends)" if r.status_code == 401
+               "klbisect sends; --admin-api-key KEY for /flush_cache)" if r.status_code == 401
                else f": {shown(redact(r.content.decode('utf-8', 'replace'))[:300], one_line=True)}")
         return ProtocolError(f"{what} answered {r.status_code}{why}")
 
@@ -216,7 +221,7 @@ class Client:
     def flush_cache(self, attempts: int = 20) -> None:
         # 400 while requests are still running: wait for them, like the tests' retries.
         for _ in range(attempts):
-            r = self.session.post(self.base_url + "/flush_cache", timeout=self._timeout())
+            r = self.session.post(self.base_url + "/flush_cache", timeout=self._timeout(), headers=self._admin())
             if r.status_code == 200:
                 return
             if r.status_code == 401:
@@ -228,6 +233,8 @@ class Client:
         # /server_info is the name since /get_server_info was deprecated; older commits have only the latter
         for path in ("/server_info", "/get_server_info"):
             r = self.session.get(self.base_url + path, timeout=self._timeout())
+            if r.status_code == 401 and self.admin_api_key:
+                r = self.session.get(self.base_url + path, timeout=self._timeout(), headers=self._admin())
             if r.status_code == 200:
                 return r.json()
         return {}
@@ -662,12 +669,20 @@ class SGLangProbe:
         """What --server-args gives secret-named flags: never written to a log."""
         return flag_secrets(shlex.split(self.server_args))
 
-    @property
-    def api_key(self) -> str | None:
+    def _server_arg(self, flag: str) -> str | None:
+        """The last value --server-args gives ``flag``."""
         args = shlex.split(self.server_args)
         keys = [a.partition("=")[2] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
-                for i, a in enumerate(args) if a.partition("=")[0] == "--api-key"]
+                for i, a in enumerate(args) if a.partition("=")[0] == flag]
         return keys[-1] if keys and keys[-1] else None
+
+    @property
+    def api_key(self) -> str | None:
+        return self._server_arg("--api-key")
+
+    @property
+    def admin_api_key(self) -> str | None:
+        return self._server_arg("--admin-api-key")
 
     @property
     def key(self) -> str:
@@ -767,7 +782,8 @@ class SGLangProbe:
             held: _Held | None = None
             try:
                 held = self._server_for(Path(checkout), log_path, slot, deadline, say)
-                client = Client(held.server.url, self.request_timeout, deadline, api_key=self.api_key)
+                client = Client(held.server.url, self.request_timeout, deadline, api_key=self.api_key,
+                                admin_api_key=self.admin_api_key)
                 for label in self.labels:
                     t0 = time.monotonic()
                     res = measure_label(client, label, prompts, self.max_new_tokens, self.turn_separator)

@@ -966,7 +966,8 @@ def test_a_server_launched_with_an_api_key_is_measured_and_the_key_stays_out_of_
     wt = _worktree(repo, tmp_path / "wt", repo.good)
     pidfile = tmp_path / "pids"
     slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile)})
-    probe = _probe(repo, server_args=f"--api-key {key} --random-seed 3")
+    # ... and an --admin-api-key, the only key SGLang's /flush_cache takes once it is set (a reviewer's)
+    probe = _probe(repo, server_args=f"--api-key {key} --admin-api-key adminkey98765 --random-seed 3")
     try:
         r = probe.run(wt, tmp_path / "good.log", slot)
         server_log = tmp_path / "good.server.log"
@@ -980,7 +981,7 @@ def test_a_server_launched_with_an_api_key_is_measured_and_the_key_stays_out_of_
     _assert_nothing_left(pidfile)
     run_log = Path(r.log_path).read_text()
     assert r.status == "ok" and set(r.values) == set(LABELS), run_log
-    assert key not in run_log and "--api-key <redacted>" in run_log
+    assert key not in run_log and "--api-key <redacted>" in run_log and "adminkey98765" not in run_log
     assert server_log.read_text().splitlines()[0].startswith("$ ") and key not in server_log.read_text().splitlines()[0]
     assert f"api_key='{key}'" in server_log.read_text()          # the server's own output, kept as written,
     assert server_log.stat().st_mode & 0o077 == 0                   # where only its user can read it

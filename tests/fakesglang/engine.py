@@ -335,8 +335,11 @@ def make_handler(state: State):
             return json.loads(self.rfile.read(n) or b"{}") if n else {}
 
         def _refused(self, path: str) -> bool:
-            # SGLang's API-key middleware: everything but /health* and /metrics needs the bearer token
+            # SGLang's API-key middleware (srt/utils/auth.py): everything but /health* and /metrics needs
+            # the bearer token; /flush_cache, admin-optional, takes only the admin key when there is one
             key = state.args.api_key
+            if path == "/flush_cache" and state.args.admin_api_key:
+                key = state.args.admin_api_key
             if not key or path.startswith("/health") or path == "/metrics" \
                     or self.headers.get("Authorization") == f"Bearer {key}":
                 return False
@@ -429,6 +432,7 @@ def serve(argv: list[str]) -> None:
     p.add_argument("--random-seed", type=int, default=None)
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--admin-api-key", default=None)
     args, unknown = p.parse_known_args(argv)
     # SGLang logs its ServerArgs at start, the API key among them
     print(f"server_args=ServerArgs(model_path={args.model_path!r}, port={args.port}, api_key={args.api_key!r})",
