@@ -141,10 +141,11 @@ def calibrate_wrapped(h, tmp_path: Path, source: str, runs: int) -> subprocess.C
 
 @contextlib.contextmanager
 def fake_github(status: int = 201, body: bytes = b'{"html_url": "https://github.com/acme/kv/issues/7#c1"}',
-                delay: float = 0.0, headers: dict | None = None):
-    """A GitHub API on loopback that answers every request with ``status``,
-    ``headers`` and ``body`` after ``delay`` seconds; yields its URL and the
-    request bodies it received, in order."""
+                delay: float = 0.0, headers: dict | None = None, routes: dict | None = None):
+    """A GitHub API (or any small HTTP API) on loopback that answers every
+    request with ``status``, ``headers`` and ``body`` after ``delay``
+    seconds, or a path in ``routes`` with its own ``(status, body)``;
+    yields its URL and the request bodies it received, in order."""
     import threading  # noqa: PLC0415
     from http.server import BaseHTTPRequestHandler, HTTPServer  # noqa: PLC0415
     got: list[bytes] = []
@@ -153,12 +154,13 @@ def fake_github(status: int = 201, body: bytes = b'{"html_url": "https://github.
         def do_POST(self):  # noqa: N802
             got.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
             time.sleep(delay)
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
+            code, out = (routes or {}).get(self.path, (status, body))
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(out)))
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(out)
 
         do_GET = do_POST  # noqa: N815
 

@@ -112,25 +112,11 @@ def test_server_info_under_its_new_name_and_its_old():
     """/get_server_info is deprecated for /server_info (a reviewer's, from
     SGLang's http_server.py): once it goes, a disabled radix cache would
     no longer be seen. Commits before the rename have only the old name."""
+    from conftest import fake_github
     for served in ("/server_info", "/get_server_info"):
-        class Info(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                ok = self.path == served
-                body = json.dumps({"disable_radix_cache": True} if ok else {"detail": "Not Found"}).encode()
-                self.send_response(200 if ok else 404)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *a):
-                pass
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), Info)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        try:
-            assert Client(f"http://127.0.0.1:{srv.server_address[1]}").server_info() == {"disable_radix_cache": True}
-        finally:
-            srv.shutdown()
-            srv.server_close()
+        with fake_github(404, b'{"detail": "Not Found"}', routes={served: (200, b'{"disable_radix_cache": true}')}) \
+                as (url, _):
+            assert Client(url).server_info() == {"disable_radix_cache": True}
 
 
 def test_changed_path_classification_and_kernel_note():
