@@ -58,13 +58,19 @@ def _secret_values() -> list[str]:
                   key=len, reverse=True)
 
 
+# a mask a report escaped for HTML or markdown (&lt;redacted&gt;), held whole while the patterns run: its
+# ";" ended a value, and a second pass left "password=<redacted>;redacted&gt;" in a commit's subject
+_ESCAPED_MASK = "&lt;redacted&gt;"
+_HELD_MASK = "\x00redacted\x00"
+
+
 def _kept(value: str, name: str = "") -> bool:
     # a reference ($HF_TOKEN, $(cat ~/.hf)) is no secret, nor a count (num_token=32,
     # --max-tokens 64); a key or password of digits is one (--api-key 12345678)
     bare = value.strip("\"'\\")
     count = not name or re.search(r"(?:num|max|min|top|n)[-_]?(?:new[-_])?tokens?$|tokens$", name, re.I) is not None
     # nor an unset one (SGLang's ServerArgs(..., api_key=None) read as if a key were set)
-    return (bare.startswith("$") or bare in ("", "None", "null", MASK)
+    return (bare.startswith("$") or bare in ("", "None", "null", MASK, _HELD_MASK)
             or (count and re.fullmatch(r"[\d.]+", bare) is not None))
 
 
@@ -95,6 +101,9 @@ def redact(text: str, known=()) -> str:
     and every one of ``known`` (secrets klbisect was given) wherever it is."""
     if not text:
         return text
+    held = _ESCAPED_MASK in text
+    if held:
+        text = text.replace(_ESCAPED_MASK, _HELD_MASK)
     for v in _secret_values():
         text = text.replace(v, MASK)
     for v in sorted(set(known), key=len, reverse=True):
@@ -109,7 +118,8 @@ def redact(text: str, known=()) -> str:
     text = _HEADER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) + ' ' if m.group(3) else ''}{MASK}", text)
     text = _URL_CREDENTIALS.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     text = _URL_TOKEN.sub(lambda m: f"{m.group(1)}{MASK}@", text)
-    return _SHAPES.sub(MASK, text)
+    text = _SHAPES.sub(MASK, text)
+    return text.replace(_HELD_MASK, _ESCAPED_MASK) if held else text
 
 
 def redact_json(obj, keys: bool = True):

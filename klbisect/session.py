@@ -1765,7 +1765,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
                     + label_hint(ws, probe_key, good, bad, cfg, weak=True)
                     + _unbuilt_sglang_hint(ws, cfg))
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
-                pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}" + _capped_note(pl, shas)
+                pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}" + (
+                    _capped_note(pl, shas) or "; the same command with a higher --max-total-runs goes on from here "
+                                              "(the runs so far are kept)")
                 return _finish(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
             if not pl.done and not pl.next and not ex.in_flight():
                 why = ("no commit left whose runs could raise the confidence (all exhausted or untestable)"

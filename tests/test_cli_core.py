@@ -1321,6 +1321,8 @@ def test_run_that_stops_short_of_confidence_exits_157_with_json(history):
     assert res["complete"] is False and "max-total-runs" in res["reason"]
     assert res["confidence"] < 0.99 and res["probe_runs"] <= 13
     assert "NOT reached" in p.stderr
+    # what to do next (a tester's: the reason named the cap and no next step)
+    assert "the same command with a higher --max-total-runs goes on from here" in p.stderr, p.stderr
     assert worktrees(h.path) == [str(h.path)]
     # status says why it stopped, not that it was killed
     st = klb("status", cwd=h.path).stdout
@@ -1611,6 +1613,11 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
     assert flag_secrets(["--api-key", "12345678", "--num-token", "32", "--max-new-tokens", "64"]) == ["12345678"]
     assert redact("test12_generate passed; running test12 now", ["test12"]) == \
         "test12_generate passed; running <redacted> now"
+    # a report redacts its data, escapes it, and redacts the page again: the escaped mask stays whole
+    # (a tester's commit subject read "password=<redacted>;redacted&gt;" in both reports)
+    import html
+    page = html.escape(redact("Add password=hunter2 example to docs (#108)"))
+    assert redact(page) == page == "Add password=&lt;redacted&gt; example to docs (#108)"
     # a reviewer's: the advice `klbisect run --probe-cmd '...'` quotes a quoted value as '"'"'v'"'"',
     # which read as an empty value and was kept; and a key's value in JSON or YAML is named by its key
     import shlex
