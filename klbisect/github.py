@@ -13,6 +13,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import requests
 
@@ -56,13 +57,13 @@ def api_base() -> str:
 def check_api_base() -> None:
     """Refuse an API address that cannot be one before hours of probing
     (a tester's "not a url" was reported as a post that "may have arrived")."""
-    from urllib.parse import urlsplit  # noqa: PLC0415
     base = api_base()
     name = API_ENV if os.environ.get(API_ENV) else ACTIONS_API_ENV
     try:
         parts = urlsplit(base)
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
-    except ValueError:      # a port that is not a number
+        parts.port          # raises on a port that is not a number
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
         ok = False
     if not ok:
         raise GitHubError(f"{name}={base!r} is not an http(s) address of a GitHub API (like https://api.github.com "
@@ -73,7 +74,6 @@ def check_api_base() -> None:
 
 
 def _same_origin(url: str, base: str) -> bool:
-    from urllib.parse import urlsplit  # noqa: PLC0415
     a, b = urlsplit(url), urlsplit(base)
     default = {"http": 80, "https": 443}
     try:

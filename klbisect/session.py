@@ -633,6 +633,11 @@ def _question_of(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in RERUN_KEYS}
 
 
+def _asks(sess, good: str, bad: str, cfg: BisectConfig) -> bool:
+    """Whether a stored session asks this command's question (its settings a rerun may change aside)."""
+    return (sess.good, sess.bad, _question_of(sess.config)) == (good, bad, cfg.question())
+
+
 def _label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
                     labels_from: list[str] | None) -> list:
     """``runs`` (of ``shas``) and the runs of ``labels_from`` that exited 0:
@@ -1996,7 +2001,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
         with ws.locked():
             active = ws.store.active_session("gitbisect")
             if (active and active.state == "bisecting" and active.model is not None
-                    and (active.good, active.bad, _question_of(active.config)) == (good, bad, cfg.question())
+                    and _asks(active, good, bad, cfg)
                     and not (cfg.fresh and not active.config.get("fresh"))
                     and gitrepo.bisect_in_progress(ws.repo)
                     and ws.store.get(_bisect_key(active.id)) == gitrepo.bisect_id(ws.repo)
@@ -2013,7 +2018,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
             gitrepo.ensure_clean(ws.repo)
             if (active and active.state == "calibrating" and active.model is None
                     and not gitrepo.bisect_in_progress(ws.repo)
-                    and ((active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question())
+                    and (not _asks(active, good, bad, cfg)
                          or cfg.fresh and not active.config.get("fresh"))):
                 # a start that failed (a probe-cmd typo, endpoints that did not separate) before
                 # git bisect began: the corrected command replaces it; its runs stay in the store
@@ -2030,7 +2035,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = _stde
                 raise KlbisectError(f"a klbisect git bisect (session {active.id}) runs in the worktree {there}: "
                                     "finish it there, or run `klbisect reset` (it ends that one too) first",
                                     EXIT_REPO_STATE)
-            if active and (active.good, active.bad, _question_of(active.config)) != (good, bad, cfg.question()):
+            if active and not _asks(active, good, bad, cfg):
                 raise KlbisectError(f"a klbisect session ({active.id}) is already active here; "
                                     "run `klbisect reset` first", EXIT_REPO_STATE)
             cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]

@@ -734,7 +734,8 @@ def test_a_signal_after_the_answer_leaves_its_exit_code(tmp_path, sig):
         out, err = p.communicate(timeout=20)
     finally:
         p.kill()
-    assert p.returncode == 0 and "interrupted" not in err, (p.returncode, err)
+    # (SIGINT's own handler raised in the teardown: a traceback, where the exit code held)
+    assert p.returncode == 0 and "interrupted" not in err and "Traceback" not in err, (p.returncode, err)
 
 
 def test_a_log_tail_cut_mid_line_leaves_the_cut_line_out(tmp_path):

@@ -1183,6 +1183,7 @@ def test_post_comment_error_never_shows_the_token(gh, caplog):
     with pytest.raises(github.GitHubError) as e:
         github.post_comment("o/r", 12, "nightly: KL up", TOKEN, backoff=0.01)
     assert "HTTP 403" in str(e.value) and TOKEN not in str(e.value) and TOKEN not in caplog.text
+    assert "denied for Bearer <redacted>" in str(e.value)          # masked as every other secret is
     assert TOKEN not in repr(e.value.__cause__ or "")
 
 
