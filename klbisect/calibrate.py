@@ -21,13 +21,15 @@ import numpy as np
 
 from . import repo as gitrepo
 from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval, endpoint_crash_limit,
-                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run,
-                     recommend_threshold, runs_lower_bound, sample_bits, separation, summarize, worse_tail)
+                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
+                     runs_lower_bound, sample_bits, separation, summarize, worse_tail)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .metric import broke, fmt_value, over_labels, scalar
 from .runs import run_shown, typical_values, usual_labels, valued_runs
-from .session import (BisectConfig, Workspace, WorktreeMeter, _endpoint_problem, _silent_when_passing, clearer_label,
-                      close_builder, commit_runs, ended_on_errors, hold_env, label_hint, make_builder, make_probe, since)
+from .config import BisectConfig, close_builder, hold_env, make_builder, make_probe
+from .endpoints import ended_on_errors, endpoint_problem
+from .labels import clearer_label, label_hint, silent_when_passing
+from .workspace import Workspace, WorktreeMeter, commit_runs, since
 from .simulate import simulate_bisect
 
 
@@ -461,7 +463,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                 measure(len(before.values))
             while True:
                 cr = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
-                err = _endpoint_problem(ws, which.strip() or "calibrated", target, probe.key, build_key,
+                err = endpoint_problem(ws, which.strip() or "calibrated", target, probe.key, build_key,
                                         since(cr, before), crash_limit, where=f"the calibrated {which}commit",
                                         metric_regex=cfg.metric_regex)
                 if err:
@@ -570,7 +572,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
             res.notes.append(f"a `klbisect run` from {sha[:12]} to {bad_sha[:12]} with this probe command reuses "
                              f"the {kept} runs recorded at them (not with --fresh) as its endpoints': the "
                              "estimate counts endpoint runs, so it measures fewer new ones")
-    silent = _silent_when_passing(ws, probe.key, [sha] + ([bad_sha] if bad_sha else []))
+    silent = silent_when_passing(ws, probe.key, [sha] + ([bad_sha] if bad_sha else []))
     if silent:
         res.notes.append(silent)
     if low:

@@ -313,7 +313,7 @@ def sglang_options(f):
 
 
 def make_config(kw: dict):
-    from .session import BisectConfig
+    from .config import BisectConfig
     sglang = {k: kw.pop(k) for k in _SGLANG_KEYS if k in kw}
     if isinstance(sglang.get("pip_args"), tuple):
         # every --pip-args given, in order (a tester's three kept only the last, and pip went to PyPI)
@@ -455,7 +455,7 @@ def start(repo, **kw):
 
     Next: git bisect run klbisect probe
     """
-    from .session import start as do_start
+    from .gitbisect import start as do_start
     out = do_start(repo, make_config(kw))
     click.echo(out["git"].strip())
     top = out.get("top") or ""
@@ -470,7 +470,7 @@ def start(repo, **kw):
 @repo_option
 def probe(repo):
     """Judge HEAD for `git bisect run`: exit 0 good, 1 bad, 125 skip."""
-    from .session import probe_head
+    from .gitbisect import probe_head
     return probe_head(repo).exit_code
 
 
@@ -482,7 +482,7 @@ def probe(repo):
 def status(repo, session_id, as_json):
     """Commits probed, their values and verdicts, the most likely culprit."""
     from .report import format_status
-    from .session import status as get_status
+    from .status import status as get_status
     st = get_status(repo, session_id)
     if as_json:
         _emit_json(st)
@@ -500,7 +500,7 @@ def log(repo, session_id, as_json):
     import time
 
     from .runs import status_words
-    from .session import log as get_log
+    from .status import log as get_log
     rows = get_log(repo, session_id)
     if as_json:
         _emit_json(rows)
@@ -526,7 +526,7 @@ def log(repo, session_id, as_json):
 @click.option("--purge", is_flag=True, help="Also delete run history and logs.")
 def reset(repo, purge):
     """End the session, reset git bisect, remove worktrees (keeps history)."""
-    from .session import reset as do_reset
+    from .status import reset as do_reset
     for line in do_reset(repo, purge) or ["nothing to reset"]:
         click.echo(line)
     return 0

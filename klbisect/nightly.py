@@ -75,7 +75,8 @@ from .probe import STATUS_NOTFOUND, STATUS_TIMEOUT
 from .plots import check_writable
 from .redact import MASK, redact
 from .runs import status_words
-from .session import WorktreeMeter, close_builder
+from .config import close_builder
+from .workspace import WorktreeMeter
 
 Progress = Callable[[str], None]
 
@@ -411,7 +412,8 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     bisect and report a regression. Returns the night's record (also stored
     as the nightly session's result); ``summary(record)`` is the --json
     object. ``post_out`` receives what --dry-run would post (default stdout)."""
-    from .session import Workspace, make_builder, make_probe  # noqa: PLC0415
+    from .config import make_builder, make_probe  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     opts = opts or NightlyOptions()
     if opts.runs < 1:
         raise KlbisectError("--runs must be at least 1", EXIT_USAGE)
@@ -513,7 +515,8 @@ def _finish(path, cfg, opts: NightlyOptions, rec: dict, target, progress: Progre
             why: str = "") -> dict:
     """What a judged night still owes: the environment check and the
     bisect of a regression, then the post."""
-    from .session import Workspace, make_builder, make_probe  # noqa: PLC0415
+    from .config import make_builder, make_probe  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     if why:
         progress(f"nightly {rec['night']} ({rec['head'][:12]}): {why}: finishing it first")
     if rec["verdict"] == "regressed" and rec.get("state") != "done" and "env_check" not in rec:
@@ -570,7 +573,8 @@ class _Meter(WorktreeMeter):
 
 
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
-    from .session import commit_runs, make_builder  # noqa: PLC0415
+    from .config import make_builder  # noqa: PLC0415
+    from .workspace import commit_runs  # noqa: PLC0415
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -755,10 +759,10 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     j = judge(list(cr.values))
     cmp = j.cmp
     if not cr.values:
-        from .session import _endpoint_problem  # noqa: PLC0415
+        from .endpoints import endpoint_problem  # noqa: PLC0415
         # --branch given as a sha: "the head of 093d5bd 093d5bd5aec4" says it twice
         where = "the head" if head.startswith(opts.branch.lower()) else f"the head of {opts.branch}"
-        why = _endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=where,
+        why = endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=where,
                                 metric_regex=cfg.metric_regex)
         if why is not None and why.code in (EXIT_USAGE, EXIT_PROBE_MISSING):
             raise why       # the command is wrong, not the branch: no verdict, rerun once fixed
@@ -1060,7 +1064,7 @@ def _seen_environment(ws, cfg, opts: NightlyOptions, sid: int, probe_key: str, h
 
 def label_runs(runs: list, label: str) -> list[float]:
     """One label's values, from the runs that gave a value (a timed-out run
-    is a crash, as ``session.commit_runs`` counts it)."""
+    is a crash, as ``workspace.commit_runs`` counts it)."""
     return [r.values[label] for r in runs if r.value is not None and r.status != STATUS_TIMEOUT
             and label in r.values and math.isfinite(r.values[label])]
 
@@ -1194,7 +1198,8 @@ def _suspects(ws, probe_key: str, head: str, sid: int) -> tuple[list[str], list[
 def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Progress,
                        keep_unfinished: bool = False) -> dict:
     from .report import write_report  # noqa: PLC0415
-    from .session import Workspace, run_bisect  # noqa: PLC0415
+    from .session import run_bisect  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     good = rec.get("bisect_good") or rec.get("last_good")
     # a resumed bisect (the night run again) writes its notes afresh
     rec["notes"] = rec["notes"][:rec.get("judged_notes", len(rec["notes"]))]
@@ -1276,7 +1281,7 @@ def _write_failed_report(path, opts: NightlyOptions, rec: dict) -> str | None:
     """A regression whose bisect failed still gets its report file (the
     night, its evidence and why the bisect stopped): a cron job's ``-o``
     must not be silently missing."""
-    from .session import Workspace  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     ws = Workspace(path)
     try:
         out = _report_path(ws, opts, rec["night"], rec["head"])
@@ -1303,7 +1308,7 @@ def _write_failed_report(path, opts: NightlyOptions, rec: dict) -> str | None:
 
 
 def _save(path, rec: dict) -> None:
-    from .session import Workspace  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     ws = Workspace(path)
     try:
         ws.store.update_session(rec["session"], result=rec, state=rec.get("state", "done"),
@@ -1378,7 +1383,7 @@ def _night_body(ws, path, opts: NightlyOptions, rec: dict, keep: bool = True) ->
 
 def _post(path, opts: NightlyOptions, rec: dict, target: tuple[str, int], progress: Progress,
           post_out: Callable[[str], None] | None) -> dict:
-    from .session import Workspace  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     ws = Workspace(path)
     try:
         # under the lock: two jobs of one night both saw "not posted yet" while the
@@ -1552,7 +1557,7 @@ def history(path=None, label: str | None = None, plot: str | None = None,
     ``<git-common-dir>/klbisect/reports/history.png``; with ``probe_cmd``,
     ``history-<its key>.png``)."""
     from .plots import history_plot  # noqa: PLC0415
-    from .session import Workspace  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     ws = Workspace(path)
     try:
         if not (ws.dir / "state.db").exists():

@@ -163,7 +163,7 @@ def _read_tail(path: str | None) -> bytes | None:
 def _make_probe_builder(spec: TaskSpec):
     probe, builder = spec.probe, spec.builder
     if probe is None:
-        from .session import BisectConfig, make_builder, make_probe  # noqa: PLC0415
+        from .config import BisectConfig, make_builder, make_probe  # noqa: PLC0415
         cfg = BisectConfig.from_dict(spec.config)
         probe = make_probe(cfg)
         builder = make_builder(cfg)

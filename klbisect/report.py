@@ -11,7 +11,7 @@ from .search import POOL_P, PROVISIONAL_POOL_P
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_json, redact_text
-from .session import Result
+from .result import Result
 
 
 def _no_values(s: dict) -> str:
@@ -357,8 +357,9 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
     the culprit's PRs), ``slug``, ``boundary``, ``model``, ``session``."""
     from . import repo as gitrepo  # noqa: PLC0415
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
-    from .session import (Workspace, build_result, current_analysis, gitbisect_result,  # noqa: PLC0415
-                          probed_commits, stop_reason)
+    from .gitbisect import current_analysis, gitbisect_result  # noqa: PLC0415
+    from .result import build_result, probed_commits  # noqa: PLC0415
+    from .workspace import Workspace, stop_reason  # noqa: PLC0415
 
     ws = Workspace(path)
     try:

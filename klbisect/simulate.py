@@ -41,7 +41,7 @@ def simulate_bisect(n: int, run: Callable[[int], float | None], untestable: Cont
         else:
             commits[i].values.append(v)
 
-    while True:                                        # session.calibrate_endpoints
+    while True:                                        # endpoints.calibrate_endpoints
         g, b = commits[0], commits[n]
         if any(not c.values and c.crashes >= endpoint_crash_limit(crash_limit, o.crashes, o.crashes + len(o.values))
                for c, o in ((g, b), (b, g))):

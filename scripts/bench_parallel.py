@@ -134,7 +134,8 @@ def run_sim(args) -> list[dict]:
 def run_real(args) -> list[dict]:
     from klbisect.executors import LocalExecutor  # noqa: PLC0415
     from klbisect.histgen import make_history  # noqa: PLC0415
-    from klbisect.session import BisectConfig, run_bisect  # noqa: PLC0415
+    from klbisect.config import BisectConfig  # noqa: PLC0415
+    from klbisect.session import run_bisect  # noqa: PLC0415
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="klb-bench-") as tmp:

@@ -7,9 +7,9 @@ overlap), then plays git: the commit nearest the middle of what is left,
 runs until ``decide.judge`` gives a verdict with the model ``probe`` uses
 (the endpoint fit, refitted with the runs of commits already judged, and
 judged against the runs themselves where the sides overlap:
-``session._refined_model``), and on a skip the next nearest. When git is
+``gitbisect._refined_model``), and on a skip the next nearest. When git is
 done (one commit left, or only skipped ones), the answer is weighed as
-``klbisect status`` weighs it (``session.gitbisect_result``): the posterior
+``klbisect status`` weighs it (``gitbisect.gitbisect_result``): the posterior
 of all the runs over git's answer; under ``--confidence`` it is reported
 "NOT sure".
 

@@ -406,7 +406,7 @@ def test_status_shows_an_earlier_session_asked_for(history):
     assert first.returncode == 0 and first.stdout.startswith("Session 1 (run"), first.stdout
     assert "no klbisect session 9" in error_line(klb("status", "--session", "9", cwd=h.path), 150)
     # while a command works on the repository, only the session it works on is "running"
-    from klbisect.session import Workspace  # noqa: PLC0415
+    from klbisect.workspace import Workspace  # noqa: PLC0415
     ws = Workspace(h.path)
     try:
         with ws.locked():

@@ -1262,18 +1262,20 @@ def test_a_label_that_fell_under_a_min_that_rose_by_chance_is_the_question_not_a
     (mmlu, unchanged) read higher by chance (p=0.021): "the range holds a
     fix" led the line, the label that fell at p=2.4e-10 came after it."""
     from klbisect.decide import separation
-    from klbisect.session import BisectConfig, LabelHint, NoDifference, _check_direction
+    from klbisect.config import BisectConfig
+    from klbisect.errors import NoDifference
+    from klbisect.labels import LabelHint, check_direction
     sep = separation([0.682 + 0.002 * i for i in range(10)], [0.690 + 0.002 * i for i in range(10)])
     assert sep.separated and sep.direction == "up"
     label = LabelHint("moved worse", "label gsm8k alone differs (p=2.4e-10): rerun with --metric gsm8k, which "
                       "reuses these runs")
     with pytest.raises(NoDifference) as e:
-        _check_direction(BisectConfig(worse="lower"), sep, lambda: label)
+        check_direction(BisectConfig(worse="lower"), sep, lambda: label)
     said = str(e.value)
     assert said.startswith("label gsm8k alone differs") and "holds a fix" not in said, said
     assert "the min over labels went the better way (higher" in said, said
     with pytest.raises(NoDifference) as e:
-        _check_direction(BisectConfig(worse="lower"), sep)
+        check_direction(BisectConfig(worse="lower"), sep)
     assert "the range holds a fix" in str(e.value)
 
 
@@ -2490,7 +2492,7 @@ def test_a_lock_the_state_directory_refuses_is_a_storage_error(tmp_path, monkeyp
     import errno as _errno
 
     from klbisect.errors import KlbisectError
-    from klbisect.session import Workspace
+    from klbisect.workspace import Workspace
     git(tmp_path, "init", "-q")
     git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "one")
     ws = Workspace(tmp_path)
@@ -2565,7 +2567,7 @@ def test_a_worktree_checkout_on_a_full_disk_is_a_storage_error(small_disk):
     assert "stderr:" not in msg and not msg.split(";")[0].endswith("'"), msg
     # as a session meets it: a slot's worktree failing three times is the disk's 156, said once
     from klbisect.executors import LocalExecutor  # noqa: PLC0415
-    from klbisect.session import _infrastructure_error  # noqa: PLC0415
+    from klbisect.endpoints import infrastructure_error  # noqa: PLC0415
 
     def measure(sha, slot):
         gitrepo._git(gitrepo.open_repo(repo), "worktree", "add", "--detach", str(repo / ".git" / "wt2"), sha)
@@ -2575,7 +2577,7 @@ def test_a_worktree_checkout_on_a_full_disk_is_a_storage_error(small_disk):
         [failure] = ex.wait(timeout=60)
     finally:
         ex.close()
-    err = _infrastructure_error(failure)
+    err = infrastructure_error(failure)
     assert err.code == 156 and err.message.count("free") == 1 and "the disk is full" in err.message, err.message
 
 
@@ -2584,7 +2586,8 @@ def test_a_build_that_fails_on_a_full_disk_is_a_storage_error(history, monkeypat
     written either) stopped `run` with 154 "fix --build-cmd" (a tester's):
     on a full disk it is 156, free space and rerun. (The disk is said to be
     full here; the two tests above fill a real one.)"""
-    from klbisect.session import BisectConfig, run_bisect  # noqa: PLC0415
+    from klbisect.config import BisectConfig  # noqa: PLC0415
+    from klbisect.session import run_bisect  # noqa: PLC0415
     h = history(n_commits=12, seed=35)
     cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=probe_cmd(), build_cmd="false")
     with pytest.raises(gitrepo.KlbisectError) as e:

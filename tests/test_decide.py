@@ -572,19 +572,20 @@ def test_the_direction_check_names_no_change_when_the_endpoints_barely_differ():
     not a fix: the message says so before it suggests --worse."""
     from klbisect.decide import separation
     from klbisect.errors import KlbisectError
-    from klbisect.session import BisectConfig, _check_direction
+    from klbisect.config import BisectConfig
+    from klbisect.labels import check_direction
     cfg = BisectConfig(good="a", bad="b", probe_cmd="true")
     clear = separation([0.012, 0.013, 0.0125, 0.0128, 0.0131, 0.0122], [0.004, 0.0042, 0.0039, 0.0041, 0.0043, 0.0038])
     with pytest.raises(KlbisectError) as e:
-        _check_direction(cfg, clear)
+        check_direction(cfg, clear)
     assert e.value.code == 154 and "the range holds a fix" in e.value.message
     hint = separation([0.0050, 0.0046, 0.0052, 0.0041, 0.0048, 0.0044, 0.0049, 0.0043, 0.0051, 0.0047],
                       [0.0045, 0.0042, 0.0049, 0.0039, 0.0046, 0.0041, 0.0047, 0.0040, 0.0048, 0.0043])
     assert 0.05 < hint.p_value <= 0.2 and hint.direction == "down"
     with pytest.raises(KlbisectError) as e:
-        _check_direction(cfg, hint)
+        check_direction(cfg, hint)
     assert "most likely there is no regression" in e.value.message and "fix" not in e.value.message
-    _check_direction(BisectConfig(good="a", bad="b", probe_cmd="true", worse="lower"), clear)   # no error
+    check_direction(BisectConfig(good="a", bad="b", probe_cmd="true", worse="lower"), clear)   # no error
 
 
 def test_a_verdict_on_overlapping_sides_is_not_the_plugged_in_fit_alone():

@@ -21,7 +21,9 @@ from klbisect.executors import (PORT_SPAN, Failure, LocalExecutor, gpu_groups, i
 from klbisect.histgen import NoiseModel, make_history
 from klbisect.measure import Outcome
 from klbisect.probe import CommandProbe, RunResult, Slot
-from klbisect.session import BisectConfig, Workspace, run_bisect
+from klbisect.config import BisectConfig
+from klbisect.session import run_bisect
+from klbisect.workspace import Workspace
 
 N_COMMITS = 50
 CULPRIT = 31

@@ -1075,7 +1075,7 @@ def test_start_on_overlapping_endpoints_says_what_a_verdict_per_commit_costs():
     import numpy as np
 
     from klbisect.decide import Model
-    from klbisect.session import verdict_cost
+    from klbisect.gitbisect import verdict_cost
     rng = np.random.default_rng(7)
     good = list(0.004 * np.exp(0.3 * rng.standard_normal(40)))
     close = verdict_cost(Model.fit(good, [v * 1.07 for v in good]), None)

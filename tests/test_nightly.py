@@ -754,7 +754,7 @@ def test_the_trend_starts_again_after_a_regression_or_an_unconfirmed_alarm(tmp_p
     (the same old runs would start a bisect every night); the baseline
     looks past both."""
     from klbisect.nightly import _baseline  # noqa: PLC0415
-    from klbisect.session import Workspace  # noqa: PLC0415
+    from klbisect.workspace import Workspace  # noqa: PLC0415
     lv = Levels(tmp_path)
     heads = [lv.commit(f"Docs (#3{i}0)") for i in range(7)]
     ws = Workspace(lv.path)
@@ -1022,10 +1022,11 @@ def test_a_regression_the_bisect_does_not_confirm_is_suspect_and_not_posted(tmp_
     baseline. The bisect's own verdict is the one thing stood in for here
     (its rules are tested in test_search and test_cli_core)."""
     from klbisect import session
+    from klbisect.config import BisectConfig
     from klbisect.errors import NoDifference
     from klbisect.nightly import NightlyOptions, exit_code, run_nightly, summary
     lv = Levels(tmp_path)
-    cfg = session.BisectConfig(good="", bad="", probe_cmd=f"{PY} probe.py")
+    cfg = BisectConfig(good="", bad="", probe_cmd=f"{PY} probe.py")
     quiet = []
     for night in ("d1", "d2", "d3"):
         lv.commit(f"Docs {night} (#1{night[1]})")

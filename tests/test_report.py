@@ -25,7 +25,9 @@ from klbisect.decide import Model
 from klbisect.errors import KlbisectError
 from klbisect.histgen import NoiseModel, make_history
 from klbisect.report import GITHUB_COMMENT_LIMIT, report_data, write_report
-from klbisect.session import BisectConfig, Workspace, make_probe, run_bisect
+from klbisect.config import BisectConfig, make_probe
+from klbisect.session import run_bisect
+from klbisect.workspace import Workspace
 
 PY = sys.executable
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -287,7 +289,7 @@ def test_status_marks_commits_the_search_placed_without_a_verdict_of_their_own(b
     """A commit probed once is undecided on its own runs (a verdict needs
     500:1) while the search's posterior has placed it: status says which."""
     from klbisect.report import format_status
-    from klbisect.session import status
+    from klbisect.status import status
     h, _ = bisected
     st = status(h.path)
     text = format_status(st)
@@ -307,7 +309,7 @@ def test_a_side_unlike_its_endpoint_gets_a_note():
     are said, not silently averaged into a confident single commit."""
     from types import SimpleNamespace as Run
 
-    from klbisect.session import _step_notes
+    from klbisect.result import step_notes
     rng = np.random.default_rng(3)
     shas = [f"c{i}" for i in range(10)]
 
@@ -315,9 +317,9 @@ def test_a_side_unlike_its_endpoint_gets_a_note():
         return [Run(sha=sha, value=float(v)) for v in rng.lognormal(np.log(median), 0.1, n)]
     good_end, bad_end = runs("c0", 0.004, 12), runs("c9", 0.010, 12)
     step = (good_end + runs("c3", 0.004, 6) + runs("c5", 0.004, 6), bad_end + runs("c7", 0.010, 6))
-    assert _step_notes([], shas, step, False) == []
+    assert step_notes([], shas, step, False) == []
     drift = (good_end + runs("c3", 0.006, 6) + runs("c5", 0.0065, 6), bad_end + runs("c7", 0.010, 6))
-    [note] = _step_notes([], shas, drift, True)
+    [note] = step_notes([], shas, drift, True)
     assert note.startswith("the commits before the answer look unlike --good") and "drift" in note
     assert "max over labels" in note
 
@@ -327,7 +329,7 @@ def test_status_says_why_its_masses_and_the_answers_confidence_differ(bisected):
     too); the Confidence is the answer's when it stopped. Two numbers that
     differ for the same commit come with why."""
     from klbisect.report import format_status
-    from klbisect.session import status
+    from klbisect.status import status
     h, _ = bisected
     st = status(h.path)
     # the refitted model can move the mass by a little (0.9924 now against 0.9953 at the stop, one draw
@@ -459,7 +461,7 @@ def test_status_of_an_overlapping_search_gives_the_evidence_it_used(history):
     them with both sides' distributions integrated out, far more cautiously.
     It says so now, and each verdict is where P(bad) stands."""
     from klbisect.report import format_status
-    from klbisect.session import status
+    from klbisect.status import status
     h = history(n_commits=16, seed=6, noise=NoiseModel(kind="lognormal", good=(0.004, 0.3), bad=(0.007, 0.3)))
     # the moving label: over the max of three, a draw of ten runs a side may not differ (a CI run's did)
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric", "prefill_cache_hit",
@@ -491,7 +493,7 @@ def test_status_keeps_its_columns_under_subjects_in_chinese(bisected):
 
     from klbisect.metric import cells
     from klbisect.report import format_status
-    from klbisect.session import status
+    from klbisect.status import status
     h, _ = bisected
     st = copy.deepcopy(status(h.path))
     shown = [c for c in st["commits"] if c.get("p_bad") is not None]
@@ -505,7 +507,7 @@ def test_status_keeps_its_columns_under_subjects_in_chinese(bisected):
 def test_a_verdict_surer_than_its_commits_p_bad_says_why():
     """A tester's git bisect status: "2 runs, likelihood ratio 1.6e+03:1
     for good" beside P(bad)=0.28 read as a contradiction."""
-    from klbisect.session import explain_commit
+    from klbisect.result import explain_commit
     model = Model.fit([0.004, 0.0045, 0.005, 0.0052, 0.0048, 0.0055], [0.0095, 0.011, 0.012, 0.0102, 0.0118, 0.0125])
     entry = {"index": 18, "values": [0.0056, 0.0054], "crashes": 0, "verdict": "good", "p_bad": 0.28,
              "reason": "2 runs, likelihood ratio 1.6e+03:1 for good", "log_lr": -7.4}

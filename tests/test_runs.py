@@ -58,7 +58,7 @@ def test_the_labels_of_a_complete_run_are_voted_by_clean_exits():
 def test_a_commit_measured_before_any_model_shows_its_runs():
     """A tester's: status of a `start` killed while calibrating said "3
     probe runs" and listed both endpoints with none."""
-    from klbisect.session import explain_commit
+    from klbisect.result import explain_commit
     said = explain_commit({"index": 0, "values": [0.005779, 0.005183], "verdict": "good",
                            "reason": "good endpoint"}, None)
     assert said.startswith("2 run(s) [0.005779, 0.005183], median 0.005481; no model weighs them yet"), said

@@ -1192,15 +1192,14 @@ def test_post_comment_error_never_shows_the_token(gh, caplog):
 # ---------------------------------------------------------------------------
 
 def test_bisect_finds_planted_sglang_commit(repo, tmp_path):
-    session = pytest.importorskip("klbisect.session")
-    if not hasattr(session, "run_bisect") or not hasattr(session, "BisectConfig"):
-        pytest.skip("klbisect.session.run_bisect is not there yet")
-    cfg = session.BisectConfig(
+    from klbisect.config import BisectConfig
+    from klbisect.session import run_bisect
+    cfg = BisectConfig(
         good=repo.good, bad=repo.bad, probe="sglang", parallel=2, confidence=0.95,
         sglang={"model_path": "fake-tiny", "prompts": str(repo.prompts), "max_new_tokens": 16,
                 "labels": "logprobs_match", "launch_timeout": 60},
     )
-    result = session.run_bisect(repo.path, cfg, progress=lambda msg: None)
+    result = run_bisect(repo.path, cfg, progress=lambda msg: None)
     assert result.culprit == repo.culprit, result
     assert not [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
 
@@ -1209,7 +1208,9 @@ def test_one_slot_launches_a_server_per_endpoint_not_per_run(repo, tmp_path):
     """--probe sglang on one slot: the endpoints' runs are taken one side
     after the other, so the server launched for a side serves all its runs
     (alternating sides relaunched it for every run: minutes each)."""
-    from klbisect.session import BisectConfig, Workspace, run_bisect
+    from klbisect.config import BisectConfig
+    from klbisect.session import run_bisect
+    from klbisect.workspace import Workspace
     # 12 new tokens: a probe of its own, so no earlier test's runs or finished session are reused
     cfg = BisectConfig(
         good=repo.good, bad=repo.bad, probe="sglang", parallel=1, confidence=0.95,
@@ -1233,7 +1234,7 @@ def test_a_probe_command_under_build_sglang_imports_its_own_checkout(tmp_path, m
     SGLang's KL test imports sglang from wherever that install points. Each
     --probe-cmd run puts its own checkout's python/ first, as the server
     launch does, so parallel slots measure their own commits."""
-    from klbisect.session import BisectConfig, make_probe
+    from klbisect.config import BisectConfig, make_probe
     installed = tmp_path / "site" / "sglang"            # what the last slot's build installed
     installed.mkdir(parents=True)
     (installed / "__init__.py").write_text("KL = 0.011\n")
@@ -1259,7 +1260,7 @@ def test_parallel_slots_share_one_python_so_a_pin_change_runs_one_slot(tmp_path)
     probed with the wheel another slot had just installed (a reviewer's
     slot saw sgl-kernel 0.3.2 at a commit pinning 0.3.1)."""
     import git as gitpython
-    from klbisect.session import BisectConfig, make_builder, slots_for_pins
+    from klbisect.config import BisectConfig, make_builder, slots_for_pins
     repo = tmp_path / "pins"
     (repo / "python").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)

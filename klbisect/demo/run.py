@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import EXIT_USAGE, KlbisectError
-from ..session import BisectConfig, Result, run_bisect
+from ..config import BisectConfig
+from ..result import Result
+from ..session import run_bisect
 from . import DemoRepo, HistoryError, create_demo_repo, probe_command
 
 

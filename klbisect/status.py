@@ -1,0 +1,223 @@
+"""Looking at and ending sessions: ``status`` (every verdict in plain
+words), ``log`` (every run) and ``reset`` (ends a session, its git bisect
+and worktrees, and puts back what ``--build sglang`` changed)."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from contextlib import suppress
+from pathlib import Path
+
+from . import repo as gitrepo
+from .config import restore_env
+from .errors import EXIT_USAGE, KlbisectError
+from .gitbisect import bisect_checkout, current_analysis, gitbisect_result, own_bisect
+from .result import boundary_evidence, probed_commits
+from .runs import valued_runs
+from .workspace import Workspace, env_key, stop_reason
+
+
+def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool = False):
+    """The session ``status`` and ``log`` show: the one asked for, else the
+    one in progress, else the latest; a usage error when there is none.
+    ``runs_only`` (``log``): a calibration that stopped short will do."""
+    where = f"in {ws.top}"
+    sess = None
+    if ws.has_state():
+        st = ws.store
+        if session_id is not None:
+            sess = st.session(session_id)
+            if sess is None:
+                raise KlbisectError(f"no klbisect session {session_id} {where}: `klbisect status` names the "
+                                    "latest", EXIT_USAGE)
+        else:
+            # the newer of the two by its last run: an interrupted session of an older question
+            # must not hide the bisect that finished after it, and a `run` that resumed an
+            # older session is the one just looked at, not a calibration begun before it
+            found = [x for x in (st.active_session(), st.latest_session(
+                ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True)) if x]
+            sess = max(found, key=lambda x: (st.last_touched(x), x.id), default=None)
+            live = st.active_session("gitbisect")
+            if live is not None and sess is not None and sess.id != live.id and own_bisect(ws, live):
+                # the checkout is mid `git bisect run`: that session is the one being
+                # looked at, even if a `run` of another range finished since
+                sess = live
+    if sess is None and ws.has_state():
+        # only calibrations that stopped short: their runs are kept, by commit
+        cut = ws.store.latest_session(("calibrate",), touched=True)
+        if cut is not None and runs_only:
+            return cut
+        if cut is not None:
+            raise KlbisectError(f"calibration session {cut.id} {where} stopped before its result (its runs are "
+                                f"kept: `klbisect log --session {cut.id}` lists them); rerun the same `klbisect "
+                                "calibrate` command to finish it", EXIT_USAGE)
+    if sess is None:
+        raise KlbisectError(f"no klbisect session {where}: start one with `klbisect run` or "
+                            "`klbisect start`", EXIT_USAGE)
+    return sess
+
+
+def status(path: str | Path | None, session_id: int | None = None) -> dict:
+    ws = Workspace(path)
+    try:
+        sess = _shown_session(ws, session_id)
+        ws.use_session(sess)
+        st = ws.store
+        out: dict = {"session": sess.id, "kind": sess.kind, "state": sess.state, "good": sess.good,
+                     "bad": sess.bad, "config": sess.config,
+                     "stopped": None if sess.state == "done" else stop_reason(st, sess.id)}
+        # a command holds the lock: working on the session shown by default, not an older one asked for
+        out["running"] = ws.busy() and (session_id is None or _shown_session(ws).id == sess.id)
+        if sess.kind == "run":
+            # a nightly's bisect is a run session: named by its night (a tester read "run" and
+            # looked for a `klbisect run` nobody typed)
+            out["for_night"] = next((r["night"] for r in (json.loads(row["result"] or "{}") for row in st.db.execute(
+                "SELECT result FROM sessions WHERE kind='nightly' AND result IS NOT NULL ORDER BY id DESC"))
+                if r.get("bisect_session") == sess.id), None)
+        later = st.latest_session(("calibrate",)) if session_id is None else None
+        if later is not None and later.id > sess.id and later.result is None:
+            # hidden from status (nothing to show yet), but the user who just pressed
+            # Ctrl-C must not read an older calibration as this one
+            out["interrupted_calibration"] = {
+                "session": later.id, "rev": later.good, "runs": len(st.session_runs(later.id)),
+                "wanted": later.config.get("runs")}
+        if session_id is None:
+            # a tester's killed `run` of another question stayed active behind a finished one
+            # shown here, and only `reset` ("ended session 11") ever named it
+            out["unfinished"] = [{"session": o.id, "kind": o.kind, "good": o.good, "bad": o.bad,
+                                  "runs": len(st.session_runs(o.id)), "stopped": stop_reason(st, o.id)}
+                                 for o in st.active_sessions(("run", "gitbisect")) if o.id != sess.id]
+        if st.get(env_key(sess.id)) and sess.state not in ("done", "ended"):
+            # a session stopped part-way left the user's interpreter on its builds (a tester's
+            # `import sglang` failed after a Ctrl-C, and status said nothing of it)
+            out["env_held"] = (sess.config.get("sglang") or {}).get("python") or "the Python klbisect runs in"
+        if sess.kind == "calibrate":
+            out["probe_runs"] = len(st.session_runs(sess.id))
+            # a resumed calibration counts the runs its commits already had
+            at = [sha for sha in (sess.good, sess.bad) if sha]
+            # (those of earlier sessions: later ones' runs at the same commit are not in its table)
+            out["reused_runs"] = sum(1 for r in st.runs(sess.probe_key, at, every=True)
+                                     if r.session_id is None or r.session_id < sess.id)
+            out["calibration"] = sess.result          # None until it finishes; rerun it to resume
+            return out
+        if sess.kind == "nightly":
+            out["result"] = sess.result
+        if sess.kind not in ("run", "gitbisect"):
+            return out
+        analysis = current_analysis(ws, sess)
+        cfg, cands, runs, pl, probe_key, build_key = analysis
+        shas = [c[0] for c in cands]
+        commits = probed_commits(ws, sess, cfg, cands, runs, pl)
+        out["commits"] = commits
+        out["probe_runs"] = len(st.session_runs(sess.id))
+        out["reused_runs"] = max(len(st.runs(probe_key, shas)) - out["probe_runs"], 0)
+        out["n_commits"] = len(shas) - 1
+        if sess.kind == "gitbisect" and sess.state == "bisecting":
+            # in the worktree it runs in: asked from another, this checkout's own state says nothing
+            there_repo, _ = bisect_checkout(ws, sess)
+            out["git_bisect_running"] = there_repo is not None and own_bisect(ws, sess, there_repo)
+        if pl is not None:
+            out["model"] = pl.model.to_dict()
+            out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
+                           "subjects": [cands[i][1] for i in b.indices]} for b in pl.posterior.top_blocks(5)]
+            out["evidence"] = boundary_evidence(commits, pl.posterior, shas)
+        if sess.kind == "gitbisect" and not (sess.state == "ended" and sess.result):
+            res = gitbisect_result(ws, sess, analysis)
+            out["result"] = res.to_json() if res else None
+        else:
+            out["result"] = sess.result     # an ended git bisect's: as `reset` found it
+        # runs later sessions recorded at these commits are weighed in the lists above
+        out["later_runs"] = sum((r.session_id or 0) > sess.id for r in st.runs(probe_key, shas))
+        res = out["result"] or {}
+        # the same top-level keys as `run --json`, so one parser reads both
+        out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
+                   complete=bool(res.get("complete")), candidates=res.get("candidates") or [])
+        return out
+    finally:
+        ws.close()
+
+
+def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
+    ws = Workspace(path)
+    try:
+        sess = _shown_session(ws, session_id, runs_only=True)
+        ws.use_session(sess)
+        subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
+        # the runs its answer rests on: its own, and those it reused from
+        # earlier sessions of the same probe (a rerun may have reused them all)
+        shas = [s for s in {*subjects, sess.good, sess.bad} if s]
+        runs = {r.id: r for r in ws.store.runs(sess.probe_key, shas)}
+        runs.update((r.id, r) for r in ws.store.session_runs(sess.id))
+        for sha in {r.sha for r in runs.values()} - subjects.keys():
+            # a calibration has no candidate list: its commits' subjects come from git
+            try:
+                subjects[sha] = gitrepo.subject(ws.repo, sha)
+            except KlbisectError:       # a commit gone from the repository since
+                subjects[sha] = ""
+        # a run that printed values may still count as a crash (timed out, or cut off short
+        # of the labels the others print): as the session weighs it
+        counted = {r.id for r in valued_runs(list(runs.values()), ws.metric, ws.worse)}
+        return [{"id": r.id, "started": r.started, "sha": r.sha, "subject": subjects.get(r.sha, ""),
+                 "status": r.status, "values": r.values, "value": r.value, "exit_code": r.exit_code,
+                 "duration": r.duration, "log_path": r.log_path, "counted": r.id in counted,
+                 "reused_from": r.session_id if r.session_id != sess.id else None}
+                for r in sorted(runs.values(), key=lambda r: r.id)]
+    finally:
+        ws.close()
+
+
+_NOT_OUR_BISECT = "left the git bisect in progress alone: klbisect did not start it (`git bisect reset` ends it)"
+
+
+def reset(path: str | Path | None, purge: bool = False) -> list[str]:
+    ws = Workspace(path)
+    done = []
+    try:
+        if ws.never_used():
+            # nothing of klbisect's here to end or remove: make no state directory for it
+            return [_NOT_OUR_BISECT] if gitrepo.bisect_in_progress(ws.repo) else []
+        with ws.locked():
+            st = ws.store
+            ended = []
+            while (sess := st.active_session()) is not None:
+                if sess.kind == "gitbisect":
+                    # its answer as it stands now: a later `status --session N` shows that,
+                    # not one recomputed with runs later sessions add at its commits
+                    with suppress(KlbisectError):
+                        ws.use_session(sess)
+                        res = gitbisect_result(ws, sess)
+                        if res is not None:
+                            st.update_session(sess.id, result=res.to_json())
+                reset_line = None
+                if sess.kind == "gitbisect":
+                    # before the session ends: a bisect git cannot end (local changes in the way) stays
+                    # the session's, for the next `klbisect reset`
+                    repo, there = bisect_checkout(ws, sess)   # None: its worktree was removed since
+                    if repo is not None and own_bisect(ws, sess, repo):
+                        gitrepo.bisect_reset(repo)
+                        reset_line = "git bisect reset" + (f" in the worktree {there}" if there else "")
+                st.update_session(sess.id, state="ended", ended=time.time())
+                done += [f"ended session {sess.id} ({sess.kind})"] + ([reset_line] if reset_line else [])
+                ended.append(sess)
+            if gitrepo.bisect_in_progress(ws.repo):
+                # the user's own bisect: its marks are not ours to throw away
+                done.append(_NOT_OUR_BISECT)
+            # after git's reset: an editable install of the checkout is at its HEAD again. Also what an
+            # interrupted `run` or `calibrate` (ended since) could not put back
+            left = {int(k.rsplit(":", 1)[1]) for k in st.keys("env_before:")}
+            for sess in ended + [st.session(i) for i in sorted(left - {s.id for s in ended})]:
+                if sess is not None:
+                    done.extend(restore_env(ws, sess))
+            if ws.worktrees.exists():
+                for wt in ws.worktrees.iterdir():
+                    gitrepo.worktree_remove(ws.repo, wt)
+                shutil.rmtree(ws.worktrees, ignore_errors=True)
+                done.append("removed worktrees")
+            if purge:
+                st.purge()
+                shutil.rmtree(ws.logs, ignore_errors=True)
+                done.append("purged run history and logs")
+        return done
+    finally:
+        ws.close()
