@@ -24,7 +24,7 @@ from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval,
                      exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
                      runs_lower_bound, sample_bits, separation, summarize, worse_tail)
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
-from .metric import broke, fmt_value, over_labels, scalar
+from .metric import broke, fmt_count, fmt_value, over_labels, scalar
 from .runs import run_shown, typical_values, usual_labels, valued_runs
 from .config import BisectConfig, close_builder, hold_env, make_builder, make_probe
 from .endpoints import ended_on_errors, endpoint_problem
@@ -62,6 +62,7 @@ class CostEstimate:
     bits_interval: list[float] | None = None  # a bootstrap range of bits_per_run (decide.bits_interval)
     capped: int = 0               # simulated bisects stopped at max_runs: the mean is a floor
     max_runs: int = MAX_TOTAL_RUNS
+    sample: int = 0               # the fewer of the two commits' runs the estimate resamples (0: not known)
 
 
 @dataclass
@@ -364,7 +365,7 @@ def simulate_cost(good: list[float], bad: list[float], commits: int, trials: int
     return CostEstimate(commits, bits, runs_lower_bound(commits, bits), float(np.mean(runs_used)),
                         float(np.percentile(runs_used, 95)), right / len(runs_used), len(runs_used), model_bits,
                         disjoint, list(interval) if interval else None,
-                        capped, max_runs)
+                        capped, max_runs, min(len(good), len(bad)))
 
 
 def _check_options(runs: int, false_fail_rate: float, confidence: float, commits: int,
@@ -553,6 +554,14 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                                      f"{alone.simulated_p95_runs:.0f}, right in {alone.simulated_accuracy:.0%}; "
                                      f"endpoint runs included), against {res.cost.simulated_mean_runs:.1f} (p95 "
                                      f"{res.cost.simulated_p95_runs:.0f}) over every label")
+                elif alone:
+                    # a tester saw "estimating the same bisect with --metric X..." and then nothing
+                    res.notes.append(f"--metric {lab} alone: {alone.simulated_mean_runs:.1f} runs on average (p95 "
+                                     f"{alone.simulated_p95_runs:.0f}), no fewer than over every label: the "
+                                     "default is as cheap")
+                elif res.cost is not None:
+                    res.notes.append(f"--metric {lab} alone does not separate the revisions in a replay: bisect "
+                                     "over every label")
         except KeyboardInterrupt:
             # every run is in: the statistics above them are whole, and a user presses Ctrl-C
             # here because the replay is slow (a tester's report was lost with it); an estimate
@@ -719,6 +728,10 @@ def _runs(x: float) -> str:
     return f"{x:.0f}" if math.isfinite(x) else "no limit"
 
 
+FEW_FOR_COST = 30   # runs a side under which an estimate says it may miss rare values (a tester's: 10 a side,
+                    # p95 26 estimated, four of six real bisects over it)
+
+
 def cost_line(k: CostEstimate) -> str:
     """Fano's limit and the simulated search. Disjoint runs are worth at most
     the one bit a good-or-bad question holds, so the limit is a bound; else
@@ -752,4 +765,8 @@ def cost_line(k: CostEstimate) -> str:
             f"(endpoint runs included; {model})"
             + (f"; {k.capped} of the {k.trials} stopped at the {k.max_runs}-run cap (--max-total-runs), so "
                "the mean is a floor: bisect a label that moved more clearly, or measure more runs"
-               if k.capped else ""))
+               if k.capped else "")
+            + (f"; from {fmt_count(k.sample, 'run')} at one of the commits it cannot draw what so few did "
+               f"not show (an outlier that 1 run in 20 gives), and a real bisect may take well over its p95: "
+               f"budget on {FEW_FOR_COST} runs a side or more"
+               if 0 < k.sample < FEW_FOR_COST else ""))

@@ -287,6 +287,9 @@ def sglang_options(f):
     opts = [
         click.option("--model-path", default=None, help="--probe sglang: model to serve."),
         click.option("--server-args", default="", help="--probe sglang: extra launch_server arguments."),
+        click.option("--server-env", multiple=True, metavar="NAME=VALUE",
+                     help="--probe sglang: an environment variable for the server, as the test's launch sets "
+                          "(e.g. SGLANG_ENABLE_UNIFIED_RADIX_TREE=1); repeat it for several."),
         click.option("--prompts", default=None, help="--probe sglang: JSON list of token-id lists."),
         click.option("--runs-per-launch", type=RUNS_PER_LAUNCH, default=0,
                      help="--probe sglang: runs sharing one server launch (0: all runs of a commit)."),
@@ -296,7 +299,8 @@ def sglang_options(f):
                           "decode_cache_hit."),
         click.option("--num-samples", type=COUNT, default=None, help="--probe sglang: use the first N prompts."),
         click.option("--launch-timeout", type=SECONDS, default=None,
-                     help="--probe sglang: seconds for /health_generate to answer 200 (default 600)."),
+                     help="--probe sglang: seconds for /health_generate to answer 200 (default 1800); "
+                          "--timeout counts from then."),
         click.option("--request-timeout", type=SECONDS, default=None, help="--probe sglang: seconds per request."),
         click.option("--sglang-python", "python", default=None,
                      help="--probe/--build sglang: interpreter that has sglang's dependencies."),
@@ -320,7 +324,9 @@ def make_config(kw: dict):
         sglang["pip_args"] = " ".join(sglang["pip_args"])
     if sglang.get("turn_separator"):
         sglang["turn_separator"] = _token_ids(sglang["turn_separator"])
-    sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0)}
+    if "server_env" in sglang:
+        sglang["server_env"] = list(sglang["server_env"] or ())
+    sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0, [])}
     for k in ("prompts", "model_path"):
         # stored with the session and read from the checkouts' directories: a path from here
         # (a model id such as org/name is not a path here and stays as it is)
@@ -387,7 +393,7 @@ def _no_idle_options(kw: dict, sglang: dict) -> None:
                                 "does not use: leave it out, or pass --build sglang", EXIT_USAGE)
 
 
-_SGLANG_KEYS = ("model_path", "server_args", "prompts", "runs_per_launch", "max_new_tokens", "labels",
+_SGLANG_KEYS = ("model_path", "server_args", "server_env", "prompts", "runs_per_launch", "max_new_tokens", "labels",
                 "num_samples", "launch_timeout", "request_timeout", "python", "turn_separator",
                 "kl_threshold", "pip_args")
 _SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
@@ -596,12 +602,18 @@ def demo(directory, device, seed, parallel, as_json):
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="JSON file to write.")
 @click.option("--num-samples", type=int, default=18, show_default=True)
 @click.option("--max-tokens", type=int, default=3000, show_default=True)
-def make_prompts(text_file, tokenizer, out, num_samples, max_tokens):
+@click.option("--trust-remote-code", is_flag=True,
+              help="Load a tokenizer that ships its own code (Kimi, DeepSeek), as the tests' get_input_ids does.")
+def make_prompts(text_file, tokenizer, out, num_samples, max_tokens, trust_remote_code):
     """Write a --prompts file (JSON list of token-id lists) from text, as
     SGLang's KL tests build theirs (needs `transformers`)."""
     from .sglang import make_prompts as do_make
-    n = do_make(text_file, tokenizer, out, num_samples, max_tokens)
+    n, comma = do_make(text_file, tokenizer, out, num_samples, max_tokens, trust_remote_code=trust_remote_code)
     click.echo(f"wrote {n} prompts to {out}")
+    if comma:
+        # the tests' decode_cache_hit appends tokenizer.encode(","); the probe knows no tokenizer
+        click.echo(f"decode_cache_hit's turn separator as the tests build it: --turn-separator "
+                   f"{','.join(map(str, comma))}")
     return 0
 
 

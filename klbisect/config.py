@@ -247,6 +247,14 @@ def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> 
     the endpoints builds once per checkout and measures every commit on
     that build: said before the first run, not after 80 runs that 'do not
     separate' (a tester's build copied a file the default paths miss)."""
+    if getattr(builder, "install_pins", False):
+        moved = unfollowed_pins(repo, good, bad)
+        if moved:
+            progress(f"warning: python/pyproject.toml's pins move in this range ({moved}), and --build sglang "
+                     "installs with --no-deps: commits on the other side run on the versions installed now, and "
+                     "may fail to import (skipped) or measure differently; install what each side needs, or use "
+                     "a --build-cmd that installs with dependencies")
+        return
     if not isinstance(builder, CommandBuilder):
         return
     changed = gitrepo.changed_files(repo, good, bad)
@@ -257,6 +265,21 @@ def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> 
                  f"changed, and none changes between the endpoints ({fmt_count(len(changed), 'file')} do, e.g. "
                  f"{changed[0]}): every commit will be measured on the first build; if the build reads other "
                  "files, add them to --build-paths")
+
+
+def unfollowed_pins(repo, good: str, bad: str) -> str:
+    """The pins --build sglang does not install (torch, transformers) that a
+    commit of the range changes: "SHA: torch 2.8.0 -> 2.9.1"; else "". The
+    kernel wheels it installs are built for one torch: past a joint bump,
+    every commit may fail to import them."""
+    from .sglang import PYPROJECT, UNFOLLOWED_PINS, parse_pins  # noqa: PLC0415
+    first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT), UNFOLLOWED_PINS)
+    for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
+        pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT), UNFOLLOWED_PINS)
+        if pins != first:
+            return f"{sha[:12]}: " + ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
+                                               for n in sorted(set(first) | set(pins)) if first.get(n) != pins.get(n))
+    return ""
 
 
 def pins_moved(repo, cfg: BisectConfig, builder, good: str, bad: str) -> str:

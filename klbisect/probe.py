@@ -65,6 +65,9 @@ class Probe(Protocol):
     def run(self, checkout: Path, log_path: Path, slot: Slot) -> RunResult: ...
 
 
+NO_RETRY = "SGLANG_TEST_MAX_RETRY"
+
+
 def config_key(kind: str, **parts) -> str:
     """A stable identity for a probe configuration, so stored runs are reused
     only by a probe that would have measured the same thing."""
@@ -112,6 +115,10 @@ class CommandProbe:
         env = dict(slot.env)
         if slot.port_base:
             env["KLBISECT_PORT_BASE"] = str(slot.port_base)
+        if NO_RETRY not in os.environ:
+            # SGLang's CustomTestCase reruns a failed test method once in CI (SGLANG_IS_IN_CI):
+            # the rerun's fresh draw would hide the high value that failed it
+            env.setdefault(NO_RETRY, "0")
         if self.pythonpath:
             inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
             env["PYTHONPATH"] = os.pathsep.join([*(str(Path(checkout).resolve() / d) for d in self.pythonpath),

@@ -210,7 +210,10 @@ def format_status(st: dict) -> str:
                                    subsequent_indent=" " * 9))
     if starred:
         lines.append("  " + PLACED_NOTE)
-    if st.get("later_runs"):
+    if st.get("later_runs") and st.get("as_ended"):
+        lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at these commits "
+                     "are left out: this is the session as it ended; a new `klbisect run` of the range weighs them)")
+    elif st.get("later_runs"):
         lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at these commits "
                      "are weighed above too)")
     if st.get("top"):
@@ -237,7 +240,8 @@ def format_status(st: dict) -> str:
         if answer is not None and res.get("confidence") is not None and abs(answer - res["confidence"]) >= 5e-4:
             # a tester's single session read "later sessions' too" and looked for one
             lines.append("  (recomputed now, from every run stored for these commits"
-                         + (", later sessions' too" if st.get("later_runs") else "")
+                         + (" when it ended" if st.get("as_ended") else
+                            ", later sessions' too" if st.get("later_runs") else "")
                          + ", with the model refitted to them; the Confidence below is the answer's when its "
                            "search stopped)")
     if st.get("result"):
@@ -359,6 +363,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
     from .gitbisect import current_analysis, gitbisect_result  # noqa: PLC0415
     from .result import build_result, probed_commits  # noqa: PLC0415
+    from .status import as_ended  # noqa: PLC0415
     from .workspace import Workspace, stop_reason  # noqa: PLC0415
 
     ws = Workspace(path)
@@ -368,6 +373,9 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
                                 "`klbisect start`", EXIT_USAGE)
         st = ws.store
         sess = _find_session(ws, session_id)
+        ended = as_ended(sess)
+        recorded = len(st.runs(sess.probe_key, [c[0] for c in st.candidates(sess.id)])) if ended else 0
+        st.view_until(sess if ended else None)     # as `status` shows it
         analysis = current_analysis(ws, sess)
         cfg, cands, runs, pl, probe_key, build_key = analysis
         why = stop_reason(st, sess.id)     # a session that stopped short: why, in place of a result
@@ -411,6 +419,8 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
         # stopped because the ends' runs do not differ (now): nobody to blame
         no_signal = not result.get("complete", True) and (pl.lost is not None or pl.unproven is not None)
         return {"result": result, "no_signal": no_signal, "commits": commits, "runs": all_runs,
+                # runs later sessions recorded at these commits, left out of an ended session's report
+                "left_out": recorded - len(all_runs) if ended else 0,
                 "culprit_commits": culprit_commits,
                 "prs": {str(k): v for k, v in prs.items()}, "slug": slug, "boundary": boundary,
                 "model": model.to_dict(),
@@ -607,6 +617,9 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     later = sum(1 for x in data.get("runs", []) if (x.get("session") or 0) > own)
     spent += f"; {earlier} runs reused from earlier sessions" if earlier else ""
     head.append(f"**Cost:** {r['probe_runs']} probe runs ({spent})  ")
+    if data.get("left_out"):
+        head.append(f"*{fmt_count(data['left_out'], 'run')} that later sessions recorded at these commits are left "
+                    "out: this is the session as it ended.*  ")
     if later:
         # a report made after later sessions measured these commits: their runs are in the
         # commit table, not in the answer (a tester read them as "reused from earlier sessions")

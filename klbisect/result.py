@@ -235,10 +235,9 @@ def explain_commit(entry: dict, model) -> str:
     if entry.get("crashes") and entry.get("no_server", 0) >= entry["crashes"]:
         parts.append(f"{entry['crashes']} run(s) gave no value: its server did not start (not counted as evidence)")
     elif entry.get("crashes"):
-        parts.append(f"{entry['crashes']} run(s) gave no value to judge (crashed, timed out, stopped before "
-                     "printing every label, or printed no --metric label"
+        parts.append(f"{entry['crashes']} run(s) gave no value (crashed, timed out or cut short"
                      + (f"; {entry['no_server']} of them: its server did not start" if entry.get("no_server") else "")
-                     + "; not counted as evidence)")
+                     + "; not evidence)")
     if vals:
         shown = ", ".join(fmt_value(v) for v in vals[:6]) + (" ..." if len(vals) > 6 else "")
         llr = entry.get("log_lr", 0.0)
@@ -256,6 +255,13 @@ def explain_commit(entry: dict, model) -> str:
             # a start killed while calibrating: "3 probe runs" in the header, none below (a tester's)
             parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))}; no model "
                          "weighs them yet (the endpoints have not been found to differ)")
+    if vals and entry.get("integrated") and entry.get("verdict") in (GOOD, BAD) and not entry.get("reason") \
+            and entry.get("p_bad") is not None and 0 < entry["index"]:
+        # a tester's: "BAD P(bad)=1.000 / 1 run [0.00228]" below the good side's median, unexplained
+        parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs: P(bad) = "
+                     f"{entry['p_bad']:.3f} weighs every commit's runs at once, and where good and bad runs "
+                     "overlap a commit's few runs say little alone; the commits on either side of the answer "
+                     "decide it")
     if entry.get("verdict") and entry.get("reason"):
         # the runs and the model as they stood then: its ratio differs from the one above
         parts.append(f"verdict {entry['verdict']}, when it was given: {entry['reason']}")

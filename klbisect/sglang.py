@@ -50,7 +50,8 @@ from .redact import flag_secrets, redact
 from .repo import head_sha
 
 LABELS = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
-DEFAULT_LAUNCH_TIMEOUT = 600.0       # popen_launch_server's default
+FLOW = 2     # the requests a run sends; 2: decode_cache_hit's first turn asks for logprobs, as the test does
+DEFAULT_LAUNCH_TIMEOUT = 1800.0      # popen_launch_server: 600 s, 3000 on Blackwell and AMD CI, x3 for DCP tests
 DEFAULT_REQUEST_TIMEOUT = 1800.0
 DEFAULT_MAX_NEW_TOKENS = 512
 HOST = "127.0.0.1"
@@ -83,13 +84,16 @@ def load_prompts(path: str | Path) -> list[list[int]]:
 
 
 def make_prompts(text_file: str | Path, tokenizer_path: str, out: str | Path,
-                 num_samples: int = 18, max_tokens: int = 3000) -> int:
+                 num_samples: int = 18, max_tokens: int = 3000,
+                 trust_remote_code: bool = False) -> tuple[int, list[int]]:
     """Write a prompts file from text: one sample per line of a ``.jsonl`` file
     (field ``text``, or ``context`` + ``question`` as in LongBench), else
     consecutive ``max_tokens`` windows of the whole text.
 
     Needs ``transformers`` (optional; imported only here) and the model's
-    tokenizer, so prompts match what the server tokenizes. Returns the count.
+    tokenizer, so prompts match what the server tokenizes. Returns the count,
+    and the token ids of "," that the tests put between decode_cache_hit's
+    turns (``--turn-separator``).
     """
     # checked first: a negative count would slice prompts off the end, 0 tokens loop forever
     for option, n in (("--num-samples", num_samples), ("--max-tokens", max_tokens)):
@@ -105,7 +109,13 @@ def make_prompts(text_file: str | Path, tokenizer_path: str, out: str | Path,
         text = src.read_text()
     except OSError as e:
         raise KlbisectError(f"cannot read {src}: {e.strerror or e}", EXIT_USAGE) from None
-    tok = AutoTokenizer.from_pretrained(tokenizer_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        if trust_remote_code or "trust_remote_code" not in str(e):
+            raise
+        raise KlbisectError(f"the tokenizer {tokenizer_path} ships its own code: add --trust-remote-code "
+                            "(as the KL tests load it)", EXIT_USAGE) from None
     prompts: list[list[int]] = []
     if src.suffix == ".jsonl":
         for line in text.splitlines():
@@ -125,7 +135,8 @@ def make_prompts(text_file: str | Path, tokenizer_path: str, out: str | Path,
     if not prompts:
         raise KlbisectError(f"{src} gave no tokens", EXIT_USAGE)
     Path(out).write_text(json.dumps(prompts))
-    return len(prompts)
+    # decode_cache_hit's second turn: the tests append tokenizer.encode(",") (a BOS with it, for many)
+    return len(prompts), list(tok.encode(","))
 
 
 # ---------------------------------------------------------------------------
@@ -304,7 +315,7 @@ def measure_label(client: Client, label: str, prompts: list[list[int]], max_new_
     else:
         # The second turn extends the first turn's prompt + output, so its
         # prefix is KV the decode steps wrote.
-        first = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=False))
+        first = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=True))  # as the test
         inputs = [p + r["output_ids"] + list(turn_separator) for p, r in zip(prompts, first)]
         turns = 2
         res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
@@ -616,11 +627,12 @@ class SGLangProbe:
     num_samples: int | None = None           # first N prompts; None: all
     launch_timeout: float = DEFAULT_LAUNCH_TIMEOUT
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    timeout: float = DEFAULT_TIMEOUT          # one run, launch included
+    timeout: float = DEFAULT_TIMEOUT          # one run's requests, once its server is ready
     runs_per_launch: int = 0                  # 0: every run of the commit in this slot; 1: relaunch per run
     python: str = sys.executable
     turn_separator: tuple[int, ...] = ()     # token ids between turns (the tests add a comma)
     kl_threshold: float | None = None        # exit code 1 at or above it, like the tests' assertion
+    server_env: tuple[str, ...] = ()          # "NAME=VALUE" for the server (the tests' popen env=)
     _held: dict[int, _Held] = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _prompts_cache: list[list[int]] | None = field(default=None, init=False, repr=False, compare=False)
@@ -643,6 +655,12 @@ class SGLangProbe:
         problem = number_problem(self)
         if problem:
             raise KlbisectError(problem, EXIT_USAGE)
+        self.server_env = tuple(self.server_env)
+        for item in self.server_env:
+            name, eq, _ = item.partition("=")
+            if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise KlbisectError(f"--server-env {redact(item)!r}: give NAME=VALUE (an environment variable "
+                                    "for the server, e.g. SGLANG_ENABLE_UNIFIED_RADIX_TREE=1)", EXIT_USAGE)
 
     @classmethod
     def from_options(cls, options: Mapping, timeout: float = DEFAULT_TIMEOUT) -> "SGLangProbe":
@@ -659,6 +677,8 @@ class SGLangProbe:
             known["labels"] = tuple(x.strip() for x in known["labels"].split(",") if x.strip())
         if "turn_separator" in known:
             known["turn_separator"] = tuple(known["turn_separator"])
+        if "server_env" in known:
+            known["server_env"] = tuple(known["server_env"] or ())
         known.setdefault("timeout", timeout)
         probe = cls(**known)
         probe.load()   # a bad prompts file is a usage error now, not a crash per run
@@ -689,10 +709,14 @@ class SGLangProbe:
         return config_key("sglang", model=self.model_path, args=shlex.split(self.server_args),
                           prompts=_file_digest(self.prompts), n=self.num_samples,
                           max_new_tokens=self.max_new_tokens, labels=list(self.labels),
-                          sep=list(self.turn_separator), python=self.python)
+                          sep=list(self.turn_separator), python=self.python, flow=FLOW,
+                          # only when given: runs recorded before --server-env keep their key
+                          **({"env": sorted(self.server_env)} if self.server_env else {}))
 
     def describe(self) -> str:
         args = f" {self.server_args}" if self.server_args else ""
+        if self.server_env:
+            args = " " + " ".join(self.server_env) + ";" + args
         n = f"{self.num_samples} of " if self.num_samples else ""
         return (f"sglang.launch_server --model-path {self.model_path}{args}; {n}{self.prompts.name} "
                 f"x {self.max_new_tokens} new tokens; labels {','.join(self.labels)}")
@@ -710,9 +734,14 @@ class SGLangProbe:
         if sha is None:
             return None
         return (str(Path(checkout).resolve()), sha, self.python, self.model_path, self.server_args,
-                tuple(sorted(slot.env.items())))
+                tuple(sorted(slot.env.items())), self.server_env)
 
-    def _server_for(self, checkout: Path, log_path: Path, slot: Slot, deadline: float,
+    @property
+    def env_vars(self) -> dict[str, str]:
+        """--server-env as a mapping (a slot's own CUDA_VISIBLE_DEVICES wins over it)."""
+        return dict(item.split("=", 1) for item in self.server_env)
+
+    def _server_for(self, checkout: Path, log_path: Path, slot: Slot, deadline: float | None,
                     say: Callable[[str], None]) -> _Held:
         identity = self._identity(checkout, slot)
         with self._lock:
@@ -726,7 +755,7 @@ class SGLangProbe:
         port = pick_port(slot.port_base)
         server_log = log_path.with_name(log_path.stem + ".server.log")
         server = SGLangServer(server_argv(self.python, self.model_path, port, shlex.split(self.server_args)),
-                              checkout, server_env(checkout, slot.env), port, server_log,
+                              checkout, server_env(checkout, {**self.env_vars, **slot.env}), port, server_log,
                               self.launch_timeout, slot.pid_dir)
         say(f"launching: {redact(shlex.join(server.argv))}")
         say(f"server log: {server_log}")
@@ -766,7 +795,6 @@ class SGLangProbe:
 
     def run(self, checkout: Path, log_path: Path, slot: Slot) -> RunResult:
         start = time.monotonic()
-        deadline = start + self.timeout
         prompts = self.load()
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -781,7 +809,10 @@ class SGLangProbe:
             say(f"checkout: {checkout}")
             held: _Held | None = None
             try:
-                held = self._server_for(Path(checkout), log_path, slot, deadline, say)
+                held = self._server_for(Path(checkout), log_path, slot, None, say)
+                # --timeout bounds the measuring; the launch has --launch-timeout of its own (a cold
+                # 4-GPU start loads weights and captures CUDA graphs for many minutes)
+                deadline = time.monotonic() + self.timeout
                 client = Client(held.server.url, self.request_timeout, deadline, api_key=self.api_key,
                                 admin_api_key=self.admin_api_key)
                 for label in self.labels:
@@ -857,6 +888,8 @@ class SGLangProbe:
 PYPROJECT = "python/pyproject.toml"   # where a commit pins its kernel wheels
 KERNEL_PACKAGES = ("sgl-kernel", "sglang-kernel")
 PINNED_PACKAGES = KERNEL_PACKAGES + ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache")
+# pinned beside them, and never installed by --build sglang (--no-deps): a range that moves them is warned of
+UNFOLLOWED_PINS = ("torch", "torchaudio", "torchvision", "transformers")
 PACKAGING_PATHS = (
     "python/pyproject.toml", "python/setup.py", "python/setup.cfg", "python/MANIFEST.in",
     "python/*Cargo.toml", "python/*Cargo.lock", "python/*.rs",

@@ -58,6 +58,11 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
     return sess
 
 
+def as_ended(sess) -> bool:
+    """A session that will not go on: shown with the runs it had when it ended."""
+    return sess.kind in ("run", "gitbisect") and sess.state in ("done", "ended")
+
+
 def status(path: str | Path | None, session_id: int | None = None) -> dict:
     ws = Workspace(path)
     try:
@@ -105,9 +110,16 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["result"] = sess.result
         if sess.kind not in ("run", "gitbisect"):
             return out
+        shas = [c[0] for c in st.candidates(sess.id)]
+        # runs later sessions recorded at these commits: weighed while the session may still go on,
+        # left out of one that ended, shown as it ended
+        everything = st.runs(sess.probe_key, shas)
+        out["as_ended"] = as_ended(sess)
+        st.view_until(sess if out["as_ended"] else None)
+        out["later_runs"] = (len(everything) - len(st.runs(sess.probe_key, shas)) if out["as_ended"] else
+                             sum((r.session_id or 0) > sess.id for r in everything))
         analysis = current_analysis(ws, sess)
         cfg, cands, runs, pl, probe_key, build_key = analysis
-        shas = [c[0] for c in cands]
         commits = probed_commits(ws, sess, cfg, cands, runs, pl)
         out["commits"] = commits
         out["probe_runs"] = len(st.session_runs(sess.id))
@@ -127,8 +139,6 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["result"] = res.to_json() if res else None
         else:
             out["result"] = sess.result     # an ended git bisect's: as `reset` found it
-        # runs later sessions recorded at these commits are weighed in the lists above
-        out["later_runs"] = sum((r.session_id or 0) > sess.id for r in st.runs(probe_key, shas))
         res = out["result"] or {}
         # the same top-level keys as `run --json`, so one parser reads both
         out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
@@ -143,6 +153,7 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
     try:
         sess = _shown_session(ws, session_id, runs_only=True)
         ws.use_session(sess)
+        ws.store.view_until(sess if as_ended(sess) else None)
         subjects = {sha: subj for sha, subj, _ in ws.store.candidates(sess.id)}
         # the runs its answer rests on: its own, and those it reused from
         # earlier sessions of the same probe (a rerun may have reused them all)

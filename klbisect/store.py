@@ -215,6 +215,8 @@ class Store:
         self.worse = worse
         self.since_session = 0     # runs of sessions before this one are left out
         self.since = 0.0           # when that session began: older failed builds are left out
+        self.until_session = 0     # runs of later sessions, begun after this one ended, are left out
+        self.until = 0.0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self.path.exists():
@@ -393,6 +395,9 @@ class Store:
             # by session, not by time: a Ray node's clock may run behind this machine's
             q += " AND session_id>=?"
             args.append(self.since_session)
+        if self.until_session and not every:
+            q += " AND (session_id IS NULL OR session_id<=? OR started<=?)"
+            args += [self.until_session, self.until]
         if session_id is not None:
             q += " AND session_id=?"
             args.append(session_id)
@@ -406,6 +411,18 @@ class Store:
     def view_from(self, sess: SessionRow | None) -> None:
         """Show only what ``sess`` and later sessions recorded (None: everything)."""
         self.since_session, self.since = (sess.id, sess.created) if sess else (0, 0.0)
+
+    def view_until(self, sess: SessionRow | None) -> None:
+        """Show only what was recorded before ``sess`` ended (None: everything):
+        a finished session looked at later, as it ended, not recomputed with
+        the runs later sessions added at its commits (a tester's read "53
+        probe runs (+232 reused)" beside its own "Probe runs: 53")."""
+        if sess is None:
+            self.until_session, self.until = 0, 0.0
+            return
+        last = self.db.execute("SELECT MAX(started + COALESCE(duration, 0)) FROM runs WHERE session_id=?",
+                               (sess.id,)).fetchone()[0]
+        self.until_session, self.until = sess.id, float(sess.ended or last or sess.created)
 
     def session_runs(self, session_id: int) -> list[Run]:
         return [self._run(r) for r in self.db.execute(

@@ -415,3 +415,13 @@ def test_heldout_shapes_smoke():
     bad = subprocess.run([sys.executable, str(ROOT / "scripts" / "heldout_shapes.py"), "--shapes", "nosuch"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert bad.returncode == 2 and "unknown nosuch" in bad.stderr
+
+
+def test_offset_ceiling_says_no_rule_reaches_99_percent_on_offset6():
+    """Told every commit's median exactly, the best rule still misreads the
+    commit beside the step whose own offset crosses the midpoint."""
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "offset_ceiling.py"), "--trials", "3000",
+                        "--commits", "40"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    best = {line.split(":")[0]: float(line.split("best accuracy ")[1].split()[0]) for line in p.stdout.splitlines()[1:]}
+    assert 0.95 < best["offset6"] < 0.985 and best["offset3"] > 0.999, p.stdout

@@ -218,6 +218,19 @@ def test_a_cost_estimate_can_end_early_and_says_when_bisects_ran_to_the_cap():
     assert calm.capped == 0 and calm.trials == 5 and "run cap" not in cost_line(calm)
 
 
+def test_a_cost_estimate_from_few_runs_says_a_real_bisect_may_take_more():
+    """A tester priced a bisect from 10 runs a side that held none of the
+    good commit's 5% outliers: "p95 26", then four of six real bisects took
+    32-53 runs. Under 30 runs a side the estimate says what it cannot see."""
+    from klbisect.calibrate import cost_line, simulate_cost
+    rng = np.random.default_rng(3)
+    few = simulate_cost(list(rng.uniform(0.003, 0.006, 10)), list(rng.uniform(0.007, 0.013, 12)), 120, trials=5)
+    assert few.sample == 10 and "from 10 runs at one of the commits" in cost_line(few)
+    assert "budget on 30 runs a side" in cost_line(few)
+    many = simulate_cost(list(rng.uniform(0.003, 0.006, 30)), list(rng.uniform(0.007, 0.013, 40)), 120, trials=5)
+    assert many.sample == 30 and "budget on" not in cost_line(many)
+
+
 def test_a_tail_fit_that_its_own_runs_contradict_says_so():
     """A tester's good runs were log-normal with 8% outliers 2-4x: the fit
     recommended 0.0102 for 1% false failures, which fails 5.5% of good

@@ -758,6 +758,22 @@ def test_probe_runs_in_a_shell_in_the_checkout(tmp_path):
     assert r.values == {"value": 0.25} and r.status == "ok" and r.exit_code == 0
 
 
+def test_a_probe_runs_sglangs_tests_without_their_ci_retry(tmp_path, monkeypatch):
+    """A reviewer's: SGLang's CustomTestCase reruns a failed test method once
+    in CI (SGLANG_IS_IN_CI), and the rerun's value, a fresh draw, replaced the
+    high one that failed it. Probes run with SGLANG_TEST_MAX_RETRY=0 unless
+    the user set it."""
+    slot = _slot(tmp_path)
+    monkeypatch.setenv("SGLANG_IS_IN_CI", "true")
+    monkeypatch.delenv("SGLANG_TEST_MAX_RETRY", raising=False)
+    cmd = 'echo "retries=${SGLANG_TEST_MAX_RETRY:-unset}"; echo avg_kl_div=0.5'
+    r = CommandProbe(cmd).run(slot.checkout, tmp_path / "a.log", slot)
+    assert "retries=0" in Path(r.log_path).read_text()
+    monkeypatch.setenv("SGLANG_TEST_MAX_RETRY", "2")
+    r = CommandProbe(cmd).run(slot.checkout, tmp_path / "b.log", slot)
+    assert "retries=2" in Path(r.log_path).read_text()
+
+
 def test_probe_values_read_whatever_the_exit_code(tmp_path):
     slot = _slot(tmp_path)
     r = CommandProbe("echo '[a]'; echo avg_kl_div=0.02; echo failing >&2; exit 3").run(slot.checkout, tmp_path / "l.log", slot)

@@ -997,9 +997,33 @@ def test_an_ended_git_bisect_is_shown_as_it_ended(history):
     assert later >= 6
     after = json.loads(klb("status", "--session", str(before["session"]), "--json", cwd=h.path).stdout)
     assert after["state"] == "ended" and after["result"] == before["result"]
-    assert after["later_runs"] == later
+    assert after["later_runs"] == later and after["reused_runs"] == before["reused_runs"]
+    assert [c["values"] for c in after["commits"]] == [c["values"] for c in before["commits"]]
     text = klb("status", "--session", str(before["session"]), cwd=h.path).stdout
-    assert f"{later} runs that later sessions recorded at these commits are weighed above too" in text, text
+    assert f"{later} runs that later sessions recorded at these commits are left out: this is the session as it " \
+           "ended" in text, text
+    logged = json.loads(klb("log", "--session", str(before["session"]), "--json", cwd=h.path).stdout)
+    assert not [r for r in logged if (r["reused_from"] or 0) > before["session"]], logged
+
+
+def test_a_finished_run_is_shown_with_the_runs_it_had(history):
+    """A tester's `status --session 2` of a finished `klbisect run` read "53
+    probe runs (+232 reused from other sessions)" above its own "Probe runs:
+    53": the runs later sessions made at its commits were counted as reused
+    and weighed into its evidence."""
+    h = history(n_commits=30, seed=5, noise=SEPARATED)
+    first = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert first.returncode == 0, first.stderr
+    before = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    cal = klb("calibrate", "--rev", h.culprit, "--runs", "10", "--probe-cmd", probe_cmd(), cwd=h.path)
+    assert cal.returncode == 0, cal.stderr
+    after = json.loads(klb("status", "--session", str(before["session"]), "--json", cwd=h.path).stdout)
+    assert after["state"] == "done" and after["later_runs"] >= 4
+    assert after["reused_runs"] == before["reused_runs"] == 0 and after["probe_runs"] == before["probe_runs"]
+    assert [c["values"] for c in after["commits"]] == [c["values"] for c in before["commits"]]
+    rep = klb("report", "--session", str(before["session"]), "--format", "json", cwd=h.path)
+    assert rep.returncode == 0, rep.stderr
+    assert len(json.loads(rep.stdout)["runs"]) == before["probe_runs"], rep.stdout[:2000]
 
 
 def test_a_start_session_belongs_to_the_worktree_it_began_in(history):

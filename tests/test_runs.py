@@ -62,3 +62,17 @@ def test_a_commit_measured_before_any_model_shows_its_runs():
     said = explain_commit({"index": 0, "values": [0.005779, 0.005183], "verdict": "good",
                            "reason": "good endpoint"}, None)
     assert said.startswith("2 run(s) [0.005779, 0.005183], median 0.005481; no model weighs them yet"), said
+
+
+def test_a_commit_placed_by_the_integrated_search_says_its_place_decided_it():
+    """A tester's overlapping history: "BAD P(bad)=1.000 / 1 run(s)
+    [0.00228]", a value below the good side's median, and no word of why."""
+    from klbisect.decide import Model
+    from klbisect.result import explain_commit
+    model = Model.fit([0.0024, 0.0025, 0.0023, 0.0026, 0.0024, 0.0025], [0.0029, 0.0030, 0.0028, 0.0031, 0.0029, 0.003])
+    entry = {"index": 96, "values": [0.00228], "verdict": "bad", "reason": "", "p_bad": 0.9999, "integrated": True}
+    said = explain_commit(entry, model)
+    assert said.startswith("1 run(s) [0.00228], median 0.00228; verdict bad from where it sits, not from its own "
+                           "runs: P(bad) = 1.000"), said
+    # one judged on its own runs keeps the verdict it was given, and no such line
+    assert "from where it sits" not in explain_commit({**entry, "reason": "3 runs, 40:1"}, model)

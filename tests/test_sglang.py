@@ -332,21 +332,43 @@ def test_load_prompts_ok(tmp_path):
     assert load_prompts(p) == [[1, 2, 3], [4]]
 
 
+def test_make_prompts_asks_for_trust_remote_code_where_the_tokenizer_ships_code(tmp_path, monkeypatch):
+    """Kimi's tokenizer is code of its own: transformers refuses it unless told,
+    and the KL tests' get_input_ids passes trust_remote_code=True."""
+    def load(path, trust_remote_code=False):
+        if not trust_remote_code:
+            raise ValueError(f"The repository for {path} contains custom code which must be executed to correctly "
+                             "load the model. Please pass the argument `trust_remote_code=True`.")
+        return type("Tok", (), {"encode": lambda self, text, add_special_tokens=True: [7, 8]})()
+
+    fake = type(sys)("transformers")
+    fake.AutoTokenizer = type("AutoTokenizer", (), {"from_pretrained": staticmethod(load)})
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    text = tmp_path / "book.txt"
+    text.write_text("words")
+    with pytest.raises(KlbisectError, match="add --trust-remote-code") as e:
+        make_prompts(text, "moonshotai/Kimi", tmp_path / "p.json", num_samples=1, max_tokens=8)
+    assert e.value.code == EXIT_USAGE
+    assert make_prompts(text, "moonshotai/Kimi", tmp_path / "p.json", num_samples=1, max_tokens=8,
+                        trust_remote_code=True) == (1, [7, 8])
+
+
 def test_make_prompts_with_a_stand_in_tokenizer(tmp_path, monkeypatch):
     class Tok:
         def encode(self, text, add_special_tokens=True):
             return ([1] if add_special_tokens else []) + [len(w) for w in text.split()]
 
     fake = type(sys)("transformers")
-    fake.AutoTokenizer = type("AutoTokenizer", (), {"from_pretrained": staticmethod(lambda path: Tok())})
+    fake.AutoTokenizer = type("AutoTokenizer", (), {"from_pretrained": staticmethod(
+        lambda path, trust_remote_code=False: Tok())})
     monkeypatch.setitem(sys.modules, "transformers", fake)
     text = tmp_path / "book.txt"
     text.write_text("a bb ccc dddd " * 5)
-    assert make_prompts(text, "tok", tmp_path / "p.json", num_samples=3, max_tokens=8) == 3
+    assert make_prompts(text, "tok", tmp_path / "p.json", num_samples=3, max_tokens=8) == (3, [1, 1])
     assert load_prompts(tmp_path / "p.json") == [[1, 2, 3, 4] * 2, [1, 2, 3, 4] * 2, [1, 2, 3, 4]]
     jl = tmp_path / "lb.jsonl"
     jl.write_text(json.dumps({"context": "x yy", "question": "zzz"}) + "\n\n" + json.dumps({"text": "q"}) + "\n")
-    assert make_prompts(jl, "tok", tmp_path / "q.json", num_samples=5, max_tokens=3) == 2
+    assert make_prompts(jl, "tok", tmp_path / "q.json", num_samples=5, max_tokens=3) == (2, [1, 1])
     assert load_prompts(tmp_path / "q.json") == [[1, 1, 2], [1, 1]]
 
 
@@ -1030,6 +1052,32 @@ def _interrupt_when(pidfile: Path, n: int) -> threading.Thread:
     return t
 
 
+def test_server_env_reaches_the_server_and_a_slow_launch_is_not_the_runs_timeout(repo, tmp_path):
+    """A reviewer's: the KL tests launch with environment variables of their
+    own (SGLANG_ENABLE_UNIFIED_RADIX_TREE=1 picks the cache under test), and
+    a 4-GPU server loads for many minutes, which counted against --timeout
+    (default 1800 s) and read as a server that never started. --server-env
+    reaches the server and its runs' key; --timeout counts from ready."""
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    pidfile = tmp_path / "pids"
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile)})
+    probe = _probe(repo, server_env=("FAKE_SGLANG_READY_AFTER=6",), timeout=5, labels=("logprobs_match",),
+                   max_new_tokens=8)
+    try:
+        r = probe.run(wt, tmp_path / "run.log", slot)
+        env = psutil.Process(probe._held[0].server.pid).environ()
+    finally:
+        probe.close()
+    _assert_nothing_left(pidfile)
+    log = Path(r.log_path).read_text()
+    assert r.status == "ok" and "logprobs_match" in r.values, log
+    assert env.get("FAKE_SGLANG_READY_AFTER") == "6"
+    assert probe.key != _probe(repo, timeout=5, labels=("logprobs_match",), max_new_tokens=8).key
+    with pytest.raises(KlbisectError, match="give NAME=VALUE") as e:
+        _probe(repo, server_env=("SGLANG_ENABLE_UNIFIED_RADIX_TREE",))
+    assert e.value.code == EXIT_USAGE
+
+
 def test_ctrl_c_during_launch_kills_the_tree(repo, tmp_path):
     wt = _worktree(repo, tmp_path / "wt", repo.good)
     pidfile = tmp_path / "pids"
@@ -1285,6 +1333,33 @@ def test_parallel_slots_share_one_python_so_a_pin_change_runs_one_slot(tmp_path)
     ray_cfg = BisectConfig(good=shas[0], bad=shas[3], probe_cmd="true", build="sglang", parallel=4, executor="ray")
     assert slots_for_pins(r, ray_cfg, make_builder(ray_cfg), shas[0], shas[3], said.append) == 4
     assert "take turns" in said[-1] and "sgl-kernel 0.3.1 -> 0.3.2" in said[-1], said
+
+
+def test_a_range_that_moves_the_torch_pin_is_warned_of_before_any_run(tmp_path):
+    """A reviewer's: python/pyproject.toml pins torch and transformers beside
+    the kernel wheels, which are built for one torch; --build sglang installs
+    with --no-deps, so past a joint bump every commit may fail to import its
+    kernels and read as a crash range. Said before the first run."""
+    import git as gitpython
+    from klbisect.config import BisectConfig, make_builder, warn_build_paths
+    repo = tmp_path / "pins"
+    (repo / "python").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
+    shas = []
+    for i, (kernel, torch) in enumerate([("0.3.1", "2.8.0"), ("0.3.2", "2.8.0"), ("0.3.3", "2.9.1")]):
+        (repo / "python" / "pyproject.toml").write_text(
+            f'[project]\nname = "sglang"\ndependencies = ["sgl-kernel=={kernel}", "torch=={torch}"]\n')
+        for args in (("add", "-A"), ("commit", "-q", "-m", f"change {i}")):
+            subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@e", *args], cwd=repo, check=True)
+        shas.append(subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                                   check=True).stdout.strip())
+    cfg = BisectConfig(good=shas[0], bad=shas[2], probe_cmd="true", build="sglang")
+    said: list[str] = []
+    warn_build_paths(gitpython.Repo(repo), make_builder(cfg), shas[0], shas[2], said.append)
+    assert len(said) == 1 and f"{shas[2][:12]}: torch 2.8.0 -> 2.9.1" in said[0] and "--no-deps" in said[0], said
+    said.clear()    # a kernel pin alone is what --build sglang installs: nothing to say
+    warn_build_paths(gitpython.Repo(repo), make_builder(cfg), shas[0], shas[1], said.append)
+    assert said == []
 
 
 def test_alike_endpoints_in_an_sglang_checkout_probed_without_a_build_say_so(tmp_path):

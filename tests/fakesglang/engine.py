@@ -15,6 +15,7 @@ Test hooks, read from the environment:
   FAKE_SGLANG_PIDFILE     append "pid" lines for the server and its helper
   FAKE_SGLANG_NEVER_READY stay at 503 forever (launch timeout)
   FAKE_SGLANG_GENERATE_DELAY  seconds to sleep in every /generate
+  FAKE_SGLANG_READY_AFTER seconds from start before /health_generate answers 200 (0.5)
   FAKE_SGLANG_DAEMON      start a worker that leaves the tree (setsid, its parent
                           gone), its command line holding this value
 """
@@ -291,10 +292,11 @@ class State:
         self.count_lock = threading.Lock()
         self.never_ready = bool(os.environ.get("FAKE_SGLANG_NEVER_READY"))
         self.delay = float(os.environ.get("FAKE_SGLANG_GENERATE_DELAY", "0") or 0)
+        self.ready_after = float(os.environ.get("FAKE_SGLANG_READY_AFTER", "0.5") or 0.5)
 
     def ready(self) -> bool:
         return (self.engine is not None and not self.never_ready
-                and time.monotonic() - self.started >= 0.5)
+                and time.monotonic() - self.started >= self.ready_after)
 
 
 def _batch(body: dict) -> tuple[list[list[int]], bool]:
