@@ -21,6 +21,8 @@ import sys
 import numpy as np
 from scipy.stats import norm
 
+from heldout_shapes import OFFSETS     # scripts/ is on the path when this runs as a script
+
 
 def ceiling(tau: float, step: float = math.log(1.3), commits: int = 1000, trials: int = 20000,
             seed: int = 0) -> float:
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.trials < 1 or a.commits < 2:
         ap.error("--trials at least 1, --commits at least 2")
     print(f"command: python scripts/offset_ceiling.py --trials {a.trials} --commits {a.commits}")
-    for shape, tau in (("offset6", 0.06), ("offset3", 0.03)):
+    for shape, tau in OFFSETS.items():
         z = math.log(1.3) / 2 / tau
         print(f"{shape}: tau {tau}: best accuracy {ceiling(tau, commits=a.commits, trials=a.trials):.4f} "
               f"(the two commits beside the step each past the midpoint: (1 - Phi(-{z:.2f}))^2 = "
