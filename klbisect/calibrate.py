@@ -20,17 +20,18 @@ from typing import Callable
 import numpy as np
 
 from . import repo as gitrepo
+from .buildenv import close_builder, hold_env
+from .config import BisectConfig, make_builder, make_probe
 from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval, endpoint_crash_limit,
                      exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
                      runs_lower_bound, sample_bits, separation, summarize, worse_tail)
+from .endpoints import ended_on_errors, endpoint_problem
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
+from .labels import clearer_label, label_hint, silent_when_passing
 from .metric import broke, fmt_count, fmt_value, over_labels, scalar
 from .runs import run_shown, typical_values, usual_labels, valued_runs
-from .config import BisectConfig, close_builder, hold_env, make_builder, make_probe
-from .endpoints import ended_on_errors, endpoint_problem
-from .labels import clearer_label, label_hint, silent_when_passing
-from .workspace import Workspace, WorktreeMeter, commit_runs, since
 from .simulate import simulate_bisect
+from .workspace import Workspace, WorktreeMeter, commit_runs, since
 
 
 @dataclass

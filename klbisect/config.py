@@ -1,24 +1,18 @@
-"""What defines a bisect (``BisectConfig``) and the probe and builder it
-makes: a builder that changes the user's environment (``--build sglang``)
-notes what it found in the store first, so ``reset`` can put it back."""
+"""What defines a bisect (``BisectConfig``): the question a session asks,
+which decides whether a rerun resumes it (``question``, ``RERUN_KEYS``),
+and the probe and builder it makes."""
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from . import repo as gitrepo
 from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
 from .decide import MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS
 from .errors import EXIT_USAGE, KlbisectError
-from .executors import MAX_PARALLEL, LocalExecutor
-from .measure import Measurer
-from .metric import check_regex, fmt_count
-from .probe import DEFAULT_TIMEOUT, CommandProbe, Slot
-from .store import SessionRow
-from .workspace import Progress, Workspace, env_key, question_of
+from .executors import MAX_PARALLEL
+from .metric import check_regex
+from .probe import DEFAULT_TIMEOUT, CommandProbe
 
 
 @dataclass
@@ -167,67 +161,6 @@ def make_probe(cfg: BisectConfig):
                         pythonpath=("python",) if cfg.build == "sglang" else ())
 
 
-def hold_env(ws: "Workspace", sid: int, builder, log_dir: Path) -> None:
-    """Before a session's first build: a builder that changes the user's
-    environment (--build sglang) notes what it finds, in the store at once,
-    so Ctrl-C or a kill -9 mid-build loses nothing. A resumed session
-    takes over what its first command found (not the half-built state the
-    interruption left), and `klbisect reset` can put that back too."""
-    remember = getattr(builder, "remember_origin", None)
-    if remember is None:
-        return
-    if not ws.store.get(env_key(sid)):
-        _take_over_env(ws, sid, builder)
-    adopt_env(ws, sid, builder)
-    remember(log_dir)
-    keep_env(ws, sid, builder)
-
-
-def unbuilt_sglang_hint(ws: "Workspace", cfg: BisectConfig) -> str:
-    """Endpoints alike in an SGLang checkout probed with no build: each
-    commit's test most likely imported the one sglang installed (a tester
-    bisected their own editable checkout, the same code at every commit)."""
-    if cfg.build or cfg.build_cmd or cfg.probe == "sglang" or not (ws.top / "python" / "sglang").is_dir():
-        return ""
-    return ("; this is an SGLang checkout probed with no build: every commit's test may have imported the "
-            "same installed sglang; add --build sglang (each probe then imports its own checkout)")
-
-
-def _take_over_env(ws: "Workspace", sid: int, builder) -> None:
-    """An earlier session that a Ctrl-C or a kill stopped before it put the
-    same interpreter back: what that one found is this one's "before" (not
-    the half-built state it left, which the next session ended by
-    "restoring"), and its record moves here, so it is put back once. A git
-    bisect session still under way keeps its own: its probes need it."""
-    python = getattr(builder, "python", None)
-    for key in ws.store.keys("env_before:"):
-        other, raw = int(key.rsplit(":", 1)[1]), ws.store.get(key)
-        sess = ws.store.session(other) if raw and other != sid else None
-        if sess is None or (sess.kind == "gitbisect" and sess.state != "ended"):
-            continue
-        theirs = make_builder(BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad}))
-        if getattr(theirs, "python", None) == python:
-            builder.adopt_origin(json.loads(raw))
-            ws.store.put(env_key(sid), raw)
-            ws.store.put(key, "")
-            return
-
-
-def close_builder(builder, progress: Progress, ws: "Workspace | None" = None, sid: int | None = None) -> None:
-    """End of a session's builds: a builder that changed the user's
-    environment (--build sglang) puts it back, and says so. With the
-    session (``hold_env``), what could not be put back stays in its store."""
-    close = getattr(builder, "close", None)
-    if close:
-        try:
-            close(progress)
-        finally:
-            if ws is not None and sid is not None:
-                saved = getattr(builder, "saved_origin", None)
-                left = saved() if saved else None
-                ws.store.put(env_key(sid), json.dumps(left) if left is not None else "")
-
-
 def make_builder(cfg: BisectConfig):
     if cfg.build == "sglang":
         from .sglang import SGLangBuilder  # noqa: PLC0415
@@ -242,123 +175,11 @@ def same_question(sess, good: str, bad: str, cfg: BisectConfig) -> bool:
     return (sess.good, sess.bad, question_of(sess.config)) == (good, bad, cfg.question())
 
 
-def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> None:
-    """A --build-cmd whose --build-paths match no file that differs between
-    the endpoints builds once per checkout and measures every commit on
-    that build: said before the first run, not after 80 runs that 'do not
-    separate' (a tester's build copied a file the default paths miss)."""
-    if getattr(builder, "install_pins", False):
-        moved = unfollowed_pins(repo, good, bad)
-        if moved:
-            progress(f"warning: python/pyproject.toml's pins move in this range ({moved}), and --build sglang "
-                     "installs with --no-deps: commits on the other side run on the versions installed now, and "
-                     "may fail to import (skipped) or measure differently; install what each side needs, or use "
-                     "a --build-cmd that installs with dependencies")
-        return
-    if not isinstance(builder, CommandBuilder):
-        return
-    changed = gitrepo.changed_files(repo, good, bad)
-    # a file that changes inside the range and back is rebuilt for all the same (a tester's was)
-    if changed and not builder.needs_build(changed) and not builder.needs_build(
-            gitrepo.files_touched(repo, good, bad)):
-        progress(f"warning: --build-cmd runs only where a file matching --build-paths ({', '.join(builder.paths)}) "
-                 f"changed, and none changes between the endpoints ({fmt_count(len(changed), 'file')} do, e.g. "
-                 f"{changed[0]}): every commit will be measured on the first build; if the build reads other "
-                 "files, add them to --build-paths")
+# Stored with a session but not part of its question: a rerun with another
+# --timeout or --build-timeout (after every run timed out) resumes the same session, and a
+# rerun without --fresh resumes a --fresh one (which stays fresh).
+RERUN_KEYS = ("timeout", "build_timeout", "fresh", "fresh_from", "max_total_runs")
 
 
-def unfollowed_pins(repo, good: str, bad: str) -> str:
-    """The pins --build sglang does not install (torch, transformers) that a
-    commit of the range changes: "SHA: torch 2.8.0 -> 2.9.1"; else "". The
-    kernel wheels it installs are built for one torch: past a joint bump,
-    every commit may fail to import them."""
-    from .sglang import PYPROJECT, UNFOLLOWED_PINS, parse_pins  # noqa: PLC0415
-    first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT), UNFOLLOWED_PINS)
-    for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
-        pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT), UNFOLLOWED_PINS)
-        if pins != first:
-            return f"{sha[:12]}: " + ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
-                                               for n in sorted(set(first) | set(pins)) if first.get(n) != pins.get(n))
-    return ""
-
-
-def pins_moved(repo, cfg: BisectConfig, builder, good: str, bad: str) -> str:
-    """Where --build sglang meets a range whose commits pin different kernel
-    wheels, with --parallel: "SHA (name old -> new, ...)"; else "". The
-    wheels go into the one Python that slots (or a Ray node's tasks) share,
-    and a slot whose own checkout needs no build would probe with the wheel
-    another had just installed."""
-    if cfg.parallel <= 1 or not getattr(builder, "install_pins", False):
-        return ""
-    from .sglang import PYPROJECT, parse_pins  # noqa: PLC0415
-    first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT))
-    for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
-        pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT))
-        if pins != first:
-            return f"{sha[:12]} (" + ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
-                                               for n in sorted(set(first) | set(pins))
-                                               if first.get(n) != pins.get(n)) + ")"
-    return ""
-
-
-def slots_for(cfg: BisectConfig, moved: str, progress: Progress) -> int:
-    """--parallel's slots, or one locally when the pinned wheels move
-    (``pins_moved``); on Ray a node's tasks take turns instead."""
-    if not moved:
-        return cfg.parallel
-    if cfg.executor == "ray":
-        progress(f"note: with --build sglang the range's pinned wheels change at {moved}, and the tasks on one "
-                 "Ray node share its Python: they take turns there (nodes still run in parallel)")
-        return cfg.parallel
-    progress(f"note: --parallel {cfg.parallel} with --build sglang, but the range's pinned wheels change "
-             f"at {moved} and the slots share one Python, so one slot could probe with "
-             "another's wheel: running one slot (bisect each side of that commit in parallel, or give "
-             "each its own interpreter)")
-    return 1
-
-
-def slots_for_pins(repo, cfg: BisectConfig, builder, good: str, bad: str, progress: Progress) -> int:
-    """slots_for over pins_moved."""
-    return slots_for(cfg, pins_moved(repo, cfg, builder, good, bad), progress)
-
-
-def default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace,
-                     take_turns: bool = False):
-    if cfg.executor == "ray":
-        from .ray_executor import RayExecutor  # noqa: PLC0415 - optional extra
-        return RayExecutor.from_config(cfg, ws, measurer, take_turns=take_turns)
-    # spare checkouts keep built the few commits a search revisits from whichever slot is free;
-    # one slot keeps its one worktree, built incrementally from commit to commit
-    return LocalExecutor(slots, measurer.measure, spare_checkouts=len(slots) + 1 if len(slots) > 1 else 0)
-
-
-def adopt_env(ws: Workspace, sid: int, builder) -> None:
-    """`git bisect run` starts a `klbisect probe` per commit: a builder that
-    changes the user's environment (--build sglang) takes over what the
-    first of them found, so `klbisect reset` can put that back."""
-    adopt = getattr(builder, "adopt_origin", None)
-    raw = ws.store.get(env_key(sid))
-    if adopt and raw:
-        adopt(json.loads(raw))
-
-
-def keep_env(ws: Workspace, sid: int, builder) -> None:
-    saved = getattr(builder, "saved_origin", None)
-    data = saved() if saved else None
-    if data is not None:
-        ws.store.put(env_key(sid), json.dumps(data))
-
-
-def restore_env(ws: Workspace, sess: SessionRow) -> list[str]:
-    """At `klbisect reset`: what a git bisect session's probes changed in
-    the user's environment, put back (one line saying so, or how to)."""
-    raw = ws.store.get(env_key(sess.id))
-    if not raw:
-        return []
-    builder = make_builder(BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad}))
-    if not hasattr(builder, "adopt_origin"):
-        return []
-    builder.adopt_origin(json.loads(raw))
-    lines = builder.close(lambda line: None)
-    ws.store.put(env_key(sess.id), "")
-    return lines
+def question_of(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in RERUN_KEYS}

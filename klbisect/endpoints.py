@@ -9,7 +9,7 @@ import re
 from functools import partial
 
 from . import repo as gitrepo
-from .config import BisectConfig, unbuilt_sglang_hint
+from .config import BisectConfig
 from .decide import (BAD, DECISIVE_RUNS, GOOD, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS, OVERLAP_P, SEPARATION_P,
                      EndpointStep, Model, ThresholdModel, endpoint_crash_limit, endpoint_step, judge, worse_tail)
 from .errors import (EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
@@ -17,12 +17,12 @@ from .errors import (EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REP
 from .executors import Failure
 from .labels import (check_direction, clearer_label, goes_better, judged_on, label_finding, label_hint,
                      silent_when_passing, spikes_note)
-from .metric import broke, fmt_count, fmt_summary, last_exception, over_labels
+from .metric import broke, fmt_count, fmt_seconds, fmt_summary, fmt_vals, last_exception, over_labels
 from .probe import STATUS_FAILED, STATUS_NOTFOUND, STATUS_TIMEOUT
 from .proc import log_tail
 from .runs import MEASURED, failed_launches, missed_worse, repeated_runs, typical_values, usual_labels
 from .search import CommitRuns
-from .workspace import Progress, Workspace, commit_runs, fmt_seconds, fmt_vals, log_says, since
+from .workspace import Progress, Workspace, commit_runs, since
 
 
 def endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_key: str | None,
@@ -442,3 +442,22 @@ def ended_on_errors(runs: list, where: str) -> str:
     return (f"every run of {where} that printed values then failed without an assertion of its own"
             f"{f' (the last on {exc})' if exc else ''}: labels a run never reached are missing from its "
             f"values, and no run finished to show which; see {valued[-1].log_path}")
+
+
+def unbuilt_sglang_hint(ws: Workspace, cfg: BisectConfig) -> str:
+    """Endpoints alike in an SGLang checkout probed with no build: each
+    commit's test most likely imported the one sglang installed (a tester
+    bisected their own editable checkout, the same code at every commit)."""
+    if cfg.build or cfg.build_cmd or cfg.probe == "sglang" or not (ws.top / "python" / "sglang").is_dir():
+        return ""
+    return ("; this is an SGLang checkout probed with no build: every commit's test may have imported the "
+            "same installed sglang; add --build sglang (each probe then imports its own checkout)")
+
+
+def log_says(path: str | None, text: str, limit: int = 1 << 20) -> bool:
+    # the whole log, not its tail: the server's last lines (a ServerArgs line of kilobytes) follow it
+    try:
+        with open(path or "", "rb") as f:
+            return text.encode() in f.read(limit)
+    except OSError:
+        return False

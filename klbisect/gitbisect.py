@@ -1,7 +1,9 @@
 """``klbisect start`` + ``git bisect run klbisect probe``: the search
 handed to git. ``probe_head`` judges the checked-out commit (0 good, 1 bad,
 125 skip, 128+ abort) from as many runs as its verdict needs, and
-``gitbisect_result`` reads the answer the session's runs support."""
+``gitbisect_result`` reads the answer the session's runs support;
+``own_bisect`` and ``bisect_checkout`` tell whether, and in which worktree,
+the git bisect in progress is the session's (``reset`` asks them too)."""
 from __future__ import annotations
 
 import math
@@ -11,8 +13,8 @@ from pathlib import Path
 
 from . import repo as gitrepo
 from .build import Builder
-from .config import (BisectConfig, adopt_env, close_builder, hold_env, keep_env, make_builder, make_probe,
-                     same_question, warn_build_paths)
+from .buildenv import adopt_env, close_builder, hold_env, keep_env, warn_build_paths
+from .config import BisectConfig, make_builder, make_probe, same_question
 from .decide import (BAD, GOOD, SKIP, STALE_RUN_LR, UNDECIDED_LIMIT, VERDICT_LR, Model, ThresholdModel,
                      crash_skip_limit, is_undecided_skip, judge, runs_per_commit, verdict_model)
 from .endpoints import calibrate_endpoints, never_built
@@ -21,13 +23,13 @@ from .executors import port_bases
 from .measure import Measurer
 from .metric import fmt_subject, fmt_value
 from .probe import STATUS_TIMEOUT, Probe, Slot
-from .result import Result, build_result
+from .result import Result, build_result, current_analysis
 from .runs import run_shown, typical_values, usual_labels
-from .search import CommitRuns, plan
+from .search import CommitRuns
 from .store import SessionRow
-from .workspace import (Progress, Workspace, WorktreeMeter, bisect_key, checkout_key, commit_runs, model_from,
-                        note_checkout, note_stop, own_runs_wanted, record, say_building, say_reused, since, stop_key,
-                        to_stderr, worktree_key)
+from .workspace import (Progress, Workspace, WorktreeMeter, bisect_key, checkout_key, commit_runs, note_checkout,
+                        note_stop, own_runs_wanted, record, say_building, say_reused, since, stop_key, to_stderr,
+                        worktree_key)
 
 
 def own_bisect(ws: Workspace, sess: SessionRow, repo=None) -> bool:
@@ -456,7 +458,7 @@ def _gitbisect_budget(ws: Workspace, sess: SessionRow, cfg: BisectConfig, sha: s
 
 def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key: str, build_key):
     """The endpoint model, sharpened by the runs of commits already judged."""
-    model = model_from(sess.model)
+    model = Model.from_dict(sess.model)
     if isinstance(model, ThresholdModel):
         return model
     verdicts = ws.store.verdicts(sess.id)
@@ -468,26 +470,6 @@ def _refined_model(ws: Workspace, sess: SessionRow, cfg: BisectConfig, probe_key
     if not (g and b):
         return model
     return verdict_model(g, b)
-
-
-def current_analysis(ws: Workspace, sess: SessionRow):
-    """Recompute the posterior of a session from its stored runs."""
-    cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
-    ws.use_session(sess)
-    cands = ws.store.candidates(sess.id)
-    shas = [c[0] for c in cands]
-    # the key the session stored: the probe itself may read files (--prompts) that are
-    # elsewhere, or changed, when `status` or `report` runs
-    probe_key, builder = sess.probe_key, make_builder(cfg)
-    build_key = builder.key if builder else None
-    # a session stored before it kept its --timeout counts every timeout, as it did
-    runs = commit_runs(ws, probe_key, build_key, shas, sess.config.get("timeout"))
-    model = model_from(sess.model) if sess.model else None
-    pl = None
-    if model is not None:
-        pl = plan([runs[s] for s in shas], model, cfg.confidence, max_runs=cfg.max_runs,
-                  crash_limit=cfg.crash_limit, max_endpoint_runs=cfg.max_endpoint_runs)
-    return cfg, cands, runs, pl, probe_key, build_key
 
 
 def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result | None:

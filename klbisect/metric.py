@@ -271,3 +271,13 @@ def fmt_subject(subject: str, limit: int = 60) -> str:
     if open_at > limit // 2 and ")" not in cut[open_at:]:
         cut = cut[:open_at]
     return cut.rstrip() + "…"
+
+
+def fmt_seconds(d: float | None) -> str:
+    """A duration as a --timeout reads: 0.5 s stays 0.5 s, 1800 s stays whole."""
+    d = d or 0.0
+    return f"{d:.2g} s" if d < 0.1 else f"{d:.1f} s" if d < 10 else f"{d:.0f} s"
+
+
+def fmt_vals(vals: list[float]) -> str:
+    return "[" + ", ".join(fmt_value(v) for v in vals[:12]) + (", ..." if len(vals) > 12 else "") + "]"

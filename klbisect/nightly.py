@@ -57,7 +57,6 @@ import math
 import os
 import re
 import shlex
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -65,30 +64,23 @@ from typing import Callable
 import numpy as np
 
 from . import repo as gitrepo
+from .buildenv import close_builder
 from .decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, SKIP, UNDECIDED, UNDECIDED_SKIP, Verdict,
-                     is_undecided_skip, summarize, verdict_model)
-from .decide import judge as judge_commit
-from .errors import (EXIT_NO_SIGNAL, EXIT_NOT_SURE, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, Interrupted,
+                     is_undecided_skip, judge as judge_commit, summarize, verdict_model)
+from .errors import (EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, Interrupted,
                      KlbisectError, NoDifference)
 from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
-from .probe import STATUS_NOTFOUND, STATUS_TIMEOUT
 from .plots import check_writable
+from .probe import STATUS_NOTFOUND, STATUS_TIMEOUT
 from .redact import MASK, redact
 from .runs import status_words
-from .config import close_builder
-from .workspace import WorktreeMeter
-
-Progress = Callable[[str], None]
+from .workspace import Progress, WorktreeMeter, to_stderr
 
 GOOD_VERDICTS = ("good", "baseline")
 OPEN_VERDICTS = ("regressed", "known")
 TREND_NIGHTS = 4   # times --baseline-nights: the good nights nightly.judge_trend looks back over
 POST_RETRY_NIGHTS = 14   # how far back a failed post is tried again, in nightly sessions
 OPEN_RUNS = 6   # fresh runs of an open regression's head to judge later nights against (a bisect's endpoint)
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -406,7 +398,7 @@ def _report_path(ws, opts: NightlyOptions, night: str, head: str) -> str:
 
 # ---- the nightly run -------------------------------------------------------------
 
-def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progress = _stderr,
+def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progress = to_stderr,
                 post_out: Callable[[str], None] | None = None) -> dict:
     """Measure tonight's branch head, judge it against recent good nightlies,
     bisect and report a regression. Returns the night's record (also stored
@@ -763,7 +755,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         # --branch given as a sha: "the head of 093d5bd 093d5bd5aec4" says it twice
         where = "the head" if head.startswith(opts.branch.lower()) else f"the head of {opts.branch}"
         why = endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=where,
-                                metric_regex=cfg.metric_regex)
+                               metric_regex=cfg.metric_regex)
         if why is not None and why.code in (EXIT_USAGE, EXIT_PROBE_MISSING):
             raise why       # the command is wrong, not the branch: no verdict, rerun once fixed
         if why is not None:

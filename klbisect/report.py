@@ -7,11 +7,11 @@ import textwrap
 
 from .calibrate import Calibration, format_calibration
 from .decide import Model
-from .search import POOL_P, PROVISIONAL_POOL_P
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_json, redact_text
 from .result import Result
+from .search import POOL_P, PROVISIONAL_POOL_P
 
 
 def _no_values(s: dict) -> str:
@@ -361,7 +361,8 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
     the culprit's PRs), ``slug``, ``boundary``, ``model``, ``session``."""
     from . import repo as gitrepo  # noqa: PLC0415
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
-    from .gitbisect import current_analysis, gitbisect_result  # noqa: PLC0415
+    from .gitbisect import gitbisect_result  # noqa: PLC0415
+    from .result import current_analysis  # noqa: PLC0415
     from .result import build_result, probed_commits  # noqa: PLC0415
     from .status import as_ended  # noqa: PLC0415
     from .workspace import Workspace, stop_reason  # noqa: PLC0415

@@ -8,14 +8,15 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from . import repo as gitrepo
-from .config import BisectConfig
-from .decide import BAD, GOOD, SKIP, UNDECIDED, ThresholdModel, is_undecided_skip, judge, separation, summarize
+from .config import BisectConfig, make_builder
+from .decide import BAD, GOOD, SKIP, UNDECIDED, Model, ThresholdModel, is_undecided_skip, judge, separation, summarize
 from .errors import KlbisectError
 from .metric import fmt_count, fmt_subject, fmt_value, over_labels
 from .probe import STATUS_NOSERVER
 from .runs import valued_runs
+from .search import plan
 from .store import SessionRow
-from .workspace import Workspace
+from .workspace import Workspace, commit_runs
 
 
 @dataclass
@@ -345,3 +346,23 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
         entry["explain"] = explain_commit(entry, pl.model if pl else None)
         out.append(entry)
     return out
+
+
+def current_analysis(ws: Workspace, sess: SessionRow):
+    """Recompute the posterior of a session from its stored runs."""
+    cfg = BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad})
+    ws.use_session(sess)
+    cands = ws.store.candidates(sess.id)
+    shas = [c[0] for c in cands]
+    # the key the session stored: the probe itself may read files (--prompts) that are
+    # elsewhere, or changed, when `status` or `report` runs
+    probe_key, builder = sess.probe_key, make_builder(cfg)
+    build_key = builder.key if builder else None
+    # a session stored before it kept its --timeout counts every timeout, as it did
+    runs = commit_runs(ws, probe_key, build_key, shas, sess.config.get("timeout"))
+    model = Model.from_dict(sess.model) if sess.model else None
+    pl = None
+    if model is not None:
+        pl = plan([runs[s] for s in shas], model, cfg.confidence, max_runs=cfg.max_runs,
+                  crash_limit=cfg.crash_limit, max_endpoint_runs=cfg.max_endpoint_runs)
+    return cfg, cands, runs, pl, probe_key, build_key

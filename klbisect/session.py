@@ -9,23 +9,23 @@ import math
 from pathlib import Path
 
 from . import repo as gitrepo
-from .config import (BisectConfig, close_builder, default_executor, hold_env, keep_env, make_builder, make_probe,
-                     pins_moved, slots_for, unbuilt_sglang_hint, warn_build_paths)
-from .decide import VERDICT_LR, ThresholdModel, separation
-from .endpoints import calibrate_endpoints, infrastructure_error, never_built
+from .buildenv import close_builder, hold_env, keep_env, pins_moved, slots_for, warn_build_paths
+from .config import RERUN_KEYS, BisectConfig, make_builder, make_probe, question_of
+from .decide import VERDICT_LR, Model, ThresholdModel, separation
+from .endpoints import calibrate_endpoints, infrastructure_error, never_built, unbuilt_sglang_hint
 from .errors import EXIT_NO_SIGNAL, Interrupted, KlbisectError, NoDifference
-from .executors import Failure, make_slots
+from .executors import Failure, LocalExecutor, make_slots
 from .labels import CLEARER_LOOK, clearer_label, label_hint
 from .measure import Measurer
-from .metric import fmt_count, fmt_summary
-from .probe import STATUS_FAILED, STATUS_TIMEOUT
+from .metric import fmt_count, fmt_seconds, fmt_summary
+from .probe import STATUS_FAILED, STATUS_TIMEOUT, Slot
 from .proc import log_tail
 from .result import Result, capped_note, finish_result
-from .runs import run_shown, typical_values, usual_labels
-from .search import plan
+from .runs import cut_short, run_shown, typical_values, usual_labels
+from .search import CommitRuns, plan
 from .store import SessionRow, Store
-from .workspace import (RERUN_KEYS, Progress, Workspace, commit_runs, failed_before, model_from, note_stop, question_of,
-                        record, reused_boundary, say_building, say_reused, since, stop_key, to_stderr)
+from .workspace import (Progress, Workspace, commit_runs, note_stop, own_runs_wanted, record, say_building, say_reused,
+                        since, stop_key, to_stderr)
 
 
 CANARY_STREAK = 6     # runs crashed in a row ...
@@ -232,7 +232,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
 
     try:
         if prev and prev.model and prev.state == "bisecting":
-            model = model_from(prev.model)
+            model = Model.from_dict(prev.model)
         else:
             model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe_key, build_key, progress,
                                         width=ex.slots)
@@ -306,7 +306,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
             if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
                 pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}" + (
                     capped_note(pl, shas) or "; the same command with a higher --max-total-runs goes on from here "
-                                              "(the runs so far are kept)")
+                                             "(the runs so far are kept)")
                 return finish_result(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
             if not pl.done and not pl.next and not ex.in_flight():
                 why = ("no commit left whose runs could raise the confidence (all exhausted or untestable)"
@@ -358,3 +358,64 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
             if checkout.exists():
                 gitrepo.worktree_remove(ws.repo, checkout)
         close_builder(builder, progress, ws, sid)
+
+
+def default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace,
+                     take_turns: bool = False):
+    if cfg.executor == "ray":
+        from .ray_executor import RayExecutor  # noqa: PLC0415 - optional extra
+        return RayExecutor.from_config(cfg, ws, measurer, take_turns=take_turns)
+    # spare checkouts keep built the few commits a search revisits from whichever slot is free;
+    # one slot keeps its one worktree, built incrementally from commit to commit
+    return LocalExecutor(slots, measurer.measure, spare_checkouts=len(slots) + 1 if len(slots) > 1 else 0)
+
+
+def reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], block, model,
+                    timeout: float | None = None) -> list[int]:
+    """The commits nearest an answer on each side that earlier sessions
+    measured: runs are matched by the probe command alone, so if the
+    environment changed since, those runs are what the answer wrongly rests
+    on. Each needs STALE_CHECK_RUNS runs of this session before the answer
+    stands; runs that contradict the earlier ones stop the search with what
+    to do, and so do checks that gave no value at all (a tester's --timeout
+    0.001 timed out all four, and the answer stood on the earlier runs
+    alone). Sessions that reuse nothing skip this."""
+    by_index: dict[int, list] = {}
+    # this session's runs per commit, crashed ones too: a crash is no reason to loop (runs cut
+    # short by a lower --timeout than this one's are run again: not counted)
+    mine: dict[int, list] = {}
+    at = {s: i for i, s in enumerate(shas)}
+    for r in ws.store.runs(probe_key, shas):
+        if r.session_id == sid and not cut_short(r, timeout):
+            mine.setdefault(at[r.sha], []).append(r)
+        if r.value is not None:
+            by_index.setdefault(at[r.sha], []).append(r)
+    reused = [i for i, runs in by_index.items() if any(r.session_id != sid for r in runs)]
+    below = [i for i in reused if i < block.first]
+    above = [i for i in reused if i >= block.last]
+    need = []
+    for i in ([max(below)] if below else []) + ([min(above)] if above else []):
+        want = own_runs_wanted(model, shas[i], by_index[i], sid, "near the answer",
+                               "rerun with --fresh to leave the earlier runs out")
+        tried = mine.get(i, [])
+        if want and len(tried) >= want and all(r.value is None or r.status == STATUS_TIMEOUT for r in tried):
+            timed_out = all(r.status == STATUS_TIMEOUT for r in tried)
+            raise KlbisectError(
+                f"{shas[i][:12]}, near the answer, gave no value in the {len(tried)} runs this session made to "
+                "check the runs earlier sessions recorded there ("
+                + (f"each stopped by --timeout {fmt_seconds(timeout or 0)}): raise --timeout (the runs it cut short "
+                   "are then run again)" if timed_out else
+                   f"each crashed): see why in {tried[-1].log_path}; once fixed, rerun the same command")
+                + "; or rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
+        need += [i] * max(want - len(tried), 0)
+    return need
+
+
+def failed_before(ws: Workspace, build_key: str | None, shas: list[str], runs: dict[str, CommitRuns],
+                  indices, first_build: int) -> list[str]:
+    """The commits at ``indices`` untestable on a build that failed before
+    this command, whose builds are those after id ``first_build``."""
+    if not build_key:
+        return []
+    return [shas[i] for i in indices if runs[shas[i]].build_failed
+            and (ws.store.failed_build(build_key, shas[i]) or {}).get("id", 0) <= first_build]

@@ -1202,7 +1202,7 @@ class SGLangBuilder:
     ``sglang-kernel``) and flashinfer wheels whenever ``python/pyproject.toml``
     pins a version other than the one installed in ``python``'s environment.
     One environment is shared by all slots: ``run`` keeps to one slot where
-    the range's pins change (``config.slots_for_pins``).
+    the range's pins change (``buildenv.slots_for_pins``).
 
     That environment is the user's: the first build records where its
     sglang (and each pinned wheel it changes) came from, and ``close()``

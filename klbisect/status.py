@@ -10,12 +10,12 @@ from contextlib import suppress
 from pathlib import Path
 
 from . import repo as gitrepo
-from .config import restore_env
+from .buildenv import env_key, restore_env
 from .errors import EXIT_USAGE, KlbisectError
-from .gitbisect import bisect_checkout, current_analysis, gitbisect_result, own_bisect
-from .result import boundary_evidence, probed_commits
+from .gitbisect import bisect_checkout, gitbisect_result, own_bisect
+from .result import boundary_evidence, current_analysis, probed_commits
 from .runs import valued_runs
-from .workspace import Workspace, env_key, stop_reason
+from .workspace import Workspace, stop_reason
 
 
 def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool = False):

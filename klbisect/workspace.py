@@ -1,8 +1,9 @@
 """The state one repository's sessions share: its paths, its lock, its
 sqlite store under the git dir, and the small records and keys every
 command reads from it (a session's stop reason, its checkout, its runs
-per commit). Everything here is read or written the moment it happens, so
-any command can be interrupted and the next one resumes."""
+per commit), and the progress lines commands print. Everything here is
+read or written the moment it happens, so any command can be interrupted
+and the next one resumes."""
 from __future__ import annotations
 
 import errno
@@ -14,12 +15,12 @@ from typing import Callable, Iterator
 import filelock
 
 from . import repo as gitrepo
-from .decide import STALE_CHECK_RUNS, STALE_MAX_RUNS, Model, ThresholdModel, contradicts, summarize
+from .decide import STALE_CHECK_RUNS, STALE_MAX_RUNS, contradicts, summarize
 from .errors import EXIT_BUSY, EXIT_NO_SIGNAL, KlbisectError
 from .executors import make_slots
 from .measure import Measurer, Outcome
 from .metric import fmt_summary, fmt_value, scalar
-from .probe import STATUS_FAILED, STATUS_TIMEOUT
+from .probe import STATUS_FAILED
 from .proc import interrupt_on_stop_signals, marker_alive, owner_marker, reap_orphans_of, reap_stale
 from .runs import cut_short, typical_values, usual_labels, value_counts
 from .search import CommitRuns
@@ -151,8 +152,6 @@ class Workspace:
             self._store.close()
 
 
-# ---- recording and reading runs ----------------------------------------------
-
 def record(ws: Workspace, sid: int | None, probe_key: str, build_key: str | None, outcome: Outcome,
            checkout: Path) -> Run | None:
     """Store one measurement (its build, its run); the run's value is read
@@ -246,12 +245,6 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     return out
 
 
-# Stored with a session but not part of its question: a rerun with another
-# --timeout or --build-timeout (after every run timed out) resumes the same session, and a
-# rerun without --fresh resumes a --fresh one (which stays fresh).
-RERUN_KEYS = ("timeout", "build_timeout", "fresh", "fresh_from", "max_total_runs")
-
-
 def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | None, progress: Progress) -> None:
     """Runs are matched by the probe command alone: a new session says how
     many it reuses, since a changed environment (a new wheel, another GPU)
@@ -266,47 +259,6 @@ def say_reused(ws: Workspace, probe_key: str, shas: list[str], timeout: float | 
     elif earlier:
         progress(f"reusing {earlier} runs this probe command recorded earlier at these commits "
                  "(if the environment changed since, rerun with --fresh to leave them out)")
-
-
-def reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], block, model,
-                    timeout: float | None = None) -> list[int]:
-    """The commits nearest an answer on each side that earlier sessions
-    measured: runs are matched by the probe command alone, so if the
-    environment changed since, those runs are what the answer wrongly rests
-    on. Each needs STALE_CHECK_RUNS runs of this session before the answer
-    stands; runs that contradict the earlier ones stop the search with what
-    to do, and so do checks that gave no value at all (a tester's --timeout
-    0.001 timed out all four, and the answer stood on the earlier runs
-    alone). Sessions that reuse nothing skip this."""
-    by_index: dict[int, list] = {}
-    # this session's runs per commit, crashed ones too: a crash is no reason to loop (runs cut
-    # short by a lower --timeout than this one's are run again: not counted)
-    mine: dict[int, list] = {}
-    at = {s: i for i, s in enumerate(shas)}
-    for r in ws.store.runs(probe_key, shas):
-        if r.session_id == sid and not cut_short(r, timeout):
-            mine.setdefault(at[r.sha], []).append(r)
-        if r.value is not None:
-            by_index.setdefault(at[r.sha], []).append(r)
-    reused = [i for i, runs in by_index.items() if any(r.session_id != sid for r in runs)]
-    below = [i for i in reused if i < block.first]
-    above = [i for i in reused if i >= block.last]
-    need = []
-    for i in ([max(below)] if below else []) + ([min(above)] if above else []):
-        want = own_runs_wanted(model, shas[i], by_index[i], sid, "near the answer",
-                               "rerun with --fresh to leave the earlier runs out")
-        tried = mine.get(i, [])
-        if want and len(tried) >= want and all(r.value is None or r.status == STATUS_TIMEOUT for r in tried):
-            timed_out = all(r.status == STATUS_TIMEOUT for r in tried)
-            raise KlbisectError(
-                f"{shas[i][:12]}, near the answer, gave no value in the {len(tried)} runs this session made to "
-                "check the runs earlier sessions recorded there ("
-                + (f"each stopped by --timeout {fmt_seconds(timeout or 0)}): raise --timeout (the runs it cut short "
-                   "are then run again)" if timed_out else
-                   f"each crashed): see why in {tried[-1].log_path}; once fixed, rerun the same command")
-                + "; or rerun with --fresh to leave the earlier runs out", EXIT_NO_SIGNAL)
-        need += [i] * max(want - len(tried), 0)
-    return need
 
 
 def own_runs_wanted(model, sha: str, runs: list, sid: int, where: str, advice: str) -> int:
@@ -331,10 +283,6 @@ def own_runs_wanted(model, sha: str, runs: list, sid: int, where: str, advice: s
     return min(want, STALE_MAX_RUNS)
 
 
-def question_of(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in RERUN_KEYS}
-
-
 def _label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
                      labels_from: list[str] | None) -> list:
     """``runs`` (of ``shas``) and the runs of ``labels_from`` that exited 0:
@@ -343,29 +291,6 @@ def _label_reference(ws: Workspace, probe_key: str, runs: list, shas: list[str],
     not make all their runs crashes."""
     extra = [x for x in labels_from or [] if x not in shas]
     return runs + [r for r in ws.store.runs(probe_key, extra) if r.exit_code == 0] if extra else runs
-
-
-def log_says(path: str | None, text: str, limit: int = 1 << 20) -> bool:
-    # the whole log, not its tail: the server's last lines (a ServerArgs line of kilobytes) follow it
-    try:
-        with open(path or "", "rb") as f:
-            return text.encode() in f.read(limit)
-    except OSError:
-        return False
-
-
-def model_from(d: dict):
-    return ThresholdModel.from_dict(d) if d.get("kind") == "threshold" else Model.from_dict(d)
-
-
-def failed_before(ws: Workspace, build_key: str | None, shas: list[str], runs: dict[str, CommitRuns],
-                  indices, first_build: int) -> list[str]:
-    """The commits at ``indices`` untestable on a build that failed before
-    this command, whose builds are those after id ``first_build``."""
-    if not build_key:
-        return []
-    return [shas[i] for i in indices if runs[shas[i]].build_failed
-            and (ws.store.failed_build(build_key, shas[i]) or {}).get("id", 0) <= first_build]
 
 
 def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
@@ -378,16 +303,6 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
     probe's own flakiness."""
     old = before.crashes if not before.values else 0
     return CommitRuns(now.values, now.crashes - old, now.build_failed)
-
-
-def fmt_seconds(d: float | None) -> str:
-    """A duration as a --timeout reads: 0.5 s stays 0.5 s, 1800 s stays whole."""
-    d = d or 0.0
-    return f"{d:.2g} s" if d < 0.1 else f"{d:.1f} s" if d < 10 else f"{d:.0f} s"
-
-
-def fmt_vals(vals: list[float]) -> str:
-    return "[" + ", ".join(fmt_value(v) for v in vals[:12]) + (", ..." if len(vals) > 12 else "") + "]"
 
 
 def stop_key(sid: int) -> str:
@@ -422,7 +337,3 @@ def note_stop(st: Store, sid: int, why: str) -> None:
         st.put(stop_key(sid), why)
     except KlbisectError:
         pass    # the state itself failed (a full disk): the error being raised says so
-
-
-def env_key(sid: int) -> str:
-    return f"env_before:{sid}"

@@ -1308,7 +1308,8 @@ def test_parallel_slots_share_one_python_so_a_pin_change_runs_one_slot(tmp_path)
     probed with the wheel another slot had just installed (a reviewer's
     slot saw sgl-kernel 0.3.2 at a commit pinning 0.3.1)."""
     import git as gitpython
-    from klbisect.config import BisectConfig, make_builder, slots_for_pins
+    from klbisect.buildenv import slots_for_pins
+    from klbisect.config import BisectConfig, make_builder
     repo = tmp_path / "pins"
     (repo / "python").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
@@ -1341,7 +1342,8 @@ def test_a_range_that_moves_the_torch_pin_is_warned_of_before_any_run(tmp_path):
     with --no-deps, so past a joint bump every commit may fail to import its
     kernels and read as a crash range. Said before the first run."""
     import git as gitpython
-    from klbisect.config import BisectConfig, make_builder, warn_build_paths
+    from klbisect.buildenv import warn_build_paths
+    from klbisect.config import BisectConfig, make_builder
     repo = tmp_path / "pins"
     (repo / "python").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, check=True)
