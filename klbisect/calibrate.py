@@ -559,7 +559,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                     # a tester saw "estimating the same bisect with --metric X..." and then nothing
                     res.notes.append(f"--metric {lab} alone: {alone.simulated_mean_runs:.1f} runs on average (p95 "
                                      f"{alone.simulated_p95_runs:.0f}), no fewer than over every label: the "
-                                     "default is as cheap")
+                                     "default is at least as cheap")
                 elif res.cost is not None:
                     res.notes.append(f"--metric {lab} alone does not separate the revisions in a replay: bisect "
                                      "over every label")
@@ -767,7 +767,7 @@ def cost_line(k: CostEstimate) -> str:
             + (f"; {k.capped} of the {k.trials} stopped at the {k.max_runs}-run cap (--max-total-runs), so "
                "the mean is a floor: bisect a label that moved more clearly, or measure more runs"
                if k.capped else "")
-            + (f"; from {fmt_count(k.sample, 'run')} at one of the commits it cannot draw what so few did "
+            + (f"; from as few as {fmt_count(k.sample, 'run')} a side it cannot draw what so few did "
                f"not show (an outlier that 1 run in 20 gives), and a real bisect may take well over its p95: "
                f"budget on {FEW_FOR_COST} runs a side or more"
                if 0 < k.sample < FEW_FOR_COST else ""))

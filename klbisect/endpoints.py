@@ -152,7 +152,7 @@ def endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_
                                  f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
         if probe_key.startswith("sglang:") and last is not None and log_says(last.log_path, "not ready after"):
             hint += ("; its server was not ready in time: if it is only slow (a first download, a compile), "
-                     "raise --launch-timeout, and --timeout, which bounds the launch too")
+                     "raise --launch-timeout")
         return KlbisectError(f"{where} {sha[:12]} printed no metric value in {cr.crashes} runs"
                              f"{note} ({hint}); log: "
                              f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)

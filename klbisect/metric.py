@@ -23,11 +23,6 @@ _LABEL = re.compile(r"^[\s.FEsx]*\[([\w.:/-]+)\]")
 # own label line "[label] N samples, ..." after such a prefix counts: other
 # bracketed text mid-line (log prefixes, "[Cls] GSM8K accuracy") does not.
 _RUNNER_LABEL = re.compile(r"^(?:.* \.\.\. |\S+::\S+ )\[([\w.:/-]+)\] \d+ samples\b")
-# SGLang's CustomTestCase.setUp prints "[Test Method] test_x" before each test: the
-# label of the values an older test prints with no [label] of its own, so that a test
-# that returned early (radix cache disabled) or failed before printing does not hand its
-# place, value2, to the next test's value
-_TEST_METHOD = re.compile(r"^[\s.FEsx]*\[Test Method\] ([\w.:/-]+)")
 # Only a line that starts with avg_kl_div (optionally after its [label]) is a
 # measurement: SGLang's assertion messages repeat "avg_kl_div=..." mid-line.
 # numpy 2 prints an f"{x=}" of a numpy scalar as "np.float64(0.004)"
@@ -55,10 +50,9 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     ``KLBISECT {"label": ..., "value": ...}``. With ``regex``: a named group
     ``value`` (or the first group) and an optional named group ``label``;
     without one, the matches are labelled value, value2, ... in order.
-    ``avg_kl_div`` lines before any label (older tests print none) take
-    the name of the test method SGLang's ``[Test Method] name`` line
-    announced, else value, value2, ... in order, as with a regex without a
-    label group, so a run's value is still the max over all of them. A label printed twice
+    ``avg_kl_div`` lines before any label (older tests print none) are
+    value, value2, ... in order, as with a regex without a label group, so
+    a run's value is still the max over all of them. A label printed twice
     keeps its last value. NaN, +-inf and magnitudes of BROKEN_MAGNITUDE or
     more (numerics that broke) stand as NONFINITE, the worst value. ANSI
     colour codes are ignored.
@@ -76,7 +70,6 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
         return values
     label = DEFAULT_LABEL
     unlabelled = 0
-    method = None      # the test method running, from its "[Test Method] name" line
     for line in _ANSI.sub("", text).splitlines():
         if line.startswith(JSON_PREFIX):
             try:
@@ -85,17 +78,11 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
             except (ValueError, KeyError, TypeError, AttributeError):
                 pass
             continue
-        t = _TEST_METHOD.match(line)
-        if t:
-            method, label = t.group(1), DEFAULT_LABEL
-            continue
         m = _LABEL.match(line) or _RUNNER_LABEL.match(line)
         if m:
             label = m.group(1)
         hit = _AVG_KL.match(line)
-        if hit and m is None and label == DEFAULT_LABEL and method:
-            _put(values, method, hit.group(1))
-        elif hit and m is None and label == DEFAULT_LABEL:
+        if hit and m is None and label == DEFAULT_LABEL:
             unlabelled += 1
             _put(values, DEFAULT_LABEL if unlabelled == 1 else f"{DEFAULT_LABEL}{unlabelled}", hit.group(1))
         elif hit:

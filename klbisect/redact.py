@@ -23,6 +23,7 @@ _VALUE = (r"""('"'"'.*?'"'"'|\\"(?:[^"\\]|\\[^"])*\\"|"[^"]*"|'[^']*'"""
           r"""|(?:[^\s'"\\;,)]|\)(?=[^\s'"\\;,]))+)""")
 # NAME=value where the name ends in what a secret is called (HF_TOKEN, OPENAI_API_KEY; not MAX_TOKENS)
 _ASSIGN = re.compile(r"\b([A-Za-z0-9_]*" + _NAME + ")=" + _VALUE, re.I)
+_ENV_NAME = re.compile(r"[A-Za-z0-9_]*" + _NAME, re.I)
 # a key that names a secret, whole: api_key, hf-token, password, token (not eos_token, kl_per_token)
 _KEY = (r"(?:[A-Za-z0-9_-]*[-_])?(?:api[-_]?key|access[-_]?key|private[-_]?key|secret(?:[-_]?key)?|password|"
         r"passwd|credentials?|(?:hf|gh|github|hub|auth|access|api|bearer|refresh|session|id|slack|openai|wandb)"
@@ -89,6 +90,17 @@ def flag_secrets(argv) -> list[str]:
             continue
         value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
         if len(value) >= KNOWN_MIN and not _kept(value, name):
+            out.append(value)
+    return out
+
+
+def env_secrets(assignments) -> list[str]:
+    """The values of ``NAME=VALUE`` items whose name is a secret's (HF_TOKEN,
+    WANDB_API_KEY): known, so that a server echoing one bare is masked too."""
+    out = []
+    for item in assignments:
+        name, eq, value = item.partition("=")
+        if eq and _ENV_NAME.fullmatch(name) and len(value) >= KNOWN_MIN and not _kept(value, name):
             out.append(value)
     return out
 

@@ -375,6 +375,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
         st = ws.store
         sess = _find_session(ws, session_id)
         ended = as_ended(sess)
+        ws.use_session(sess)       # a --fresh one's view: what it left out before it began is not "later"
         recorded = len(st.runs(sess.probe_key, [c[0] for c in st.candidates(sess.id)])) if ended else 0
         st.view_until(sess if ended else None)     # as `status` shows it
         analysis = current_analysis(ws, sess)

@@ -236,7 +236,8 @@ def explain_commit(entry: dict, model) -> str:
     if entry.get("crashes") and entry.get("no_server", 0) >= entry["crashes"]:
         parts.append(f"{entry['crashes']} run(s) gave no value: its server did not start (not counted as evidence)")
     elif entry.get("crashes"):
-        parts.append(f"{entry['crashes']} run(s) gave no value (crashed, timed out or cut short"
+        parts.append(f"{entry['crashes']} run(s) gave no value (crashed, timed out, cut short or printed no "
+                     "--metric label"
                      + (f"; {entry['no_server']} of them: its server did not start" if entry.get("no_server") else "")
                      + "; not evidence)")
     if vals:
@@ -259,7 +260,7 @@ def explain_commit(entry: dict, model) -> str:
     if vals and entry.get("integrated") and entry.get("verdict") in (GOOD, BAD) and not entry.get("reason") \
             and entry.get("p_bad") is not None and 0 < entry["index"]:
         # a tester's: "BAD P(bad)=1.000 / 1 run [0.00228]" below the good side's median, unexplained
-        parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs: P(bad) = "
+        parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs alone: P(bad) = "
                      f"{entry['p_bad']:.3f} weighs every commit's runs at once, and where good and bad runs "
                      "overlap a commit's few runs say little alone; the commits on either side of the answer "
                      "decide it")

@@ -46,11 +46,10 @@ from .metric import JSON_PREFIX
 from .probe import (DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_NOSERVER, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot,
                     config_key)
 from .proc import child_environ, kill_tree, log_tail, run_logged
-from .redact import flag_secrets, redact
+from .redact import env_secrets, flag_secrets, redact
 from .repo import head_sha
 
 LABELS = ("logprobs_match", "prefill_cache_hit", "decode_cache_hit")
-FLOW = 2     # the requests a run sends; 2: decode_cache_hit's first turn asks for logprobs, as the test does
 DEFAULT_LAUNCH_TIMEOUT = 1800.0      # popen_launch_server: 600 s, 3000 on Blackwell and AMD CI, x3 for DCP tests
 DEFAULT_REQUEST_TIMEOUT = 1800.0
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -315,7 +314,9 @@ def measure_label(client: Client, label: str, prompts: list[list[int]], max_new_
     else:
         # The second turn extends the first turn's prompt + output, so its
         # prefix is KV the decode steps wrote.
-        first = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=True))  # as the test
+        # the test asks this turn for logprobs and never reads them; asking changes no KV the second turn
+        # reads, and the runs stored before keep their key
+        first = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=False))
         inputs = [p + r["output_ids"] + list(turn_separator) for p, r in zip(prompts, first)]
         turns = 2
         res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
@@ -656,11 +657,16 @@ class SGLangProbe:
         if problem:
             raise KlbisectError(problem, EXIT_USAGE)
         self.server_env = tuple(self.server_env)
+        names: set[str] = set()
         for item in self.server_env:
             name, eq, _ = item.partition("=")
             if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise KlbisectError(f"--server-env {redact(item)!r}: give NAME=VALUE (an environment variable "
                                     "for the server, e.g. SGLANG_ENABLE_UNIFIED_RADIX_TREE=1)", EXIT_USAGE)
+            if name in names:
+                # the last would win, and two orders of the same pair would share one key
+                raise KlbisectError(f"--server-env sets {name} twice: give it once", EXIT_USAGE)
+            names.add(name)
 
     @classmethod
     def from_options(cls, options: Mapping, timeout: float = DEFAULT_TIMEOUT) -> "SGLangProbe":
@@ -686,8 +692,9 @@ class SGLangProbe:
 
     @property
     def secrets(self) -> list[str]:
-        """What --server-args gives secret-named flags: never written to a log."""
-        return flag_secrets(shlex.split(self.server_args))
+        """What --server-args gives secret-named flags, and --server-env secret-named
+        variables: never written to a log."""
+        return flag_secrets(shlex.split(self.server_args)) + env_secrets(self.server_env)
 
     def _server_arg(self, flag: str) -> str | None:
         """The last value --server-args gives ``flag``."""
@@ -709,7 +716,7 @@ class SGLangProbe:
         return config_key("sglang", model=self.model_path, args=shlex.split(self.server_args),
                           prompts=_file_digest(self.prompts), n=self.num_samples,
                           max_new_tokens=self.max_new_tokens, labels=list(self.labels),
-                          sep=list(self.turn_separator), python=self.python, flow=FLOW,
+                          sep=list(self.turn_separator), python=self.python,
                           # only when given: runs recorded before --server-env keep their key
                           **({"env": sorted(self.server_env)} if self.server_env else {}))
 
@@ -800,6 +807,7 @@ class SGLangProbe:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         values: dict[str, float] = {}
         status, exit_code = STATUS_CRASH, None
+        ready = start
         with proc.private_log(log_path, "w") as log:
             def say(line: str) -> None:
                 log.write(line + "\n")
@@ -812,7 +820,8 @@ class SGLangProbe:
                 held = self._server_for(Path(checkout), log_path, slot, None, say)
                 # --timeout bounds the measuring; the launch has --launch-timeout of its own (a cold
                 # 4-GPU start loads weights and captures CUDA graphs for many minutes)
-                deadline = time.monotonic() + self.timeout
+                ready = time.monotonic()
+                deadline = ready + self.timeout
                 client = Client(held.server.url, self.request_timeout, deadline, api_key=self.api_key,
                                 admin_api_key=self.admin_api_key)
                 for label in self.labels:
@@ -852,7 +861,10 @@ class SGLangProbe:
                 # --timeout is a crash whatever it printed, as for --probe-cmd (a longer
                 # --timeout runs it again)
                 status = STATUS_OK
-        return RunResult(values, exit_code, status, time.monotonic() - start, str(log_path))
+        # a run stopped at --timeout lasted what --timeout counts, the requests: a longer --timeout
+        # then runs it again (runs.cut_short), whatever its launch took
+        return RunResult(values, exit_code, status, time.monotonic() - (ready if status == STATUS_TIMEOUT else start),
+                         str(log_path))
 
     def _count_run(self, slot_index: int, held: _Held | None) -> None:
         """A server that has served ``runs_per_launch`` runs goes."""

@@ -119,6 +119,10 @@ class SessionRow:
     ended: float | None
 
 
+def _last_run_key(sid: int) -> str:
+    return f"last_run:{sid}"
+
+
 # a session's last activity: its newest run's start, or its creation
 _TOUCHED = "MAX(s.created, COALESCE((SELECT MAX(r.started) FROM runs r WHERE r.session_id = s.id), 0))"
 
@@ -215,8 +219,8 @@ class Store:
         self.worse = worse
         self.since_session = 0     # runs of sessions before this one are left out
         self.since = 0.0           # when that session began: older failed builds are left out
-        self.until_session = 0     # runs of later sessions, begun after this one ended, are left out
-        self.until = 0.0
+        self.until_session = 0     # the session shown as it ended: runs recorded after it are left out,
+        self.until_run = 0         # ... those past this run id, its own aside
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if not self.path.exists():
@@ -363,12 +367,16 @@ class Store:
         return sess if sess and sess.config.get("fresh") and short else None
 
     def update_session(self, sid: int, **fields) -> None:
+        """Set a session's fields; one that ends (done, ended) keeps the last run
+        id recorded by then, what ``view_until`` shows it with."""
         cols, vals = [], []
         for k, v in fields.items():
             cols.append(f"{k}=?")
             vals.append(json.dumps(v, sort_keys=True) if k in ("model", "result", "config") and v is not None else v)
         with self.tx() as db:
             db.execute(f"UPDATE sessions SET {', '.join(cols)} WHERE id=?", (*vals, sid))
+        if fields.get("state") in ("done", "ended"):
+            self.put(_last_run_key(sid), str(self.db.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0]))
 
     def candidates(self, sid: int) -> list[tuple[str, str, int | None]]:
         return [(r["sha"], r["subject"], r["pr"]) for r in self.db.execute(
@@ -396,8 +404,9 @@ class Store:
             q += " AND session_id>=?"
             args.append(self.since_session)
         if self.until_session and not every:
-            q += " AND (session_id IS NULL OR session_id<=? OR started<=?)"
-            args += [self.until_session, self.until]
+            # by the runs table's order, not by time: a Ray node's clock may run behind this machine's
+            q += " AND (id<=? OR session_id=?)"
+            args += [self.until_run, self.until_session]
         if session_id is not None:
             q += " AND session_id=?"
             args.append(session_id)
@@ -418,11 +427,15 @@ class Store:
         the runs later sessions added at its commits (a tester's read "53
         probe runs (+232 reused)" beside its own "Probe runs: 53")."""
         if sess is None:
-            self.until_session, self.until = 0, 0.0
+            self.until_session, self.until_run = 0, 0
             return
-        last = self.db.execute("SELECT MAX(started + COALESCE(duration, 0)) FROM runs WHERE session_id=?",
-                               (sess.id,)).fetchone()[0]
-        self.until_session, self.until = sess.id, float(sess.ended or last or sess.created)
+        last = self.get(_last_run_key(sess.id))
+        if last is None:
+            # a session that ended before its last run id was kept: by time, its runs' or its end's
+            end = sess.ended or self.db.execute("SELECT MAX(started + COALESCE(duration, 0)) FROM runs "
+                                                "WHERE session_id=?", (sess.id,)).fetchone()[0] or sess.created
+            last = self.db.execute("SELECT COALESCE(MAX(id), 0) FROM runs WHERE started<=?", (end,)).fetchone()[0]
+        self.until_session, self.until_run = sess.id, int(last)
 
     def session_runs(self, session_id: int) -> list[Run]:
         return [self._run(r) for r in self.db.execute(

@@ -225,7 +225,7 @@ def test_a_cost_estimate_from_few_runs_says_a_real_bisect_may_take_more():
     from klbisect.calibrate import cost_line, simulate_cost
     rng = np.random.default_rng(3)
     few = simulate_cost(list(rng.uniform(0.003, 0.006, 10)), list(rng.uniform(0.007, 0.013, 12)), 120, trials=5)
-    assert few.sample == 10 and "from 10 runs at one of the commits" in cost_line(few)
+    assert few.sample == 10 and "from as few as 10 runs a side" in cost_line(few)
     assert "budget on 30 runs a side" in cost_line(few)
     many = simulate_cost(list(rng.uniform(0.003, 0.006, 30)), list(rng.uniform(0.007, 0.013, 40)), 120, trials=5)
     assert many.sample == 30 and "budget on" not in cost_line(many)

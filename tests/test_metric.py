@@ -60,22 +60,6 @@ def test_older_tests_without_labels_keep_every_value():
     assert parse_values("[a]\navg_kl_div=0.1\navg_kl_div=0.2\n") == {"a": 0.2}
 
 
-def test_older_tests_values_are_named_by_the_test_method_sglang_announces():
-    """A reviewer's: the older KL helpers print no [label], and a helper that
-    returned early (radix cache disabled) or failed before printing handed
-    its place, value2, to the next test's value: value2 read prefill in one
-    run and decode in another. CustomTestCase.setUp prints each method."""
-    def run(*tests):
-        return "\n".join(f"[Test Method] {name}\n" + (f"kl_divs=[...]\navg_kl_div={v}" if v else
-                                                         "Radix cache is disabled, skipping test") for name, v in tests)
-    full = parse_values(run(("test_a_logprobs", 0.004), ("test_b_prefill", 0.006), ("test_c_decode", 0.005)))
-    short = parse_values(".." + run(("test_a_logprobs", 0.004), ("test_b_prefill", None), ("test_c_decode", 0.009)))
-    assert full == {"test_a_logprobs": 0.004, "test_b_prefill": 0.006, "test_c_decode": 0.005}
-    assert short == {"test_a_logprobs": 0.004, "test_c_decode": 0.009}
-    # a test that prints its own [label] keeps it
-    assert parse_values("[Test Method] test_x\n[decode] 3 samples\navg_kl_div=0.002") == {"decode": 0.002}
-
-
 def test_nan_and_inf_are_the_worst_value_whichever_way_is_worse():
     """NaN logprobs (an FP8 overflow, say) are the clearest regression there
     is: SGLang's assertLess fails on them, and so must the bisect's value.

@@ -361,6 +361,9 @@ def test_a_report_made_after_a_later_session_does_not_call_its_runs_earlier(tmp_
                       r"session as it ended", text)
     assert later and int(later.group(1)) >= again.probe_runs - 4, text     # endpoints' runs may lie outside
     assert text.split("**Cost:**")[1].split("\n")[0] == before.split("**Cost:**")[1].split("\n")[0]
+    # the --fresh session itself, the newest: the runs it left out were earlier, not later (the reviewer's)
+    newest = write_report(h.path, fmt="md", session_id=again.session, offline=True)["text"]
+    assert "left out" not in newest and "later sessions" not in newest, newest
 
 
 def test_a_report_path_that_cannot_be_written_is_one_line(bisected, tmp_path):

@@ -73,6 +73,6 @@ def test_a_commit_placed_by_the_integrated_search_says_its_place_decided_it():
     entry = {"index": 96, "values": [0.00228], "verdict": "bad", "reason": "", "p_bad": 0.9999, "integrated": True}
     said = explain_commit(entry, model)
     assert said.startswith("1 run(s) [0.00228], median 0.00228; verdict bad from where it sits, not from its own "
-                           "runs: P(bad) = 1.000"), said
+                           "runs alone: P(bad) = 1.000"), said
     # one judged on its own runs keeps the verdict it was given, and no such line
     assert "from where it sits" not in explain_commit({**entry, "reason": "3 runs, 40:1"}, model)

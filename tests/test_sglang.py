@@ -30,6 +30,7 @@ from click.testing import CliRunner
 from klbisect import github
 from klbisect.cli import cli as cli_main
 from klbisect.errors import EXIT_USAGE, KlbisectError
+from klbisect.runs import cut_short
 from klbisect.metric import parse_values
 from klbisect.probe import Slot
 from klbisect.sglang import (
@@ -1076,6 +1077,20 @@ def test_server_env_reaches_the_server_and_a_slow_launch_is_not_the_runs_timeout
     with pytest.raises(KlbisectError, match="give NAME=VALUE") as e:
         _probe(repo, server_env=("SGLANG_ENABLE_UNIFIED_RADIX_TREE",))
     assert e.value.code == EXIT_USAGE
+    with pytest.raises(KlbisectError, match="sets A twice"):
+        _probe(repo, server_env=("A=1", "A=2"))
+    # a secret given as a variable is known, so a server echoing it bare is masked
+    assert "hf_abcdefgh123" in _probe(repo, server_env=("HF_TOKEN=hf_abcdefgh123", "SGLANG_X=1")).secrets
+    # a run --timeout stopped (the requests slower than it) lasted what --timeout counts, so a longer
+    # --timeout measures it again however long its launch took (the reviewer's)
+    slow = _probe(repo, server_env=("FAKE_SGLANG_READY_AFTER=4",), timeout=1, labels=("logprobs_match",),
+                  max_new_tokens=8)
+    slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile), "FAKE_SGLANG_GENERATE_DELAY": "3"})
+    try:
+        t = slow.run(wt, tmp_path / "slow.log", slot)
+    finally:
+        slow.close()
+    assert t.status == "timeout" and t.duration < 1.98 and cut_short(t, 2.0), (t, Path(t.log_path).read_text())
 
 
 def test_ctrl_c_during_launch_kills_the_tree(repo, tmp_path):
