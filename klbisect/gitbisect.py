@@ -252,7 +252,7 @@ def probe_head(path: str | Path | None, progress: Progress = to_stderr) -> HeadV
             model = _refined_model(ws, sess, cfg, probe.key, build_key)
             slot = Slot(0, ws.top, {}, port_bases(1)[0], ws.pids)  # the user's own checkout
             built_key = f"last_build:{build_key}:{ws.top}"
-            say = say_building(progress)
+            say = say_building(progress, probe)
 
             def on_build(sha_: str, log: Path) -> None:
                 # a Ctrl-C or kill mid-build or mid-run leaves this checkout holding

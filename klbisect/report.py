@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 import textwrap
 
 from .calibrate import Calibration, format_calibration
@@ -427,7 +428,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
                 "prs": {str(k): v for k, v in prs.items()}, "slug": slug, "boundary": boundary,
                 "model": model.to_dict(),
                 "session": {"id": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
-                            "probe": cfg.probe_cmd if cfg.probe == "cmd" else cfg.probe,
+                            "probe": cfg.probe_cmd if cfg.probe == "cmd" else sglang_probe_line(cfg.sglang),
                             "repo": str(ws.top), "worse": cfg.worse, "metric": cfg.metric}}
     finally:
         ws.close()
@@ -554,6 +555,22 @@ _VERDICTS_FOR_GIT = ("each commit's verdict for git is given at 500:1 by the fit
                      "(each verdict below says which)")
 
 
+def sglang_probe_line(opts: dict) -> str:
+    """--probe sglang's options as a command line would give them: what a
+    report's reader needs to measure the same way."""
+    argv = ["--probe", "sglang"]
+    for k, v in sorted(opts.items()):
+        flag = "--sglang-python" if k == "python" else "--" + k.replace("_", "-")
+        if k == "server_env":
+            for item in v:
+                argv += [flag, item]
+        elif k == "turn_separator":
+            argv += [flag, ",".join(map(str, v))]
+        else:
+            argv += [flag, str(v)]
+    return shlex.join(argv)
+
+
 def judged_by(data: dict) -> str | None:
     """How runs were judged good or bad, in one sentence for the report."""
     m = data.get("model") or {}
@@ -630,7 +647,11 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
                     "per label are this answer's, when its search stopped.*  ")
     judged = judged_by(data)
     if judged:
-        head.append(f"**Judged by:** {judged}")
+        head.append(f"**Judged by:** {judged}  ")
+    probe = (data.get("session") or {}).get("probe")
+    if probe:
+        # how it was measured, so a reader can measure it again (a tester's report named no model)
+        head.append("**Probe:** `" + " ".join(probe.replace("`", "'").split()) + "`")
     head.append("")
     labels = _labels_md(r)
     if labels:
@@ -741,7 +762,9 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  f"{fmt_count(r['n_commits'], 'candidate commit')}<br>"
                  f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing"
                  + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
-                 + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "") + "</p>")
+                 + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "")
+                 + (f"<br><b>Probe:</b> <code>{e(data['session']['probe'])}</code>"
+                    if (data.get("session") or {}).get("probe") else "") + "</p>")
     if r.get("labels"):
         parts.append(f"<h3>{_noun(data)} "
                      f"{'at the good → the bad end' if data.get('no_signal') else f'before → after (of {SIDES})'}, "

@@ -141,7 +141,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
     hold_env(ws, sid, builder, log_dir)
     warn_build_paths(ws.repo, builder, good, bad, progress)
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
-                        on_build=say_building(progress))
+                        on_build=say_building(progress, probe))
     ex = (executor_factory(cfg, slots, measurer, ws) if executor_factory
           else default_executor(cfg, slots, measurer, ws, take_turns=bool(moved)))
     slot_by_index = {s.index: s for s in slots}

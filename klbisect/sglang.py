@@ -634,6 +634,8 @@ class SGLangProbe:
     turn_separator: tuple[int, ...] = ()     # token ids between turns (the tests add a comma)
     kl_threshold: float | None = None        # exit code 1 at or above it, like the tests' assertion
     server_env: tuple[str, ...] = ()          # "NAME=VALUE" for the server (the tests' popen env=)
+    # a console line when a server launches (minutes on a GPU box; the run log has the rest): workspace.say_launches
+    on_launch: Callable[[str], None] | None = field(default=None, init=False, repr=False, compare=False)
     _held: dict[int, _Held] = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _prompts_cache: list[list[int]] | None = field(default=None, init=False, repr=False, compare=False)
@@ -661,8 +663,11 @@ class SGLangProbe:
         for item in self.server_env:
             name, eq, _ = item.partition("=")
             if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise KlbisectError(f"--server-env {redact(item)!r}: give NAME=VALUE (an environment variable "
-                                    "for the server, e.g. SGLANG_ENABLE_UNIFIED_RADIX_TREE=1)", EXIT_USAGE)
+                # only what reads as a name is shown: the rest may be a secret typed with ':' for '='
+                shown = re.match(r"[A-Za-z0-9_]*", item).group(0)
+                raise KlbisectError(f"--server-env {shown + '...' if shown != item else repr(item)}: give NAME=VALUE "
+                                    "(an environment variable for the server, e.g. "
+                                    "SGLANG_ENABLE_UNIFIED_RADIX_TREE=1)", EXIT_USAGE)
             if name in names:
                 # the last would win, and two orders of the same pair would share one key
                 raise KlbisectError(f"--server-env sets {name} twice: give it once", EXIT_USAGE)
@@ -766,8 +771,14 @@ class SGLangProbe:
                               self.launch_timeout, slot.pid_dir)
         say(f"launching: {redact(shlex.join(server.argv))}")
         say(f"server log: {server_log}")
+        where = f"  {identity[1][:12]}: " if identity is not None else "  "
+        if self.on_launch is not None:
+            self.on_launch(f"{where}launching the server (up to --launch-timeout {self.launch_timeout:g} s; log: "
+                           f"{server_log})")
         server.start(deadline)
         say(f"server ready on port {port} after {server.launch_seconds:.1f} s (pid {server.pid})")
+        if self.on_launch is not None:
+            self.on_launch(f"{where}server ready after {server.launch_seconds:.0f} s")
         held = _Held(server, identity if identity is not None else ("unkeyed", id(server)))
         with self._lock:
             self._held[slot.index] = held

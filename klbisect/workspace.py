@@ -34,8 +34,12 @@ def to_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def say_building(progress: Progress):
-    """A Measurer's on_build: one line before each build, with its log."""
+def say_building(progress: Progress, probe=None):
+    """A Measurer's on_build: one line before each build, with its log; and
+    the probe's launches, where it launches a server (--probe sglang), said
+    too: a launch on a GPU box takes minutes that read as a hang."""
+    if probe is not None and hasattr(probe, "on_launch"):
+        probe.on_launch = progress
     return lambda sha, log: progress(f"  {sha[:12]}: building (log: {log})")
 
 
@@ -191,7 +195,7 @@ class WorktreeMeter:
         if self.slot is None:
             self.slot = make_slots(ws.worktrees, 1, pid_dir=ws.pids)[0]
             self.measurer = Measurer(ws.repo, self.probe, self.builder, ws.logs / f"s{self.sid}",
-                                     use_worktree=True, on_build=say_building(self.progress))
+                                     use_worktree=True, on_build=say_building(self.progress, self.probe))
         out = self.measurer.measure(sha, self.slot)
         return out, record(ws, self.sid, self.probe.key, self.build_key, out, self.slot.checkout)
 

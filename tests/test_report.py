@@ -142,8 +142,11 @@ def test_html_is_self_contained_with_the_plot(bisected, tmp_path):
     assert h.culprit[:12] in page and f"#{h.prs[h.culprit]}" in page
     # as the Markdown says (which words depends on whether this draw's endpoints overlapped)
     md = write_report(h.path, fmt="md", offline=True)["text"]
-    judged = re.search(r"\*\*Judged by:\*\* (.+)", md).group(1)
+    judged = re.search(r"\*\*Judged by:\*\* (.+)", md).group(1).strip()
     assert f"<b>Judged by:</b> {html.escape(judged)}" in page
+    # and how it was measured, in both (a tester's report named no probe)
+    probe = re.search(r"\*\*Probe:\*\* `(.+)`", md).group(1)
+    assert "probe.py" in probe and f"<b>Probe:</b> <code>{html.escape(probe)}</code>" in page
     assert not out.with_suffix(".png").exists()           # the plot is inside: no file beside it
 
 
@@ -519,3 +522,18 @@ def test_a_verdict_surer_than_its_commits_p_bad_says_why():
              "reason": "2 runs, likelihood ratio 1.6e+03:1 for good", "log_lr": -7.4}
     assert "P(bad) is less sure than that verdict" in explain_commit(entry, model)
     assert "less sure" not in explain_commit({**entry, "p_bad": 0.003}, model)
+
+
+def test_an_sglang_probe_is_named_as_its_options_would_give_it():
+    """A tester could not tell from a report which model, server arguments or
+    environment were measured; a secret among them stays out of the page."""
+    from klbisect.report import sglang_probe_line
+    line = sglang_probe_line({"model_path": "org/model", "server_args": "--tp-size 4 --api-key k3y12345",
+                              "server_env": ["SGLANG_ENABLE_UNIFIED_RADIX_TREE=1", "HF_TOKEN=hf_secret123"],
+                              "turn_separator": [1, 29892], "python": "/opt/venv/bin/python"})
+    assert line == ("--probe sglang --model-path org/model --sglang-python /opt/venv/bin/python "
+                    "--server-args '--tp-size 4 --api-key k3y12345' --server-env SGLANG_ENABLE_UNIFIED_RADIX_TREE=1 "
+                    "--server-env HF_TOKEN=hf_secret123 --turn-separator 1,29892")
+    from klbisect.redact import redact
+    assert "hf_secret123" not in redact(line) and "k3y12345" not in redact(line)
+

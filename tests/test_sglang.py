@@ -1064,6 +1064,8 @@ def test_server_env_reaches_the_server_and_a_slow_launch_is_not_the_runs_timeout
     slot = Slot(0, wt, env={"FAKE_SGLANG_PIDFILE": str(pidfile)})
     probe = _probe(repo, server_env=("FAKE_SGLANG_READY_AFTER=6",), timeout=5, labels=("logprobs_match",),
                    max_new_tokens=8)
+    said: list[str] = []
+    probe.on_launch = said.append      # a tester's console was silent for the whole launch
     try:
         r = probe.run(wt, tmp_path / "run.log", slot)
         env = psutil.Process(probe._held[0].server.pid).environ()
@@ -1073,10 +1075,15 @@ def test_server_env_reaches_the_server_and_a_slow_launch_is_not_the_runs_timeout
     log = Path(r.log_path).read_text()
     assert r.status == "ok" and "logprobs_match" in r.values, log
     assert env.get("FAKE_SGLANG_READY_AFTER") == "6"
+    assert len(said) == 2 and said[0].startswith(f"  {repo.good[:12]}: launching the server (up to"), said
+    assert said[1].startswith(f"  {repo.good[:12]}: server ready after"), said
     assert probe.key != _probe(repo, timeout=5, labels=("logprobs_match",), max_new_tokens=8).key
     with pytest.raises(KlbisectError, match="give NAME=VALUE") as e:
         _probe(repo, server_env=("SGLANG_ENABLE_UNIFIED_RADIX_TREE",))
     assert e.value.code == EXIT_USAGE
+    with pytest.raises(KlbisectError, match="give NAME=VALUE") as e:      # a tester's typo, ':' for '='
+        _probe(repo, server_env=("HF_TOKEN:hf_colonSECRET1",))
+    assert "hf_colonSECRET1" not in e.value.message and "HF_TOKEN..." in e.value.message
     with pytest.raises(KlbisectError, match="sets A twice"):
         _probe(repo, server_env=("A=1", "A=2"))
     # a secret given as a variable is known, so a server echoing it bare is masked
