@@ -818,7 +818,7 @@ class SGLangProbe:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         values: dict[str, float] = {}
         status, exit_code = STATUS_CRASH, None
-        ready = start
+        ready, measured = start, 0.0
         with proc.private_log(log_path, "w") as log:
             def say(line: str) -> None:
                 log.write(line + "\n")
@@ -855,6 +855,9 @@ class SGLangProbe:
             except requests.Timeout as e:
                 say(f"timed out: {e}")
                 status = STATUS_TIMEOUT
+                # what --timeout counts, the requests (not the launch, nor the stop below): a longer
+                # --timeout then runs it again (runs.cut_short), whatever its launch took
+                measured = time.monotonic() - ready
                 self._fail(slot, held, say)
             except (requests.RequestException, ProtocolError, KeyError, TypeError, IndexError, ValueError) as e:
                 # A server that died or answered nonsense mid-run: no value for the rest.
@@ -872,10 +875,8 @@ class SGLangProbe:
                 # --timeout is a crash whatever it printed, as for --probe-cmd (a longer
                 # --timeout runs it again)
                 status = STATUS_OK
-        # a run stopped at --timeout lasted what --timeout counts, the requests: a longer --timeout
-        # then runs it again (runs.cut_short), whatever its launch took
-        return RunResult(values, exit_code, status, time.monotonic() - (ready if status == STATUS_TIMEOUT else start),
-                         str(log_path))
+        return RunResult(values, exit_code, status,
+                         measured if status == STATUS_TIMEOUT else time.monotonic() - start, str(log_path))
 
     def _count_run(self, slot_index: int, held: _Held | None) -> None:
         """A server that has served ``runs_per_launch`` runs goes."""
