@@ -212,10 +212,10 @@ def format_status(st: dict) -> str:
     if starred:
         lines.append("  " + PLACED_NOTE)
     if st.get("later_runs") and st.get("as_ended"):
-        lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at these commits "
+        lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at commits of its range "
                      "are left out: this is the session as it ended; a new `klbisect run` of the range weighs them)")
     elif st.get("later_runs"):
-        lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at these commits "
+        lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at commits of its range "
                      "are weighed above too)")
     if st.get("top"):
         lines.append("Most likely first bad commit:")
@@ -637,12 +637,12 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     spent += f"; {earlier} runs reused from earlier sessions" if earlier else ""
     head.append(f"**Cost:** {r['probe_runs']} probe runs ({spent})  ")
     if data.get("left_out"):
-        head.append(f"*{fmt_count(data['left_out'], 'run')} that later sessions recorded at these commits are left "
-                    "out: this is the session as it ended.*  ")
+        head.append(f"*{fmt_count(data['left_out'], 'run')} that later sessions recorded at commits of its range "
+                    "are left out: this is the session as it ended.*  ")
     if later:
         # a report made after later sessions measured these commits: their runs are in the
         # commit table, not in the answer (a tester read them as "reused from earlier sessions")
-        head.append(f"*{fmt_count(later, 'run')} that later sessions recorded at these commits are in the "
+        head.append(f"*{fmt_count(later, 'run')} that later sessions recorded at commits of its range are in the "
                     "commit table (its P(bad) recomputed from every run); the confidence and the values "
                     "per label are this answer's, when its search stopped.*  ")
     judged = judged_by(data)

@@ -76,9 +76,10 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
         out["running"] = ws.busy() and (session_id is None or _shown_session(ws).id == sess.id)
         if sess.kind == "run":
             # a nightly's bisect is a run session: named by its night (a tester read "run" and
-            # looked for a `klbisect run` nobody typed)
+            # looked for a `klbisect run` nobody typed), the first that points to it: the one that
+            # found the regression, not a later "known" night
             out["for_night"] = next((r["night"] for r in (json.loads(row["result"] or "{}") for row in st.db.execute(
-                "SELECT result FROM sessions WHERE kind='nightly' AND result IS NOT NULL ORDER BY id DESC"))
+                "SELECT result FROM sessions WHERE kind='nightly' AND result IS NOT NULL ORDER BY id"))
                 if r.get("bisect_session") == sess.id), None)
         later = st.latest_session(("calibrate",)) if session_id is None else None
         if later is not None and later.id > sess.id and later.result is None:

@@ -1000,7 +1000,7 @@ def test_an_ended_git_bisect_is_shown_as_it_ended(history):
     assert after["later_runs"] == later and after["reused_runs"] == before["reused_runs"]
     assert [c["values"] for c in after["commits"]] == [c["values"] for c in before["commits"]]
     text = klb("status", "--session", str(before["session"]), cwd=h.path).stdout
-    assert f"{later} runs that later sessions recorded at these commits are left out: this is the session as it " \
+    assert f"{later} runs that later sessions recorded at commits of its range are left out: this is the session as it " \
            "ended" in text, text
     logged = json.loads(klb("log", "--session", str(before["session"]), "--json", cwd=h.path).stdout)
     assert not [r for r in logged if (r["reused_from"] or 0) > before["session"]], logged

@@ -599,6 +599,11 @@ def test_a_second_regression_that_rises_only_as_high_as_the_open_one_is_bisected
     lv.commit("Docs (#104)")
     p4 = nightly(repo, "d4", *two)
     assert tail_json(p4)["culprit"] == first and verdicts(repo)[-1] == "known", p4.stderr
+    # the bisect is d3's, which found it, not the known night's that points back to it (a tester's)
+    [(bisect,)] = db(repo, "SELECT id FROM sessions WHERE kind='run'")
+    st = subprocess.run([PY, "-m", "klbisect", "status", "--session", str(bisect)],
+                        cwd=repo, env=_env(), capture_output=True, text=True, timeout=120)
+    assert re.search(r"^Session \d+ \(the bisect of nightly d3, done\)", st.stdout, re.M), st.stdout + st.stderr
     second = lv.commit("Fuse the logprobs kernel (#105)", 0.008, {"prefill_cache_hit": 0.008})
     lv.commit("Docs (#106)")
     p5 = nightly(repo, "d5", *two)

@@ -360,7 +360,7 @@ def test_a_report_made_after_a_later_session_does_not_call_its_runs_earlier(tmp_
     text = write_report(h.path, fmt="md", session_id=first.session, offline=True)["text"]
     assert "reused from earlier sessions" not in text, text
     # the session as it ended (a tester read a later session's runs as its own): left out, and said so
-    later = re.search(r"\*(\d+) runs that later sessions recorded at these commits are left out: this is the "
+    later = re.search(r"\*(\d+) runs that later sessions recorded at commits of its range are left out: this is the "
                       r"session as it ended", text)
     assert later and int(later.group(1)) >= again.probe_runs - 4, text     # endpoints' runs may lie outside
     assert text.split("**Cost:**")[1].split("\n")[0] == before.split("**Cost:**")[1].split("\n")[0]
