@@ -360,14 +360,11 @@ def _token_ids(text: str) -> list[int]:
     return ids
 
 
-def _option(key: str) -> str:
-    return "--sglang-python" if key == "python" else "--" + key.replace("_", "-")
-
-
 def _no_idle_options(kw: dict, sglang: dict) -> None:
     """Options that the chosen probe or build does not read were dropped
     without a word (a tester's --build-cmd never ran beside --build sglang,
     and --model-path did nothing with --probe-cmd)."""
+    from .config import sglang_flag
     probe, build = kw.get("probe_kind"), kw.get("build_kind")
     if probe == "sglang" and kw.get("probe_cmd"):
         raise KlbisectError("--probe sglang runs klbisect's own KL probe against a server, and --probe-cmd is the "
@@ -377,7 +374,7 @@ def _no_idle_options(kw: dict, sglang: dict) -> None:
     if probe != "sglang":
         idle = [k for k in _SGLANG_KEYS if k in sglang and k not in ("python", "pip_args")]
         if idle:
-            raise KlbisectError(f"{_option(idle[0])} is an option of --probe sglang, which this command does not "
+            raise KlbisectError(f"{sglang_flag(idle[0])} is an option of --probe sglang, which this command does not "
                                 "use: leave it out, or pass --probe sglang", EXIT_USAGE)
     labels = [x.strip() for x in (sglang.get("labels") or "").split(",") if x.strip()]
     if probe == "sglang" and labels and kw.get("metric") and kw["metric"] not in labels:
@@ -388,7 +385,7 @@ def _no_idle_options(kw: dict, sglang: dict) -> None:
         idle = [k for k in ("pip_args",) if k in sglang] + (
             [k for k in ("python",) if k in sglang] if probe != "sglang" else [])
         if idle:
-            raise KlbisectError(f"{_option(idle[0])} is an option of --build sglang"
+            raise KlbisectError(f"{sglang_flag(idle[0])} is an option of --build sglang"
                                 f"{' (or --probe sglang)' if idle[0] == 'python' else ''}, which this command "
                                 "does not use: leave it out, or pass --build sglang", EXIT_USAGE)
 

@@ -15,6 +15,11 @@ from .metric import check_regex
 from .probe import DEFAULT_TIMEOUT, CommandProbe
 
 
+def sglang_flag(key: str) -> str:
+    """The command-line option of a --probe/--build sglang setting."""
+    return "--sglang-python" if key == "python" else "--" + key.replace("_", "-")
+
+
 @dataclass
 class BisectConfig:
     """Everything that defines a bisect. The fields in ``question()`` decide
@@ -69,16 +74,12 @@ class BisectConfig:
         bisect that --max-runs stalled (a tester pasted it, and the run
         stalled on the same cap 344 runs later)."""
         d = BisectConfig()
-        argv = ["klbisect", "run", "--good", good, "--bad", bad]
+        argv = ["klbisect", "run", "--good", good, "--bad", bad, *self.probe_argv()]
 
         def opt(flag: str, value, default) -> None:
             if value != default and value is not None:
                 argv.extend([flag, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)])
 
-        opt("--probe", self.probe, d.probe)
-        opt("--probe-cmd", self.probe_cmd, None)
-        for key, value in self.sglang.items():
-            opt("--" + ("sglang-python" if key == "python" else key.replace("_", "-")), value, None)
         opt("--build-cmd", self.build_cmd, None)
         opt("--build", self.build, None)
         opt("--build-paths", tuple(self.build_paths), tuple(d.build_paths))
@@ -94,6 +95,23 @@ class BisectConfig:
         if self.fresh:
             argv.append("--fresh")
         return shlex.join(argv)
+
+    def probe_argv(self) -> list[str]:
+        """The options that choose and shape the probe, as a command line gives
+        them: for the `run` advice above, and for reports (a reader measures
+        the same way with them)."""
+        argv = [] if self.probe == "cmd" else ["--probe", self.probe]
+        if self.probe_cmd is not None:
+            argv += ["--probe-cmd", self.probe_cmd]
+        for key, value in self.sglang.items():
+            if value is None:
+                continue
+            if key == "server_env":     # repeated, one variable each
+                argv += [a for item in value for a in (sglang_flag(key), item)]
+            else:
+                shown = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+                argv += [sglang_flag(key), shown]
+        return argv
 
     @classmethod
     def from_dict(cls, d: dict) -> "BisectConfig":

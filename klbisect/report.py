@@ -363,8 +363,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
     from . import repo as gitrepo  # noqa: PLC0415
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
     from .gitbisect import gitbisect_result  # noqa: PLC0415
-    from .result import current_analysis  # noqa: PLC0415
-    from .result import build_result, probed_commits  # noqa: PLC0415
+    from .result import build_result, current_analysis, probed_commits  # noqa: PLC0415
     from .status import as_ended  # noqa: PLC0415
     from .workspace import Workspace, stop_reason  # noqa: PLC0415
 
@@ -428,7 +427,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
                 "prs": {str(k): v for k, v in prs.items()}, "slug": slug, "boundary": boundary,
                 "model": model.to_dict(),
                 "session": {"id": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
-                            "probe": cfg.probe_cmd if cfg.probe == "cmd" else sglang_probe_line(cfg.sglang),
+                            "probe": cfg.probe_cmd if cfg.probe == "cmd" else shlex.join(cfg.probe_argv()),
                             "repo": str(ws.top), "worse": cfg.worse, "metric": cfg.metric}}
     finally:
         ws.close()
@@ -553,22 +552,6 @@ def _range_md(s: dict) -> str:
 _VERDICTS_FOR_GIT = ("each commit's verdict for git is given at 500:1 by the fitted model, and where the runs "
                      "sat close or overlapped when it was given, by a rank-based test against the sides' runs too "
                      "(each verdict below says which)")
-
-
-def sglang_probe_line(opts: dict) -> str:
-    """--probe sglang's options as a command line would give them: what a
-    report's reader needs to measure the same way."""
-    argv = ["--probe", "sglang"]
-    for k, v in sorted(opts.items()):
-        flag = "--sglang-python" if k == "python" else "--" + k.replace("_", "-")
-        if k == "server_env":
-            for item in v:
-                argv += [flag, item]
-        elif k == "turn_separator":
-            argv += [flag, ",".join(map(str, v))]
-        else:
-            argv += [flag, str(v)]
-    return shlex.join(argv)
 
 
 def judged_by(data: dict) -> str | None:

@@ -526,14 +526,18 @@ def test_a_verdict_surer_than_its_commits_p_bad_says_why():
 
 def test_an_sglang_probe_is_named_as_its_options_would_give_it():
     """A tester could not tell from a report which model, server arguments or
-    environment were measured; a secret among them stays out of the page."""
-    from klbisect.report import sglang_probe_line
-    line = sglang_probe_line({"model_path": "org/model", "server_args": "--tp-size 4 --api-key k3y12345",
-                              "server_env": ["SGLANG_ENABLE_UNIFIED_RADIX_TREE=1", "HF_TOKEN=hf_secret123"],
-                              "turn_separator": [1, 29892], "python": "/opt/venv/bin/python"})
-    assert line == ("--probe sglang --model-path org/model --sglang-python /opt/venv/bin/python "
-                    "--server-args '--tp-size 4 --api-key k3y12345' --server-env SGLANG_ENABLE_UNIFIED_RADIX_TREE=1 "
-                    "--server-env HF_TOKEN=hf_secret123 --turn-separator 1,29892")
+    environment were measured; a secret among them stays out of the page.
+    The `klbisect run` advice spells the same options (each --server-env its
+    own, not joined by commas)."""
+    import shlex
     from klbisect.redact import redact
+    cfg = BisectConfig(probe="sglang", sglang={
+        "model_path": "org/model", "server_args": "--tp-size 4 --api-key k3y12345",
+        "server_env": ["SGLANG_ENABLE_UNIFIED_RADIX_TREE=1", "HF_TOKEN=hf_secret123"],
+        "turn_separator": [1, 29892], "python": "/opt/venv/bin/python"})
+    line = shlex.join(cfg.probe_argv())
+    assert line == ("--probe sglang --model-path org/model --server-args '--tp-size 4 --api-key k3y12345' "
+                    "--server-env SGLANG_ENABLE_UNIFIED_RADIX_TREE=1 --server-env HF_TOKEN=hf_secret123 "
+                    "--turn-separator 1,29892 --sglang-python /opt/venv/bin/python")
     assert "hf_secret123" not in redact(line) and "k3y12345" not in redact(line)
-
+    assert cfg.run_command("g", "b").startswith(f"klbisect run --good g --bad b {line}")
