@@ -93,19 +93,29 @@ def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> 
                  "files, add them to --build-paths")
 
 
+def _first_pin_change(repo, good: str, bad: str, packages: tuple[str, ...] | None = None) -> tuple[str, str] | None:
+    """The first commit after ``good`` whose python/pyproject.toml pins
+    ``packages`` (default: the kernel wheels) otherwise, and what moved:
+    ("SHA", "name old -> new, ..."); None when nothing does."""
+    from .sglang import PINNED_PACKAGES, PYPROJECT, parse_pins  # noqa: PLC0415
+    packages = packages or PINNED_PACKAGES
+    first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT), packages)
+    for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
+        pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT), packages)
+        if pins != first:
+            return sha[:12], ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
+                                       for n in sorted(set(first) | set(pins)) if first.get(n) != pins.get(n))
+    return None
+
+
 def unfollowed_pins(repo, good: str, bad: str) -> str:
     """The pins --build sglang does not install (torch, transformers) that a
     commit of the range changes: "SHA: torch 2.8.0 -> 2.9.1"; else "". The
     kernel wheels it installs are built for one torch: past a joint bump,
     every commit may fail to import them."""
-    from .sglang import PYPROJECT, UNFOLLOWED_PINS, parse_pins  # noqa: PLC0415
-    first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT), UNFOLLOWED_PINS)
-    for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
-        pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT), UNFOLLOWED_PINS)
-        if pins != first:
-            return f"{sha[:12]}: " + ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
-                                               for n in sorted(set(first) | set(pins)) if first.get(n) != pins.get(n))
-    return ""
+    from .sglang import UNFOLLOWED_PINS  # noqa: PLC0415
+    moved = _first_pin_change(repo, good, bad, UNFOLLOWED_PINS)
+    return f"{moved[0]}: {moved[1]}" if moved else ""
 
 
 def pins_moved(repo, cfg: BisectConfig, builder, good: str, bad: str) -> str:
@@ -116,15 +126,8 @@ def pins_moved(repo, cfg: BisectConfig, builder, good: str, bad: str) -> str:
     another had just installed."""
     if cfg.parallel <= 1 or not getattr(builder, "install_pins", False):
         return ""
-    from .sglang import PYPROJECT, parse_pins  # noqa: PLC0415
-    first = parse_pins(gitrepo.show_file(repo, good, PYPROJECT))
-    for sha in gitrepo.touching(repo, good, bad, PYPROJECT):
-        pins = parse_pins(gitrepo.show_file(repo, sha, PYPROJECT))
-        if pins != first:
-            return f"{sha[:12]} (" + ", ".join(f"{n} {first.get(n) or 'unpinned'} -> {pins.get(n) or 'unpinned'}"
-                                               for n in sorted(set(first) | set(pins))
-                                               if first.get(n) != pins.get(n)) + ")"
-    return ""
+    moved = _first_pin_change(repo, good, bad)
+    return f"{moved[0]} ({moved[1]})" if moved else ""
 
 
 def slots_for(cfg: BisectConfig, moved: str, progress: Progress) -> int:
