@@ -634,7 +634,7 @@ class SGLangProbe:
     turn_separator: tuple[int, ...] = ()     # token ids between turns (the tests add a comma)
     kl_threshold: float | None = None        # exit code 1 at or above it, like the tests' assertion
     server_env: tuple[str, ...] = ()          # "NAME=VALUE" for the server (the tests' popen env=)
-    # a console line when a server launches (minutes on a GPU box; the run log has the rest): workspace.say_launches
+    # a console line when a server launches (minutes on a GPU box; the run log has the rest): workspace.say_building
     on_launch: Callable[[str], None] | None = field(default=None, init=False, repr=False, compare=False)
     _held: dict[int, _Held] = field(default_factory=dict, init=False, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
@@ -728,7 +728,7 @@ class SGLangProbe:
     def describe(self) -> str:
         args = f" {self.server_args}" if self.server_args else ""
         if self.server_env:
-            args = " " + " ".join(self.server_env) + ";" + args
+            args += f" (environment {' '.join(self.server_env)})"
         n = f"{self.num_samples} of " if self.num_samples else ""
         return (f"sglang.launch_server --model-path {self.model_path}{args}; {n}{self.prompts.name} "
                 f"x {self.max_new_tokens} new tokens; labels {','.join(self.labels)}")

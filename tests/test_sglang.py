@@ -1269,9 +1269,12 @@ def test_bisect_finds_planted_sglang_commit(repo, tmp_path):
         sglang={"model_path": "fake-tiny", "prompts": str(repo.prompts), "max_new_tokens": 16,
                 "labels": "logprobs_match", "launch_timeout": 60},
     )
-    result = run_bisect(repo.path, cfg, progress=lambda msg: None)
+    said: list[str] = []
+    result = run_bisect(repo.path, cfg, progress=said.append)
     assert result.culprit == repo.culprit, result
     assert not [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
+    # each launch is said on the console, with its commit (a tester's was silent for minutes)
+    assert f"  {repo.good[:12]}: launching the server (up to --launch-timeout 60 s; log: " in "\n".join(said), said
 
 
 def test_one_slot_launches_a_server_per_endpoint_not_per_run(repo, tmp_path):
