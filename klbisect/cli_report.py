@@ -29,6 +29,8 @@ def report(repo, fmt, out, session_id, plot, offline):
         ext = (out or "").rsplit(".", 1)[-1].lower() if out and "." in out else ""
         fmt = {"html": "html", "htm": "html", "json": "json"}.get(ext, "md")
     rep = write_report(repo, fmt=fmt, out=out, session_id=session_id, plot=plot, offline=offline)
+    if rep["data"].get("via"):
+        click.echo(f"klbisect: {rep['data']['via']}", err=True)
     if rep["path"]:
         click.echo(f"klbisect: wrote {rep['path']}" + (f" (plot {rep['plot']})" if rep["plot"] else ""), err=True)
     else:

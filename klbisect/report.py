@@ -125,7 +125,9 @@ def format_status(st: dict) -> str:
                  if st.get("git_bisect_running") is False
                  else "answered; `klbisect reset` ends it" if st.get("result") else "git bisect in progress")
     if st.get("stopped"):
-        state += f"; stopped: {st['stopped']}"
+        # "calibrating; stopped: ..." read as still calibrating (a tester's)
+        state = (f"stopped while calibrating the endpoints: {st['stopped']}" if state == "calibrating"
+                 else f"{state}; stopped: {st['stopped']}")
     elif st["state"] in ("done", "ended"):
         pass
     elif st.get("running"):
@@ -328,6 +330,8 @@ def pr_meta(store, pr: int | None, slug: str | None, offline: bool = False) -> d
 
 
 def _find_session(ws, session_id: int | None):
+    """The bisect session a report is of, and a note when it is not the one
+    asked for (a nightly's id stands for its bisect)."""
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
     st = ws.store
     if session_id is not None:
@@ -344,15 +348,19 @@ def _find_session(ws, session_id: int | None):
                                         f"({rec['verdict']}), whose bisect found no culprit: {why}", EXIT_USAGE)
                 raise KlbisectError(f"session {session_id} is a nightly check without a bisect "
                                     f"({rec.get('verdict') or 'not judged'}); see `klbisect history`", EXIT_USAGE)
+            night = sess
             sess = st.session(int(sub))
+            if sess is not None:
+                return sess, (f"session {session_id} is the nightly of {(night.result or {}).get('night')}; "
+                              f"this is the report of its bisect, session {sess.id}")
         if sess is None or sess.kind not in ("run", "gitbisect"):
             raise KlbisectError(f"session {session_id} is not a bisect session", EXIT_USAGE)
-        return sess
+        return sess, None
     # the newest bisect: an interrupted session of an older question must not hide it
     sess = st.latest_session(("run", "gitbisect"), touched=True)
     if sess is None:
         raise KlbisectError(f"no bisect session in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
-    return sess
+    return sess, None
 
 
 def report_data(path, session_id: int | None = None, offline: bool = False) -> dict:
@@ -373,7 +381,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
             raise KlbisectError(f"no klbisect session in {ws.top}: start one with `klbisect run` or "
                                 "`klbisect start`", EXIT_USAGE)
         st = ws.store
-        sess = _find_session(ws, session_id)
+        sess, via = _find_session(ws, session_id)
         ended = as_ended(sess)
         ws.use_session(sess)       # a --fresh one's view: what it left out before it began is not "later"
         recorded = len(st.runs(sess.probe_key, [c[0] for c in st.candidates(sess.id)])) if ended else 0
@@ -420,7 +428,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
             boundary = None
         # stopped because the ends' runs do not differ (now): nobody to blame
         no_signal = not result.get("complete", True) and (pl.lost is not None or pl.unproven is not None)
-        return {"result": result, "no_signal": no_signal, "commits": commits, "runs": all_runs,
+        return {"result": result, "no_signal": no_signal, "via": via, "commits": commits, "runs": all_runs,
                 # runs later sessions recorded at these commits, left out of an ended session's report
                 "left_out": recorded - len(all_runs) if ended else 0,
                 "culprit_commits": culprit_commits,

@@ -1817,6 +1817,8 @@ def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
     tail = p.stderr.split(line, 1)[1]
     assert "hello-from-the-probe" in tail and "second-line" in tail
     assert worktrees(small.path) == [str(small.path)]
+    head = klb("status", cwd=small.path).stdout.splitlines()[0]
+    assert "(run, stopped while calibrating the endpoints: the good endpoint" in head, head
 
 
 def test_timeouts_at_an_endpoint_then_a_longer_timeout_resumes(small, tmp_path):

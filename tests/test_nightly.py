@@ -234,6 +234,13 @@ def test_day_by_day(tmp_path, loopback):
     bis = db(repo, "SELECT good, bad, state FROM sessions WHERE kind='run'")
     assert bis == [(day1_head, git(repo, "rev-parse", "HEAD").strip(), "done")]
     assert ("the oldest of the 2 baseline heads" in p4.stderr) == night3_good
+    # the night's session id stands for its bisect, and the report says whose it is
+    [(night4, bisect4)] = db(repo, "SELECT id, json_extract(result, '$.bisect_session') FROM sessions "
+                                   "WHERE kind='nightly' AND result LIKE '%2025-03-04%'")
+    rep = klb("report", "--session", str(night4), "--offline", "--format", "json", cwd=repo)
+    assert json.loads(rep.stdout)["result"]["session"] == bisect4 and rep.returncode == 0
+    assert (f"session {night4} is the nightly of 2025-03-04; this is the report of its bisect, "
+            f"session {bisect4}") in rep.stderr, rep.stderr
 
     # rerunning the same night: no new runs, same answer, no new sessions
     n_runs = db(repo, "SELECT COUNT(*) FROM runs")[0][0]
