@@ -309,7 +309,8 @@ def sglang_options(f):
         click.option("--kl-threshold", type=KL_VALUE, default=None,
                      help="--probe sglang: also print pass/fail against this threshold, like the test."),
         click.option("--pip-args", multiple=True,
-                     help="--build sglang: extra pip arguments (repeat it, or quote several in one)."),
+                     help="--build sglang: extra pip arguments (repeat it, or quote several in one; split as a "
+                          "shell splits, so an argument with a space needs its own quotes)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -621,4 +622,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # through the console script's entry: its output is redacted and a stop signal is one line
+    from klbisect.__main__ import run as console_entry
+    console_entry()

@@ -478,8 +478,8 @@ class ThresholdModel:
         return _arr(values) >= self.threshold
 
     def _majority(self, p: float) -> float:
-        need = self.votes // 2 + 1
-        return sum(math.comb(self.votes, k) * p ** k * (1 - p) ** (self.votes - k) for k in range(need, self.votes + 1))
+        """P(a majority of ``votes`` runs fail) when one fails with ``p``."""
+        return float(_stats().binom.sf(self.votes // 2, self.votes, p))
 
     def verdict_log_lrs(self, votes: int | None = None) -> tuple[float, float]:
         """Evidence, bad over good, of a failing and of a passing verdict (a
@@ -548,6 +548,26 @@ class Verdict:
         return fmt_odds(self.log_lr)
 
 
+def normal_scores(values: np.ndarray) -> np.ndarray:
+    """Rank-based normal scores (Blom): the values' order, nothing of their
+    shape. A 10x outlier scores like the largest ordinary value, and skewed
+    or heavy-tailed metrics need no parametric model."""
+    x = np.asarray(values, float)
+    n = x.size
+    if n == 0:
+        return x
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(n)
+    ranks[order] = np.arange(1, n + 1)
+    # ties share their average rank
+    uniq, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    if uniq.size < n:
+        sums = np.bincount(inv, weights=ranks)
+        ranks = (sums / counts)[inv]
+    from scipy.special import ndtri  # noqa: PLC0415 - scipy loads slowly; `klbisect probe` may not plan
+    return ndtri((ranks - 0.375) / (n + 0.25))
+
+
 def predictive_log_lr(values: Sequence[float], good: Sequence[float], bad: Sequence[float]) -> float:
     """A commit's evidence, bad over good, from its runs and the two sides'
     runs: the log Bayes factor that its runs share the bad side's
@@ -556,7 +576,6 @@ def predictive_log_lr(values: Sequence[float], good: Sequence[float], bad: Seque
     model of the scores has both centres and the common spread integrated
     out (flat and 1/sigma priors), as ``search.integrated_parts`` does. It
     knows how little 10-20 runs a side say about where the sides lie."""
-    from .search import normal_scores  # noqa: PLC0415 - the search's rank scores, one definition
     x, g, b = (np.asarray(v, float) for v in (values, good, bad))
     m, ng, nb = x.size, g.size, b.size
     if m == 0 or ng < 2 or nb < 2:

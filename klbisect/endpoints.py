@@ -18,9 +18,8 @@ from .executors import Failure
 from .labels import (check_direction, clearer_label, goes_better, judged_on, label_finding, label_hint,
                      silent_when_passing, spikes_note)
 from .metric import broke, fmt_count, fmt_seconds, fmt_summary, fmt_vals, last_exception, over_labels
-from .probe import STATUS_FAILED, STATUS_NOTFOUND, STATUS_TIMEOUT
 from .proc import log_tail
-from .runs import MEASURED, failed_launches, missed_worse, repeated_runs, typical_values, usual_labels
+from .runs import MEASURED, STATUS_FAILED, STATUS_NOTFOUND, STATUS_TIMEOUT, failed_launches, missed_worse, repeated_runs, typical_values, usual_labels
 from .search import CommitRuns
 from .workspace import Progress, Workspace, commit_runs, since
 

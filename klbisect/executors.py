@@ -23,7 +23,8 @@ from typing import Callable, Protocol, Sequence
 
 from .errors import KlbisectError
 from .measure import Outcome
-from .probe import CRASHED, Slot
+from .probe import Slot
+from .runs import CRASHED
 from .proc import kill_all_active
 
 PORT_SPAN = 100            # ports per slot: [port_base, port_base + PORT_SPAN)
@@ -212,9 +213,6 @@ class LocalExecutor:
     def warm(self, sha: str) -> bool:
         """Whether a free checkout last had ``sha`` (checked out and built)."""
         return bool(self._idle) and any(self._last.get(c) == sha for c in self._free_checkouts())
-
-    def slot_of(self, index: int) -> Slot:
-        return self._slots[index]
 
     def submit(self, sha: str) -> None:
         if not self._idle:

@@ -22,9 +22,9 @@ from .errors import EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_REPO_STATE, EXIT_USAGE, 
 from .executors import port_bases
 from .measure import Measurer
 from .metric import fmt_subject, fmt_value
-from .probe import STATUS_TIMEOUT, Probe, Slot
+from .probe import Probe, Slot
 from .result import Result, build_result, current_analysis
-from .runs import run_shown, typical_values, usual_labels
+from .runs import STATUS_TIMEOUT, run_shown, typical_values, usual_labels
 from .search import CommitRuns
 from .store import SessionRow
 from .workspace import (Progress, Workspace, WorktreeMeter, bisect_key, checkout_key, commit_runs, note_checkout,

@@ -24,7 +24,6 @@ class Outcome:
     started: float
     build: BuildResult | None = None   # set when a build ran
     run: RunResult | None = None       # None when the build failed
-    changed_since_build: list[str] | None = field(default=None)
     checkout: str = ""                 # where it ran (a slot may run in any checkout of a pool)
 
     @property

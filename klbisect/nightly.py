@@ -71,9 +71,8 @@ from .errors import (EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE
                      KlbisectError, NoDifference)
 from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .plots import check_writable
-from .probe import STATUS_NOTFOUND, STATUS_TIMEOUT
 from .redact import MASK, redact
-from .runs import status_words
+from .runs import STATUS_NOTFOUND, STATUS_TIMEOUT, status_words
 from .workspace import Progress, WorktreeMeter, to_stderr
 
 GOOD_VERDICTS = ("good", "baseline")

@@ -15,19 +15,11 @@ from typing import Protocol
 
 from .metric import failed_its_check, parse_values
 from .proc import run_logged
+# a run's statuses are the pure core's words (runs.py); the probe only assigns them
+from .runs import STATUS_CRASH, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT
 
 DEFAULT_TIMEOUT = 1800.0  # a 5-minute test plus a slow server launch, twice over
 
-STATUS_OK = "ok"
-STATUS_CRASH = "crash"
-STATUS_TIMEOUT = "timeout"
-STATUS_NOTFOUND = "notfound"
-# printed values, then failed its own assertion: a measurement even if it
-# stopped before its later labels (their max can only be higher)
-STATUS_FAILED = "failed"
-# a server probe whose server never came up: a crash the session tells apart (two in a row stop)
-STATUS_NOSERVER = "noserver"
-CRASHED = (STATUS_CRASH, STATUS_NOSERVER)
 
 
 @dataclass
@@ -48,10 +40,6 @@ class RunResult:
     status: str
     duration: float
     log_path: str
-
-    @property
-    def has_value(self) -> bool:
-        return bool(self.values)
 
     def to_dict(self) -> dict:
         return asdict(self)

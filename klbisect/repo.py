@@ -1,7 +1,8 @@
 """Small functions over ``git``; every failure becomes one ``KlbisectError``.
 
-Commands run through GitPython's argv interface: no shell ever sees a
-revision or path the user typed.
+Commands run through GitPython's argv interface (and one ``git rev-parse``
+through ``subprocess`` with an argv, before GitPython may read GIT_DIR): no
+shell ever sees a revision or path the user typed.
 """
 from __future__ import annotations
 

@@ -12,8 +12,7 @@ from .config import BisectConfig, make_builder
 from .decide import BAD, GOOD, SKIP, UNDECIDED, Model, ThresholdModel, is_undecided_skip, judge, separation, summarize
 from .errors import KlbisectError
 from .metric import fmt_count, fmt_subject, fmt_value, over_labels
-from .probe import STATUS_NOSERVER
-from .runs import valued_runs
+from .runs import STATUS_NOSERVER, valued_runs
 from .search import plan
 from .store import SessionRow
 from .workspace import Workspace, commit_runs

@@ -11,8 +11,17 @@ from __future__ import annotations
 import statistics
 
 from .metric import fmt_value
-from .probe import STATUS_FAILED, STATUS_NOSERVER, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT
 
+STATUS_OK = "ok"
+STATUS_CRASH = "crash"
+STATUS_TIMEOUT = "timeout"
+STATUS_NOTFOUND = "notfound"
+# printed values, then failed its own assertion: a measurement even if it
+# stopped before its later labels (their max can only be higher)
+STATUS_FAILED = "failed"
+# a server probe whose server never came up: a crash the session tells apart (two in a row stop)
+STATUS_NOSERVER = "noserver"
+CRASHED = (STATUS_CRASH, STATUS_NOSERVER)
 
 MEASURED = (STATUS_OK, STATUS_FAILED)   # the statuses of runs whose values count in full
 

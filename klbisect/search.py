@@ -16,6 +16,9 @@ from typing import Sequence
 
 import numpy as np
 
+from .decide import (MAX_CRASH_SKIP, MAX_ENDPOINT_RUNS, OVERLAP_MAX_RUNS, Model, lost_separation, normal_scores,
+                     runs_per_commit, separation)
+
 
 def _block_ends(untestable: np.ndarray) -> np.ndarray:
     """The last index of each block over 1..N: a testable commit, or N."""
@@ -122,26 +125,6 @@ def decided(post: Posterior, confidence: float) -> Block | None:
     return top if top.mass >= confidence else None
 
 
-
-
-def normal_scores(values: np.ndarray) -> np.ndarray:
-    """Rank-based normal scores (Blom): the values' order, nothing of their
-    shape. A 10x outlier scores like the largest ordinary value, and skewed
-    or heavy-tailed metrics need no parametric model."""
-    x = np.asarray(values, float)
-    n = x.size
-    if n == 0:
-        return x
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(n)
-    ranks[order] = np.arange(1, n + 1)
-    # ties share their average rank
-    uniq, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
-    if uniq.size < n:
-        sums = np.bincount(inv, weights=ranks)
-        ranks = (sums / counts)[inv]
-    from scipy.special import ndtri  # noqa: PLC0415 - scipy loads slowly; `klbisect probe` may not plan
-    return ndtri((ranks - 0.375) / (n + 0.25))
 
 
 def _flat(values: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
@@ -439,7 +422,6 @@ def _flaky_crash_rate(commits: Sequence[CommitRuns]) -> float:
 def _crashes_for(rate: float, crash_limit: int, false_alarm: float, cap: int | None = None) -> int:
     # up to `klbisect probe`'s cap: at a 50% crash rate six crashes in a row (the
     # old cap) wrote off a testable commit beside the culprit one time in 64
-    from .decide import MAX_CRASH_SKIP  # noqa: PLC0415 - decide imports this module
     k = crash_limit
     while rate ** k > false_alarm and k < (cap or MAX_CRASH_SKIP):
         k += 1
@@ -475,9 +457,6 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     that an answer of the whole range is a regression (the user's
     --max-endpoint-runs; default ``decide.MAX_ENDPOINT_RUNS``).
     """
-    from .decide import (MAX_ENDPOINT_RUNS, OVERLAP_MAX_RUNS, Model,  # pure; imported here to keep
-                         lost_separation, runs_per_commit, separation)  # the module graph flat
-
     n = len(commits) - 1
     # A commit the answer would have to include as "untestable" gets more
     # chances than one far from it: two flaky crashes in a row at the culprit

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Callable
 
 from . import repo as gitrepo
 from .buildenv import close_builder, hold_env, keep_env, pins_moved, slots_for, warn_build_paths
@@ -14,14 +15,14 @@ from .config import RERUN_KEYS, BisectConfig, make_builder, make_probe, question
 from .decide import VERDICT_LR, Model, ThresholdModel, separation
 from .endpoints import calibrate_endpoints, infrastructure_error, never_built, unbuilt_sglang_hint
 from .errors import EXIT_NO_SIGNAL, Interrupted, KlbisectError, NoDifference
-from .executors import Failure, LocalExecutor, make_slots
+from .executors import Executor, Failure, LocalExecutor, make_slots
 from .labels import CLEARER_LOOK, clearer_label, label_hint
 from .measure import Measurer
 from .metric import fmt_count, fmt_seconds, fmt_summary
-from .probe import STATUS_FAILED, STATUS_TIMEOUT, Slot
+from .probe import Slot
 from .proc import log_tail
 from .result import Result, capped_note, finish_result
-from .runs import cut_short, run_shown, typical_values, usual_labels
+from .runs import STATUS_FAILED, STATUS_TIMEOUT, cut_short, run_shown, typical_values, usual_labels
 from .search import CommitRuns, plan
 from .store import SessionRow, Store
 from .workspace import (Progress, Workspace, commit_runs, note_stop, own_runs_wanted, record, say_building, say_reused,
@@ -31,9 +32,12 @@ from .workspace import (Progress, Workspace, commit_runs, note_stop, own_runs_wa
 CANARY_STREAK = 6     # runs crashed in a row ...
 CANARY_COMMITS = 3    # ... at this many commits: check the environment on the good endpoint
 
+# how a session gets its executor (tests pass their own: a pool that fails on purpose)
+ExecutorFactory = Callable[[BisectConfig, list[Slot], Measurer, Workspace], Executor]
+
 
 def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = to_stderr,
-               executor_factory=None, check_reused: bool = True) -> Result:
+               executor_factory: ExecutorFactory | None = None, check_reused: bool = True) -> Result:
     """Find the first bad commit between cfg.good and cfg.bad without touching
     the user's checkout. Resumes an interrupted run of the same question.
     ``check_reused``: measure again the reused commits an answer leans on
@@ -62,8 +66,8 @@ def _fresh_origin(st: Store, good: str, bad: str, probe_key: str, cfg: BisectCon
     return None
 
 
-def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress: Progress, executor_factory,
-                check_reused: bool = True) -> Result:
+def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress: Progress,
+                executor_factory: ExecutorFactory | None, check_reused: bool = True) -> Result:
     first_build = ws.store.last_build_id()     # the builds after it are this command's
     cands = [(c.sha, c.subject, c.pr) for c in gitrepo.candidates(ws.repo, good, bad, cfg.first_parent)]
     shas = [c[0] for c in cands]
@@ -361,7 +365,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
 
 
 def default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace,
-                     take_turns: bool = False):
+                     take_turns: bool = False) -> Executor:
     if cfg.executor == "ray":
         from .ray_executor import RayExecutor  # noqa: PLC0415 - optional extra
         return RayExecutor.from_config(cfg, ws, measurer, take_turns=take_turns)

@@ -43,8 +43,8 @@ from . import proc
 from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
 from .errors import EXIT_USAGE, KlbisectError, shown
 from .metric import JSON_PREFIX
-from .probe import (DEFAULT_TIMEOUT, STATUS_CRASH, STATUS_NOSERVER, STATUS_OK, STATUS_TIMEOUT, RunResult, Slot,
-                    config_key)
+from .probe import DEFAULT_TIMEOUT, RunResult, Slot, config_key
+from .runs import STATUS_CRASH, STATUS_NOSERVER, STATUS_OK, STATUS_TIMEOUT
 from .proc import child_environ, kill_tree, log_tail, run_logged
 from .redact import env_secrets, flag_secrets, redact
 from .repo import head_sha

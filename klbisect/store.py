@@ -474,11 +474,6 @@ class Store:
                        "VALUES (?,?,?,?,?,?,?,?)",
                        (build_key, checkout, sha, int(ok), started, duration, self._rel(log_path), note))
 
-    def last_good_build(self, build_key: str, checkout: str) -> str | None:
-        row = self.db.execute("SELECT sha FROM builds WHERE build_key=? AND checkout=? AND ok=1 "
-                              "ORDER BY id DESC LIMIT 1", (build_key, checkout)).fetchone()
-        return row["sha"] if row else None
-
     def last_build_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM builds").fetchone()[0]
 

@@ -20,9 +20,9 @@ from .errors import EXIT_BUSY, EXIT_NO_SIGNAL, KlbisectError
 from .executors import make_slots
 from .measure import Measurer, Outcome
 from .metric import fmt_summary, fmt_value, scalar
-from .probe import STATUS_FAILED
 from .proc import interrupt_on_stop_signals, marker_alive, owner_marker, reap_orphans_of, reap_stale
-from .runs import cut_short, typical_values, usual_labels, value_counts
+from .redact import redact
+from .runs import STATUS_FAILED, cut_short, typical_values, usual_labels, value_counts
 from .search import CommitRuns
 from .store import Run, SessionRow, Store, storage_error
 
@@ -31,7 +31,10 @@ Progress = Callable[[str], None]
 
 
 def to_stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    """The default progress line. Redacted here too, not only by the console
+    script's streams: ``run_bisect`` called from Python printed a probe
+    command's HF_TOKEN=... as it was given."""
+    print(redact(msg), file=sys.stderr, flush=True)
 
 
 def say_building(progress: Progress, probe=None):

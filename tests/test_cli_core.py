@@ -1522,6 +1522,25 @@ def test_a_token_in_the_probe_command_is_never_printed(history):
     assert not [s for s in said if "wandbSECRET" in s], said
 
 
+def test_a_token_is_masked_outside_the_console_script_too(history, capsys):
+    """The console script's streams masked tokens; `python -m klbisect.cli`
+    and `run_bisect` called from Python (its default progress lines) printed
+    HF_TOKEN=hf_... as given (a reviewer's)."""
+    from klbisect.config import BisectConfig  # noqa: PLC0415
+    from klbisect.session import run_bisect  # noqa: PLC0415
+    h = history(n_commits=12, seed=6, noise=SEPARATED)
+    secret = "hf_SECRETabc123456"
+    cmd = f"HF_TOKEN={secret} {probe_cmd()}"
+    p = subprocess.run([PY, "-m", "klbisect.cli", "run", "--good", h.good, "--bad", "main", "--probe-cmd", cmd],
+                       cwd=h.path, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "HF_TOKEN=<redacted>" in p.stderr, p.stderr
+    assert secret not in p.stdout + p.stderr
+    res = run_bisect(h.path, BisectConfig(good=h.good, bad=h.bad, probe_cmd=cmd, fresh=True))
+    said = capsys.readouterr()
+    assert res.culprit == h.culprit and "HF_TOKEN=<redacted>" in said.err, said.err
+    assert secret not in said.out + said.err
+
+
 def test_a_log_tail_of_brackets_is_text_not_a_crash():
     """A probe that died printing '[[[[...' (a nested list's repr): its log
     tail in the error line was parsed as JSON to redact it string by

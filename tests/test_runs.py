@@ -2,8 +2,10 @@
 (``klbisect.runs``): plain records, no repository."""
 from __future__ import annotations
 
-from klbisect.probe import STATUS_FAILED, STATUS_OK, STATUS_TIMEOUT
-from klbisect.runs import run_shown, usual_labels, valued_runs
+import subprocess
+import sys
+
+from klbisect.runs import STATUS_FAILED, STATUS_OK, STATUS_TIMEOUT, run_shown, usual_labels, valued_runs
 from klbisect.store import Run
 
 
@@ -76,3 +78,15 @@ def test_a_commit_placed_by_the_integrated_search_says_its_place_decided_it():
                            "runs alone: P(bad) = 1.000"), said
     # one judged on its own runs keeps the verdict it was given, and no such line
     assert "from where it sits" not in explain_commit({**entry, "reason": "3 runs, 40:1"}, model)
+
+
+def test_the_pure_core_loads_no_git_process_or_network_module():
+    """The statistics and the search are tested with plain numbers; runs.py
+    once took its status names from probe.py and so loaded subprocess and
+    psutil with them (a reviewer's)."""
+    core = ("decide", "search", "simulate", "runs", "metric")
+    shell = ("subprocess", "psutil", "git", "socket", "requests", "sqlite3", "klbisect.probe", "klbisect.proc")
+    code = (f"import sys\nfor m in {core!r}: __import__('klbisect.' + m)\n"
+            f"print(','.join(m for m in {shell!r} if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "", loaded
