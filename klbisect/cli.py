@@ -19,7 +19,7 @@ from .decide import (DECISIVE_RUNS, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL
                      OVERLAP_ENDPOINT_RUNS)
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE, KlbisectError,
                      json_failure)
-from .metric import fmt_count, fmt_subject, fmt_value
+from .metric import fmt_count
 from .probe import DEFAULT_TIMEOUT
 
 
@@ -333,10 +333,7 @@ def make_config(kw: dict):
         # (a model id such as org/name is not a path here and stays as it is)
         if k in sglang and os.path.exists(sglang[k]):
             sglang[k] = os.path.abspath(sglang[k])
-    if kw.get("probe_kind") == "sglang" and not sglang.get("model_path"):
-        raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
-    _no_idle_options(kw, sglang)
-    return BisectConfig(
+    cfg = BisectConfig(
         good=kw.get("good") or "", bad=kw.get("bad") or "", probe_cmd=kw["probe_cmd"], probe=kw["probe_kind"],
         build_cmd=kw["build_cmd"], build=kw["build_kind"],
         build_paths=tuple(p.strip() for p in kw["build_paths"].split(",") if p.strip()),
@@ -347,6 +344,8 @@ def make_config(kw: dict):
         parallel=kw.get("parallel", 1), gpus_per_probe=kw.get("gpus_per_probe", 0),
         executor=kw.get("executor", "local"), ray_address=kw.get("ray_address"), fresh=kw.get("fresh", False),
     )
+    cfg.check_options()    # before anything runs: a nightly measures its night before it bisects
+    return cfg
 
 
 def _token_ids(text: str) -> list[int]:
@@ -359,36 +358,6 @@ def _token_ids(text: str) -> list[int]:
         raise KlbisectError(f"--turn-separator {text!r}: give token ids (integers from 0) separated by commas",
                             EXIT_USAGE)
     return ids
-
-
-def _no_idle_options(kw: dict, sglang: dict) -> None:
-    """Options that the chosen probe or build does not read were dropped
-    without a word (a tester's --build-cmd never ran beside --build sglang,
-    and --model-path did nothing with --probe-cmd)."""
-    from .config import sglang_flag
-    probe, build = kw.get("probe_kind"), kw.get("build_kind")
-    if probe == "sglang" and kw.get("probe_cmd"):
-        raise KlbisectError("--probe sglang runs klbisect's own KL probe against a server, and --probe-cmd is the "
-                            "command of --probe cmd: give one of them", EXIT_USAGE)
-    if build == "sglang" and kw.get("build_cmd"):
-        raise KlbisectError("--build sglang and --build-cmd both build each commit: give one of them", EXIT_USAGE)
-    if probe != "sglang":
-        idle = [k for k in _SGLANG_KEYS if k in sglang and k not in ("python", "pip_args")]
-        if idle:
-            raise KlbisectError(f"{sglang_flag(idle[0])} is an option of --probe sglang, which this command does not "
-                                "use: leave it out, or pass --probe sglang", EXIT_USAGE)
-    labels = [x.strip() for x in (sglang.get("labels") or "").split(",") if x.strip()]
-    if probe == "sglang" and labels and kw.get("metric") and kw["metric"] not in labels:
-        # found after two endpoint runs before: each one a server launch
-        raise KlbisectError(f"--metric {kw['metric']} is not among --labels {','.join(labels)}: the probe would "
-                            "never measure it; add it to --labels or pick one of them", EXIT_USAGE)
-    if build != "sglang":
-        idle = [k for k in ("pip_args",) if k in sglang] + (
-            [k for k in ("python",) if k in sglang] if probe != "sglang" else [])
-        if idle:
-            raise KlbisectError(f"{sglang_flag(idle[0])} is an option of --build sglang"
-                                f"{' (or --probe sglang)' if idle[0] == 'python' else ''}, which this command "
-                                "does not use: leave it out, or pass --build sglang", EXIT_USAGE)
 
 
 _SGLANG_KEYS = ("model_path", "server_args", "server_env", "prompts", "runs_per_launch", "max_new_tokens", "labels",
@@ -501,27 +470,13 @@ def status(repo, session_id, as_json):
 @click.option("--json", "as_json", is_flag=True)
 def log(repo, session_id, as_json):
     """Every probe run of the session, with its log file."""
-    import time
-
-    from .runs import status_words
+    from .report import format_log
     from .status import log as get_log
     rows = get_log(repo, session_id)
     if as_json:
         _emit_json(rows)
         return 0
-    if not rows:
-        click.echo("no probe runs in this session yet")
-    # in the order they started (the time shown): parallel slots record runs as they finish
-    for r in sorted(rows, key=lambda r: r["started"] or 0.0):
-        t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
-        vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or status_words(r["status"])
-        reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
-        # a server that was never ready has no exit status: "exit=None" read as a bug (a tester's)
-        end = ("timed out" if r["status"] == "timeout" else
-               "no server" if r["status"] == "noserver" and r["exit_code"] is None else f"exit={r['exit_code']}")
-        crash = "  (counted as a crash)" if r["values"] and not r.get("counted", True) else ""
-        click.echo(f"{t} {r['sha'][:12]} {end} {r['duration'] or 0:6.1f}s  {vals}{crash}{reused}")
-        click.echo(f"         {fmt_subject(r['subject'], 70)}  log: {r['log_path']}")
+    click.echo(format_log(rows))
     return 0
 
 

@@ -25,9 +25,6 @@ def report(repo, fmt, out, session_id, plot, offline):
     """A report of a bisect a maintainer can paste: culprit, PR, KL before
     and after, probed commits, cost, and a plot of every run."""
     from .report import write_report
-    if fmt is None:
-        ext = (out or "").rsplit(".", 1)[-1].lower() if out and "." in out else ""
-        fmt = {"html": "html", "htm": "html", "json": "json"}.get(ext, "md")
     rep = write_report(repo, fmt=fmt, out=out, session_id=session_id, plot=plot, offline=offline)
     if rep["data"].get("via"):
         click.echo(f"klbisect: {rep['data']['via']}", err=True)

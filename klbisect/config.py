@@ -120,7 +120,39 @@ class BisectConfig:
             known["build_paths"] = tuple(known["build_paths"])
         return cls(**known)
 
+    def check_options(self) -> None:
+        """Options that contradict each other, or that the chosen probe or
+        build does not read: they were dropped without a word (a tester's
+        --build-cmd never ran beside --build sglang, and --model-path did
+        nothing with --probe-cmd)."""
+        sglang = self.sglang or {}
+        if self.probe == "sglang" and not sglang.get("model_path"):
+            raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
+        if self.probe == "sglang" and self.probe_cmd:
+            raise KlbisectError("--probe sglang runs klbisect's own KL probe against a server, and --probe-cmd is "
+                                "the command of --probe cmd: give one of them", EXIT_USAGE)
+        if self.build == "sglang" and self.build_cmd:
+            raise KlbisectError("--build sglang and --build-cmd both build each commit: give one of them", EXIT_USAGE)
+        if self.probe != "sglang":
+            idle = [k for k in sglang if k not in ("python", "pip_args")]
+            if idle:
+                raise KlbisectError(f"{sglang_flag(idle[0])} is an option of --probe sglang, which this command "
+                                    "does not use: leave it out, or pass --probe sglang", EXIT_USAGE)
+        labels = [x.strip() for x in (sglang.get("labels") or "").split(",") if x.strip()]
+        if self.probe == "sglang" and labels and self.metric and self.metric not in labels:
+            # found after two endpoint runs before: each one a server launch
+            raise KlbisectError(f"--metric {self.metric} is not among --labels {','.join(labels)}: the probe would "
+                                "never measure it; add it to --labels or pick one of them", EXIT_USAGE)
+        if self.build != "sglang":
+            idle = [k for k in ("pip_args",) if k in sglang] + (
+                [k for k in ("python",) if k in sglang] if self.probe != "sglang" else [])
+            if idle:
+                raise KlbisectError(f"{sglang_flag(idle[0])} is an option of --build sglang"
+                                    f"{' (or --probe sglang)' if idle[0] == 'python' else ''}, which this command "
+                                    "does not use: leave it out, or pass --build sglang", EXIT_USAGE)
+
     def validate(self) -> None:
+        self.check_options()
         if self.probe_cmd is not None:
             # what the shell ignores, so do the session's question and the probe's key (a
             # tester's trailing space started a new session, or a new nightly baseline)

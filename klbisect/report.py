@@ -113,6 +113,28 @@ def _first_bad(complete: bool) -> str:
     return "First bad commit" if complete else "Most likely (NOT sure) first bad commit"
 
 
+def format_log(rows: list[dict]) -> str:
+    """``klbisect log``: two lines a run, in the order they started (the time
+    shown; parallel slots record runs as they finish)."""
+    import time  # noqa: PLC0415
+
+    from .runs import status_words  # noqa: PLC0415
+    if not rows:
+        return "no probe runs in this session yet"
+    out = []
+    for r in sorted(rows, key=lambda r: r["started"] or 0.0):
+        t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
+        vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or status_words(r["status"])
+        reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
+        # a server that was never ready has no exit status: "exit=None" read as a bug (a tester's)
+        end = ("timed out" if r["status"] == "timeout" else
+               "no server" if r["status"] == "noserver" and r["exit_code"] is None else f"exit={r['exit_code']}")
+        crash = "  (counted as a crash)" if r["values"] and not r.get("counted", True) else ""
+        out.append(f"{t} {r['sha'][:12]} {end} {r['duration'] or 0:6.1f}s  {vals}{crash}{reused}")
+        out.append(f"         {fmt_subject(r['subject'], 70)}  log: {r['log_path']}")
+    return "\n".join(out)
+
+
 def format_status(st: dict) -> str:
     if not st.get("session"):
         return "No klbisect session in this repository."
@@ -812,17 +834,21 @@ def default_plot_path(data: dict, out: str | None) -> str:
     return str(base / f"session-{data['result'].get('session')}.png")
 
 
-def write_report(path=None, fmt: str = "md", out: str | None = None, session_id: int | None = None,
+def write_report(path=None, fmt: str | None = "md", out: str | None = None, session_id: int | None = None,
                  plot: str | None = None, offline: bool = False, data: dict | None = None) -> dict:
     """Build the report of a session: returns ``{"text", "path", "plot",
     "data"}``; writes it to ``out`` when given (not "-"), and the PNG plot
-    to ``plot`` (default: next to ``out``, or under the klbisect dir)."""
+    to ``plot`` (default: next to ``out``, or under the klbisect dir).
+    ``fmt`` None: from ``out``'s extension (.html, .htm, .json), else md."""
     import json  # noqa: PLC0415
     import os  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
     from .plots import session_plot  # noqa: PLC0415
+    if fmt is None:
+        ext = out.rsplit(".", 1)[-1].lower() if out and "." in out else ""
+        fmt = {"html": "html", "htm": "html", "json": "json"}.get(ext, "md")
     if fmt not in ("md", "html", "json"):
         raise KlbisectError(f"unknown report format {fmt!r}; use md, html or json", EXIT_USAGE)
     data = data if data is not None else report_data(path, session_id, offline)

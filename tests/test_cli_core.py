@@ -1763,6 +1763,23 @@ def test_options_the_chosen_probe_or_build_does_not_read_are_refused(small, args
     assert words in error_line(p, 150)
 
 
+@pytest.mark.parametrize("opts,words", [
+    (dict(probe="sglang", probe_cmd="true", sglang={"model_path": "m"}), "--probe sglang runs klbisect's own"),
+    (dict(probe_cmd="true", build="sglang", build_cmd="make"), "--build sglang and --build-cmd both"),
+    (dict(probe_cmd="true", sglang={"model_path": "m"}), "--model-path is an option of --probe sglang"),
+    (dict(probe="sglang"), "--probe sglang needs --model-path"),
+])
+def test_the_same_options_are_refused_without_the_command_line(small, opts, words):
+    """The checks live on BisectConfig, not in click: a bisect started from
+    Python is refused the same way, before any run."""
+    from klbisect.config import BisectConfig  # noqa: PLC0415
+    from klbisect.session import run_bisect  # noqa: PLC0415
+    with pytest.raises(gitrepo.KlbisectError) as e:
+        run_bisect(small.path, BisectConfig(good=small.good, bad="main", **opts), progress=lambda m: None)
+    assert e.value.code == 150 and words in e.value.message, e.value.message
+    assert not (state_dir(small.path) / "logs").exists()
+
+
 def test_every_pip_args_given_is_kept():
     """A tester's three --pip-args kept only the last: pip went to PyPI."""
     from klbisect.cli import make_config
