@@ -9,7 +9,8 @@ import json
 import math
 import re
 import shlex
-import unicodedata
+
+from rich.cells import cell_len, set_cell_size
 
 from .errors import EXIT_USAGE, KlbisectError
 
@@ -224,23 +225,18 @@ def fmt_confidence(p: float) -> str:
 def cells(s: str) -> int:
     """Terminal columns ``s`` takes: CJK characters take two, combining
     marks none (a subject in Chinese pushed `status`'s verdicts out of line)."""
-    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
-               for ch in s)
+    return cell_len(s)
 
 
 def pad(s: str, width: int) -> str:
     """``s`` padded with spaces to ``width`` terminal columns."""
-    return s + " " * max(width - cells(s), 0)
+    return s + " " * max(width - cell_len(s), 0)
 
 
 def _cut(s: str, width: int) -> str:
-    """The longest start of ``s`` that fits ``width`` columns."""
-    used = 0
-    for i, ch in enumerate(s):
-        used += cells(ch)
-        if used > width:
-            return s[:i]
-    return s
+    """The longest start of ``s`` that fits ``width`` columns (rich's
+    ``set_cell_size`` pads a wide character it splits with a space)."""
+    return set_cell_size(s, width).rstrip(" ") if cell_len(s) > width else s
 
 
 def fmt_subject(subject: str, limit: int = 60) -> str:
