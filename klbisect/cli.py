@@ -19,6 +19,7 @@ from .decide import (DECISIVE_RUNS, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL
                      OVERLAP_ENDPOINT_RUNS)
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE, KlbisectError,
                      json_failure)
+from .executors import MAX_PARALLEL
 from .metric import fmt_count
 from .probe import DEFAULT_TIMEOUT
 
@@ -80,7 +81,7 @@ class Cli(click.Group):
                 click.echo(e.ctx.get_help())
                 sys.exit(0)
             name = e.ctx.command_path if e.ctx else "klbisect"
-            hint = _one_dash(e, argv)
+            hint = _one_dash(e, argv) or _misplaced(e, argv)
             said = e.format_message().rstrip(".") + hint if hint else e.format_message()
             self._fail(EXIT_USAGE, f"klbisect: error: {said} (see {name} --help)")
         except click.ClickException as e:
@@ -213,6 +214,8 @@ VALUE = _Number(float, lambda v: True, "a finite number")
 KL_VALUE = _Number(float, lambda v: v > 0, "a KL value above 0")
 CONFIDENCE = _Number(float, lambda v: 0.5 < v <= MAX_CONFIDENCE,
                      f"a level above 0.5 and at most {MAX_CONFIDENCE:g} (e.g. 0.99)")
+# the executors' own limit, said by the option's check (--parallel 0 said "1 to 1,000,000", 300 "at most 256")
+SLOTS = _Number(int, lambda v: 1 <= v <= MAX_PARALLEL, f"a whole number from 1 to {MAX_PARALLEL} (probes at a time)")
 RUNS_PER_LAUNCH = _Number(int, lambda v: v >= 0, "a whole number, 0 or more (0: all runs of a commit)")
 
 
@@ -388,6 +391,23 @@ def _one_dash(e: click.UsageError, argv: list[str]) -> str:
     return f" (long options take two dashes: -{meant.split('=', 1)[0]})" if meant else ""
 
 
+def _misplaced(e: click.UsageError, argv: list[str]) -> str:
+    """An option click does not know where it was given, though a command
+    takes it (a tester's `klbisect --good X run ...`, `klbisect probe
+    --probe-cmd ...`): say where it goes."""
+    if not isinstance(e, click.NoSuchOption) or e.ctx is None:
+        return ""
+    name = e.option_name.split("=", 1)[0]
+    if e.ctx.parent is None:    # before the command's name
+        takes = [c for c in [*argv, *cli.commands] if c in cli.commands
+                 and any(name in p.opts for p in cli.commands[c].params)]
+        return f" (options go after the command: klbisect {takes[0]} {name} ...)" if takes else ""
+    if e.ctx.command.name == "probe" and any(name in p.opts for p in cli.commands["start"].params):
+        return (f" (`klbisect probe` takes the session's settings: give {name} to `klbisect start`, "
+                "or `klbisect start` again with it)")
+    return ""
+
+
 def _emit_json(obj) -> None:
     click.echo(json.dumps(obj, sort_keys=False, default=str))
 
@@ -398,7 +418,7 @@ def _emit_json(obj) -> None:
 @probe_options
 @search_options
 @fresh_option
-@click.option("--parallel", type=COUNT, default=1, show_default=True, help="Probe this many commits at once.")
+@click.option("--parallel", type=SLOTS, default=1, show_default=True, help="Probe this many commits at once.")
 @click.option("--gpus-per-probe", type=_Number(int, lambda v: v >= 0, "a whole number, 0 or more (0: no assignment)"),
               default=0, show_default=True,
               help="GPUs given to each parallel probe (CUDA_VISIBLE_DEVICES); 0: no assignment.")
@@ -532,7 +552,7 @@ def calibrate(repo, rev, runs, bad_rev, commits, thresholds, false_fail_rate, co
               help="Where to create the demo repository (default: a new temporary directory).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same history.")
-@click.option("--parallel", type=COUNT, default=2, show_default=True, help="Probes at a time.")
+@click.option("--parallel", type=SLOTS, default=2, show_default=True, help="Probes at a time.")
 @click.option("--json", "as_json", is_flag=True)
 def demo(directory, device, seed, parallel, as_json):
     """Bisect the embedded example engine: a tiny torch transformer whose

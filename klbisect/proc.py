@@ -309,9 +309,16 @@ def _adopted() -> list[psutil.Process]:
 def _kill_unmarked_orphans(since: int) -> None:
     """Kill what a probe left that carries no marker: a daemon that cleared
     its environment (``env -i setsid server &``, a double fork that calls
-    ``clearenv``) escapes ``kill_marked``. One of our adopted children
-    started after ``since`` with neither of klbisect's variables (servers
-    and runs carry ours) can only be that."""
+    ``clearenv``) escapes ``kill_marked``."""
+    found = _unmarked_orphans(since)
+    if found:
+        _terminate([], _with_descendants(found), grace=2.0)
+
+
+def _unmarked_orphans(since: int) -> list[psutil.Process]:
+    """Our adopted children started after ``since`` (clock ticks) with
+    neither of klbisect's variables (servers and runs carry ours): they can
+    only be what a probe left and hid from the marker."""
     found = []
     try:
         ours = psutil.Process().cmdline()
@@ -330,8 +337,7 @@ def _kill_unmarked_orphans(since: int) -> None:
             continue
         if MARK not in env and _OWNER not in env:
             found.append(p)
-    if found:
-        _terminate([], _with_descendants(found), grace=2.0)
+    return found
 
 
 def _reap_adopted_zombies() -> None:
@@ -535,11 +541,21 @@ def note_descendants(pid_file: Path, pid: int, noted: set[int]) -> None:
     pid file. One that cleared its environment and left the group (``env -i
     setsid``) carries no marker: after the run ends it is init's, and when
     klbisect was killed hard this is how the next command finds it (a
-    tester's daemon outlived every later command)."""
+    tester's daemon outlived every later command). A daemon of a double
+    fork is no longer the run's descendant once its middle process exits: it
+    is ours (the subreaper's), so our unmarked adopted children that began
+    after the run are noted too (another tester's outlived a SIGKILL)."""
     try:
         kids = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
         return
+    since = _start_ticks(pid)
+    if since is not None:
+        for p in _unmarked_orphans(since):
+            try:
+                kids += [p, *p.children(recursive=True)]
+            except psutil.Error:
+                continue
     lines = []
     for k in kids:
         ticks = _start_ticks(k.pid) if k.pid not in noted else None

@@ -59,7 +59,7 @@ def format_result(res: Result | dict) -> str:
     lines.append(f"Confidence: {fmt_confidence(r['confidence'])}"
                  f"{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
     reused = f" + {r['reused_runs']} reused from other sessions" if r.get("reused_runs") else ""
-    lines.append(f"Probe runs: {r['probe_runs']}{reused} ({r['probe_seconds']:.0f}s probing"
+    lines.append(f"Probe runs: {r['probe_runs']}{reused} ({r['probe_seconds']:.0f}s probing, slots added up"
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
                  + f") over {fmt_count(r['n_commits'], 'candidate commit')}")
     if r.get("labels"):
@@ -411,10 +411,13 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
         analysis = current_analysis(ws, sess)
         cfg, cands, runs, pl, probe_key, build_key = analysis
         why = stop_reason(st, sess.id)     # a session that stopped short: why, in place of a result
+        # the newest session had no answer (a mistyped run): name the last one that has (a tester's)
+        answered = st.last_answered(before=sess.id) if session_id is None else None
+        elsewhere = f"; `klbisect report --session {answered}` reports the last bisect with one" if answered else ""
         if pl is None:
-            raise KlbisectError(f"session {sess.id} stopped while calibrating its endpoints, with no result: {why}"
-                                if why else f"session {sess.id} is still calibrating its endpoints: no result yet",
-                                EXIT_USAGE)
+            raise KlbisectError((f"session {sess.id} stopped while calibrating its endpoints, with no result: {why}"
+                                 if why else f"session {sess.id} is still calibrating its endpoints: no result yet")
+                                + elsewhere, EXIT_USAGE)
         if sess.kind == "gitbisect":
             res_obj = gitbisect_result(ws, sess, analysis)
             result = res_obj.to_json() if res_obj else None
@@ -425,7 +428,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
                                   probe_key, build_key).to_json()
         if result is None:
             raise KlbisectError(f"session {sess.id} has no result yet: git bisect has not finished "
-                                "(`klbisect status` shows the most likely commits so far)", EXIT_USAGE)
+                                "(`klbisect status` shows the most likely commits so far)" + elsewhere, EXIT_USAGE)
         shas = [c[0] for c in cands]
         idx = {s: i for i, s in enumerate(shas)}
         model = pl.model
@@ -642,7 +645,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     head.append(conf + "  ")
     head.append(f"**Range:** good {_sha_link(r['good'], slug)} → bad {_sha_link(r['bad'], slug)}, "
                 f"{fmt_count(r['n_commits'], 'candidate commit')}  ")
-    spent = f"{r['probe_seconds']:.0f} s probing" + (
+    spent = f"{r['probe_seconds']:.0f} s probing, slots added up" + (
         f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
     own = r.get("session") or 0
     earlier = sum(1 for x in data.get("runs", []) if (x.get("session") or 0) < own)
@@ -773,7 +776,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})") + "<br>"
                  f"<b>Range:</b> good {sha_a(r['good'])} → bad {sha_a(r['bad'])}, "
                  f"{fmt_count(r['n_commits'], 'candidate commit')}<br>"
-                 f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing"
+                 f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing (slots added up)"
                  + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
                  + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "")
                  + (f"<br><b>Probe:</b> <code>{e(data['session']['probe'])}</code>"

@@ -109,7 +109,10 @@ def run_shown(run, usual: frozenset, metric: str | None, typical: dict[str, floa
     crash (as commit_runs judges it): a value the run printed before it
     timed out or failed short of its labels is named with what became of it."""
     if run.value is None:
-        return (f"no value for --metric {metric}" if run.status in MEASURED and metric
+        if run.status in MEASURED and metric:
+            return f"no value for --metric {metric}", True
+        # "(crash)" for a probe that exited 0 read as a probe that crashed (a tester's)
+        return ("no value (exit 0, printed none)" if run.status == STATUS_CRASH and run.exit_code == 0
                 else f"no value ({status_words(run.status)})"), True
     if run.status == STATUS_TIMEOUT:
         return f"{fmt_value(run.value)}, then timed out: counted as a crash", True

@@ -114,8 +114,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
             progress(f"this bisect already finished (session {prev.id}); showing its result")
             return done
         if newer:
-            progress(f"session {prev.id} finished before {fmt_count(newer, 'run')} since recorded in this range: "
-                     "weighing them with its own")
+            # "finished before 18 runs since recorded" read as a riddle (a tester's)
+            progress(f"session {prev.id} answered this before; {fmt_count(newer, 'run')} recorded in this range "
+                     "since then (by other sessions) change its evidence: going on from its answer with them")
         else:
             progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
                      f"building the {len(unbuilt)} whose build failed once more, as the search needs")
@@ -124,7 +125,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
     fresh_from = _fresh_origin(st, good, bad, probe_key, cfg) if cfg.fresh else None
     if prev:
         sid = prev.id
-        progress(f"resuming session {sid}: {len(st.session_runs(sid))} runs already recorded")
+        progress(f"{'reopening' if prev.state == 'bisecting' and prev.result else 'resuming'} session {sid}: "
+                 f"{len(st.session_runs(sid))} runs already recorded")
         cfg.fresh = bool(prev.config.get("fresh"))
         fresh_from = prev.config.get("fresh_from")
         st.update_session(sid, config={**cfg.stored(), **({"fresh_from": fresh_from} if fresh_from else {})})

@@ -169,8 +169,10 @@ def storage_error(e: Exception, path: Path | None = None) -> KlbisectError:
             what = "the directory is read-only or belongs to another user; make it writable"
         return KlbisectError(f"cannot write klbisect state{where} ({text}): {what} and rerun: runs already "
                              "recorded are kept", EXIT_STORAGE)
-    return KlbisectError(f"cannot write klbisect state ({text}); free disk space and rerun: "
-                         "runs already recorded are kept", EXIT_STORAGE)
+    # the disk it is on, named: a tester's full tmpfs was not the disk they looked at first
+    where = path or _opened
+    return KlbisectError(f"cannot write klbisect state{f' {where}' if where else ''} ({text}); free disk space "
+                         "there and rerun: runs already recorded are kept", EXIT_STORAGE)
 
 
 _opened: Path | None = None   # the state database this process opened last
@@ -335,6 +337,14 @@ class Store:
         order = f"{_TOUCHED} DESC, s.id DESC" if touched else "s.id DESC"
         return self._session(self.db.execute(
             f"SELECT s.* FROM sessions s WHERE kind IN ({marks}){skip} ORDER BY {order} LIMIT 1", kinds).fetchone())
+
+    def last_answered(self, kinds: tuple[str, ...] = ("run", "gitbisect"), before: int | None = None) -> int | None:
+        """The id of the latest session of ``kinds`` that stored a result
+        (before session ``before``), or None."""
+        marks = ",".join("?" * len(kinds))
+        row = self.db.execute(f"SELECT id FROM sessions WHERE kind IN ({marks}) AND result IS NOT NULL "
+                              "AND id < ? ORDER BY id DESC LIMIT 1", (*kinds, before or 1 << 62)).fetchone()
+        return row[0] if row else None
 
     def last_touched(self, sess: SessionRow) -> float:
         """When a session last recorded a run (its creation, before any)."""

@@ -1488,6 +1488,18 @@ def test_a_long_option_with_one_dash_is_named(small):
     p = klb("run", "-good", small.good, "--bad", "main", "--probe-cmd", "true", cwd=small.path)
     assert "long options take two dashes: --good" in error_line(p, 150)
 
+
+def test_an_option_in_the_wrong_place_says_where_it_goes(small):
+    """A tester's `klbisect --good X run ...` and `klbisect probe --probe-cmd
+    ...` were "No such option" and no more."""
+    p = klb("--good", small.good, "start", "--bad", "main", cwd=small.path)
+    assert "options go after the command: klbisect start --good" in error_line(p, 150)
+    p = klb("probe", "--probe-cmd", "true", cwd=small.path)
+    assert "give --probe-cmd to `klbisect start`" in error_line(p, 150)
+    p = klb("status", "--bogus", cwd=small.path)
+    assert error_line(p, 150) == "klbisect: error: No such option '--bogus'. (see klbisect status --help)"
+
+
 def test_a_token_in_the_probe_command_is_never_printed(history):
     """A probe command that carries a token (a tester's HF_TOKEN=hf_... in
     --probe-cmd): no output of run, status, log or report, and no run log,
@@ -1674,8 +1686,12 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
 def test_more_parallel_slots_than_port_ranges_are_refused(small):
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--parallel", "100000",
             cwd=small.path)
-    assert "--parallel 100000: at most 256" in error_line(p, 150)
+    assert "--parallel 100000: give a whole number from 1 to 256" in error_line(p, 150)
     assert db_query(small.path, "SELECT id FROM runs") == []
+    # the same bound whichever side of it (a tester's --parallel 0 read "1 to 1,000,000")
+    p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--parallel", "0",
+            cwd=small.path)
+    assert "--parallel 0: give a whole number from 1 to 256" in error_line(p, 150)
 
 
 def test_start_on_an_unborn_branch_is_refused_before_any_run(small):
@@ -1855,6 +1871,17 @@ def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
     assert worktrees(small.path) == [str(small.path)]
     head = klb("status", cwd=small.path).stdout.splitlines()[0]
     assert "(run, stopped while calibrating the endpoints: the good endpoint" in head, head
+
+
+def test_report_after_a_mistyped_run_names_the_last_answered_bisect(small):
+    """A tester's mistyped `run` after a good one: `report` repeated the new
+    session's error and not where the answer still is."""
+    assert klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=small.path).returncode == 0
+    klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "echo nothing", cwd=small.path)
+    line = error_line(klb("report", "--offline", cwd=small.path), 150)
+    assert "session 2 stopped while calibrating" in line, line
+    assert line.endswith("; `klbisect report --session 1` reports the last bisect with one"), line
+    assert klb("report", "--offline", "--session", "1", cwd=small.path).returncode == 0
 
 
 def test_timeouts_at_an_endpoint_then_a_longer_timeout_resumes(small, tmp_path):
@@ -2462,8 +2489,10 @@ def test_a_read_only_state_directory_is_not_called_a_full_disk(tmp_path):
     from klbisect.store import storage_error
     ro = storage_error(OSError(_errno.EROFS, "Read-only file system"), tmp_path / "state.db")
     assert "read-only" in ro.message and "free disk space" not in ro.message and ro.code == 156
-    full = storage_error(OSError(_errno.ENOSPC, "No space left on device"))
-    assert "free disk space" in full.message
+    full = storage_error(OSError(_errno.ENOSPC, "No space left on device"), tmp_path / "state.db")
+    # the file named: which disk is full (a tester's was a small tmpfs)
+    assert f"cannot write klbisect state {tmp_path / 'state.db'} (" in full.message, full.message
+    assert "free disk space there" in full.message
 
 
 def test_an_ambiguous_short_sha_is_called_ambiguous_not_unknown(tmp_path):

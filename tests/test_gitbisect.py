@@ -732,7 +732,8 @@ def test_the_run_a_doubted_git_answer_advises_weighs_that_sessions_runs(history,
     if fresh:
         assert f"--fresh: counting the runs since session {sid} (a --fresh git bisect of this range) began" in p.stderr
     else:
-        assert "session 1 finished before" in p.stderr and "weighing them with its own" in p.stderr
+        assert "session 1 answered this before; " in p.stderr and "going on from its answer with them" in p.stderr
+        assert "reopening session 1: " in p.stderr, p.stderr
     # git bisect still names its commit; status says where all the runs now put the answer
     reason = json_tail(klb("status", "--json", cwd=repo).stdout)["result"]["reason"]
     assert f"on {h.culprit[:12]}" in reason and "instead" in reason and "klbisect run" not in reason, reason

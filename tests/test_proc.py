@@ -490,6 +490,43 @@ def test_a_daemon_that_cleared_its_environment_is_reaped_after_a_kill_9(tmp_path
             p.kill()
 
 
+_DOUBLE_FORK = ("import os, sys\n"
+                "if os.fork() == 0:\n"
+                "    os.setsid()\n"
+                "    if os.fork() == 0:\n"
+                "        os.execvp(sys.executable, [sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[1]])\n"
+                "    os._exit(0)\n")
+
+
+def test_a_double_forked_daemon_is_noted_though_it_left_the_run_s_tree(tmp_path):
+    """A tester's: a daemon of a double fork under `env -i` (its middle
+    process exits at once) is the subreaper's child, not the run's
+    descendant, so the run's notes missed it and it outlived a kill -9 of
+    klbisect and every later command."""
+    tag = uuid.uuid4().hex
+    pids = tmp_path / "pids"
+    script = tmp_path / "daemon.py"
+    script.write_text(_DOUBLE_FORK)
+    owner_src = "from klbisect.proc import become_subreaper\nbecome_subreaper()\n" + _OWNER_RUN_LOGGED
+    owner = subprocess.Popen([sys.executable, "-c", owner_src, str(tmp_path), str(pids)],
+                             env=dict(os.environ, KLB_TEST_CMD=f"env -i {sys.executable} {script} {tag}; sleep 300"))
+    try:
+        _until(lambda: owner.poll() is not None or _running(tag), "the probe never started its daemon")
+        _until(lambda: all(p.ppid() == owner.pid for p in _alive(tag)), "the daemon never went to the owner")
+        time.sleep(1.5)                         # the run has looked at what it left at least once
+        assert owner.poll() is None
+    finally:
+        owner.kill()
+        owner.wait()
+    try:
+        assert _alive(tag), "the daemon went with the owner: nothing to find"
+        files = list(pids.glob("*.pid"))
+        assert reap_stale(pids) == [int(files[0].stem)] and _gone(tag)
+    finally:
+        for p in _alive(tag):
+            p.kill()
+
+
 def test_an_owner_killed_but_not_yet_waited_for_is_gone(tmp_path):
     """A klbisect probe SIGKILLed under git bisect run stays a zombie until
     its parent waits: its /proc entry, start time and all, is still there.

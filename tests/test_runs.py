@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from klbisect.runs import STATUS_FAILED, STATUS_OK, STATUS_TIMEOUT, run_shown, usual_labels, valued_runs
+from klbisect.runs import STATUS_CRASH, STATUS_FAILED, STATUS_OK, STATUS_TIMEOUT, run_shown, usual_labels, valued_runs
 from klbisect.store import Run
 
 
@@ -28,6 +28,9 @@ def test_a_timeout_and_a_crash_short_of_a_label_do_not_count_but_an_assertion_do
         "0.004 from 1 of 2 labels, then exit 1: counted as a crash", True)
     # judged on one label (--metric a), a run that printed it counts
     assert valued_runs([crashed], "a") == [crashed]
+    # no value: a crash says so, a clean exit that printed none says that instead (a tester's)
+    assert run_shown(run_of(3, STATUS_CRASH, None), frozenset("ab"), None) == ("no value (crash)", True)
+    assert run_shown(run_of(0, STATUS_CRASH, None), frozenset("ab"), None) == ("no value (exit 0, printed none)", True)
 
 
 def test_a_run_its_assertion_stopped_names_the_label_that_would_have_made_it_worse():
