@@ -135,6 +135,9 @@ def format_log(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+UNFINISHED_SHOWN = 2    # other unfinished sessions status describes in full
+
+
 def format_status(st: dict) -> str:
     if not st.get("session"):
         return "No klbisect session in this repository."
@@ -167,7 +170,10 @@ def format_status(st: dict) -> str:
     kind = f"the bisect of nightly {st['for_night']}" if st.get("for_night") else st["kind"]
     lines = [f"Session {st['session']} ({kind}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
-    for left in reversed(st.get("unfinished") or []):
+    unfinished = st.get("unfinished") or []    # newest first
+    # the two newest in full; more (a tester's five mistyped runs) in one line, not a page
+    unfinished, older = unfinished[:UNFINISHED_SHOWN], sorted(unfinished[UNFINISHED_SHOWN:], key=lambda o: o["session"])
+    for left in reversed(unfinished):
         how = ("is unfinished: `git bisect run klbisect probe` goes on with it," if left["kind"] == "gitbisect"
                else "is unfinished: the same `klbisect run` resumes it,")
         why = left.get("stopped")
@@ -179,6 +185,10 @@ def format_status(st: dict) -> str:
                         f"{str(left['bad'])[:12]}, {fmt_count(left['runs'], 'run')}) {how} "
                         f"`klbisect status --session {left['session']}` shows it, `klbisect reset` ends it. "
                         f"Shown below: session {st['session']}.)")
+    if older:
+        lines.insert(0, f"(Sessions {', '.join(str(o['session']) for o in older)} are unfinished too, "
+                        f"{fmt_count(sum(o['runs'] for o in older), 'run')} between them: "
+                        "`klbisect status --session N` shows one, `klbisect reset` ends them all.)")
     if st.get("env_held"):
         how = "`klbisect reset`" if st["kind"] == "gitbisect" else "the same command when it ends, or `klbisect reset`,"
         lines.append(f"Note: {st['env_held']} has this session's --build sglang install; {how} puts back what it "

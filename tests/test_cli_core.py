@@ -2188,6 +2188,20 @@ def test_sigterm_stops_a_run_like_ctrl_c(history):
     assert worktrees(h.path) == [str(h.path)]
 
 
+def test_many_mistyped_runs_are_one_line_of_status_not_a_page(small):
+    """A tester's five mistyped runs each left an unfinished session, and
+    status opened with five paragraphs before the one it shows."""
+    for probe in ("echo a", "echo b", "echo c", "echo d"):
+        klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe, cwd=small.path)
+    assert klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=small.path).returncode == 0
+    lines = klb("status", cwd=small.path).stdout.splitlines()
+    assert lines[0].startswith("(Sessions 1, 2 are unfinished too, 12 runs between them: "), lines[0]
+    assert "`klbisect reset` ends them all" in lines[0]
+    assert lines[1].startswith("(Session 4 (run: ") and lines[2].startswith("(Session 3 (run: "), lines[:3]
+    assert lines[3].startswith("Session 5 (run, done)"), lines[3]
+    assert "ended session 1 (run)" in klb("reset", cwd=small.path).stdout
+
+
 def test_status_shows_the_bisect_that_finished_after_an_interrupted_one(history):
     """An interrupted session of another question stays unfinished; the
     bisect that finished after it is what status and report show."""
