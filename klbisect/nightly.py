@@ -564,8 +564,24 @@ class _Meter(WorktreeMeter):
 
 
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
-    from .config import make_builder  # noqa: PLC0415
-    from .workspace import commit_runs  # noqa: PLC0415
+    """Tonight's session: the head measured until its verdict is decided,
+    then the night's record (verdict, notes, where a bisect starts)."""
+    opened = _open_night(ws, cfg, opts, night, head, probe_key, progress)
+    if isinstance(opened, dict):
+        return opened     # judged already: the same night and head give the same answer
+    sid, subj = opened
+    sides = _Sides.load(ws, cfg, opts, probe_key, build_key, head, sid)
+    meter = _Meter(ws, sid, probe, builder, progress)
+    try:
+        _measure_head(ws, cfg, opts, sid, head, sides, meter.measure, progress)
+    finally:
+        meter.close()
+    return _night_record(ws, cfg, opts, night, head, subj, sid, sides, probe, progress)
+
+
+def _open_night(ws, cfg, opts, night, head, probe_key, progress):
+    """Tonight's session id and the head's subject; or, when the night and
+    head were judged already, their record."""
     st = ws.store
     sess = _find_night(st, probe_key, night, head)
     other = _night_taken(st, probe_key, night, head)
@@ -576,7 +592,6 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                             f"next nightly finishes; or --night {night} --branch {other.bad[:12]} now)",
                             EXIT_USAGE)
     if sess is not None and sess.result and sess.result.get("verdict"):
-        # judged already: the same night and head give the same answer, with no new runs
         progress(f"nightly {night} for {head[:12]} already judged (session {sess.id}): "
                  f"{sess.result['verdict']}")
         return dict(sess.result)
@@ -591,65 +606,114 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         sid = sess.id
         st.update_session(sid, config=config)
     progress(f"nightly {night}: {opts.branch} at {head[:12]} {fmt_subject(subj)} (session {sid})")
+    return sid, subj
 
-    baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
-    suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
-    openr, open_shas, found = _open_regression(ws, probe_key, head, sid)
-    found_heads = [found["head"]] if found else open_shas
-    known_heads = baseline_shas + suspect_shas + open_shas
-    # which labels a complete run prints, from the nights before too: tonight's runs may all
-    # die after the first label (a broken NCCL), and read alone they look complete
-    earlier = commit_runs(ws, probe_key, build_key, known_heads, cfg.timeout)
-    baseline = [v for s in baseline_shas for v in earlier[s].values]
-    borderline = [v for s in suspect_shas for v in earlier[s].values]
+
+@dataclass
+class _Sides:
+    """What tonight's head is judged against: the baseline of good nights,
+    the suspect nights pooled with it, and the regression still open. The
+    value lists are updated in place as their heads are measured again."""
+
+    ws: object
+    cfg: object
+    opts: NightlyOptions
+    probe_key: str
+    build_key: str | None
+    head: str
+    baseline_shas: list[str]
+    baseline_nights: list[str]
+    suspect_shas: list[str]
+    suspect_nights: list[str]
+    openr: dict | None          # the open regression's latest night
+    found: dict | None          # the night that found it
+    found_heads: list[str]
+    known_heads: list[str]
+    baseline: list[float]
+    borderline: list[float]
     # The open regression as found; on the label its bisect judged, when it judged one
     # (a fix is then as plain as the regression was, not blurred by the other labels).
-    open_label = (found or {}).get("bisect_metric")
+    open_label: str | None
     # And from the runs measured since the night that found it: that night's came out
     # high, which is partly why it was found, and against them a head still regressed
     # looked fixed, joined the baseline and had the same culprit bisected and reported
     # again (0.20% of known nights; 0.11% against six fresh runs: scripts/nightly_false_calls.py).
-    open_after = found["session"] if found else 0
+    open_after: int
+    earlier: dict = field(default_factory=dict)     # the known heads' runs as the night began
+    open_bad: list[float] = field(default_factory=list)
+    open_bad_label: list[float] = field(default_factory=list)
+    open_fresh: int = 0
 
-    def runs_after(shas: list[str], after: int = 0) -> list:
-        return [r for r in st.runs(probe_key, shas) if not after or (r.session_id or 0) > after]
+    @classmethod
+    def load(cls, ws, cfg, opts, probe_key, build_key, head, sid) -> "_Sides":
+        from .workspace import commit_runs  # noqa: PLC0415
+        baseline_shas, baseline_nights = _baseline(ws, probe_key, head, opts.baseline_nights, sid)
+        suspect_shas, suspect_nights = _suspects(ws, probe_key, head, sid)
+        openr, open_shas, found = _open_regression(ws, probe_key, head, sid)
+        known_heads = baseline_shas + suspect_shas + open_shas
+        # which labels a complete run prints, from the nights before too: tonight's runs may all
+        # die after the first label (a broken NCCL), and read alone they look complete
+        earlier = commit_runs(ws, probe_key, build_key, known_heads, cfg.timeout)
+        sides = cls(ws, cfg, opts, probe_key, build_key, head, baseline_shas, baseline_nights, suspect_shas,
+                    suspect_nights, openr, found, [found["head"]] if found else open_shas, known_heads,
+                    [v for s in baseline_shas for v in earlier[s].values],
+                    [v for s in suspect_shas for v in earlier[s].values],
+                    (found or {}).get("bisect_metric"), found["session"] if found else 0, earlier)
+        sides.refresh_open()
+        return sides
 
-    def label_values(shas: list[str], after: int = 0) -> list[float]:
-        return label_runs(runs_after(shas, after), open_label)
+    def _runs_after(self, shas: list[str], after: int = 0) -> list:
+        return [r for r in self.ws.store.runs(self.probe_key, shas) if not after or (r.session_id or 0) > after]
 
-    def by_label(shas: list[str], after: int = 0) -> dict[str, list[float]]:
+    def _label_values(self, shas: list[str], after: int = 0) -> list[float]:
+        return label_runs(self._runs_after(shas, after), self.open_label)
+
+    def _by_label(self, shas: list[str], after: int = 0) -> dict[str, list[float]]:
         """Every label but the open one's, from one read of the runs."""
-        runs = runs_after(shas, after)
-        labels = {k for r in runs if r.value is not None for k in (r.values or {})} - {open_label}
+        runs = self._runs_after(shas, after)
+        labels = {k for r in runs if r.value is not None for k in (r.values or {})} - {self.open_label}
         return {lab: label_runs(runs, lab) for lab in labels}
 
-    def open_values() -> tuple[list[float], list[float], int]:
-        """The reference values (max, label) and how many runs are fresh."""
-        after = open_after
-        fresh = commit_runs(ws, probe_key, build_key, found_heads, cfg.timeout, after_session=after)
-        n_fresh = sum(len(fresh[s].values) for s in found_heads)
+    def refresh_open(self) -> None:
+        """The open regression's reference values (max, label) and how many
+        runs are fresh, read again."""
+        from .workspace import commit_runs  # noqa: PLC0415
+        after = self.open_after
+        fresh = commit_runs(self.ws, self.probe_key, self.build_key, self.found_heads, self.cfg.timeout,
+                            after_session=after)
+        n_fresh = sum(len(fresh[s].values) for s in self.found_heads)
         if not n_fresh:
-            after, fresh = 0, earlier    # none since (the head no longer runs): the runs there are
-        return ([v for s in found_heads for v in fresh[s].values],
-                label_values(found_heads, after) if open_label else [], n_fresh)
+            after, fresh = 0, self.earlier    # none since (the head no longer runs): the runs there are
+        self.open_bad[:] = [v for s in self.found_heads for v in fresh[s].values]
+        self.open_bad_label[:] = self._label_values(self.found_heads, after) if self.open_label else []
+        self.open_fresh = n_fresh
 
-    open_bad, open_bad_label, open_fresh = open_values()
+    def remeasured(self, side: str) -> None:
+        """After a run of one of ``side``'s heads: its values read again."""
+        from .workspace import commit_runs  # noqa: PLC0415
+        if side == "open":
+            self.refresh_open()
+            return
+        again = commit_runs(self.ws, self.probe_key, self.build_key, self.baseline_shas, self.cfg.timeout)
+        self.baseline[:] = [v for sha in self.baseline_shas for v in again[sha].values]
 
-    def judge(values: list[float]) -> Judgement:
-        mine = label_values([head]) if open_bad_label else []
-        j = judge_night(values, baseline, borderline, open_bad_label if mine else open_bad, opts.alpha,
-                        opts.min_effect, opts.min_baseline, open_head=mine or None,
-                        open_whole=open_bad if mine else None, open_label=open_label or "")
+    def judge(self, values: list[float]) -> Judgement:
+        opts = self.opts
+        mine = self._label_values([self.head]) if self.open_bad_label else []
+        j = judge_night(values, self.baseline, self.borderline, self.open_bad_label if mine else self.open_bad,
+                        opts.alpha, opts.min_effect, opts.min_baseline, open_head=mine or None,
+                        open_whole=self.open_bad if mine else None, open_label=self.open_label or "")
         if mine and j.verdict == "known" and not j.more:
             # the open regression's label is as it was, but another label may have moved on
             # top of it: the max over labels against the open regression's says so
-            whole = judge_night(values, baseline, borderline, open_bad, opts.alpha, opts.min_effect,
-                                opts.min_baseline)
+            whole = judge_night(values, self.baseline, self.borderline, self.open_bad, opts.alpha,
+                                opts.min_effect, opts.min_baseline)
             if whole.worse_again or (whole.verdict == "known" and whole.more):
                 return whole
-        if j.verdict == "known" and not j.more and not cfg.metric:
+        if j.verdict == "known" and not j.more and not self.cfg.metric:
             # the other labels, one by one, against the open regression's head
-            again = judge_labels_again(by_label([head]), by_label(found_heads, open_after if open_fresh else 0),
+            again = judge_labels_again(self._by_label([self.head]),
+                                       self._by_label(self.found_heads, self.open_after if self.open_fresh else 0),
                                        opts.alpha, opts.min_effect, opts.min_baseline)
             if again is not None:
                 # the night's own comparison stays what `history` shows; the label's is in the reason,
@@ -658,102 +722,113 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
                                            if again.verdict == "known" else again.reason)
         return j
 
-    meter = _Meter(ws, sid, probe, builder, progress)
-    measure = meter.measure
+    def head_runs(self):
+        """Tonight's head as ``commit_runs`` counts it, labels judged with the nights before."""
+        from .workspace import commit_runs  # noqa: PLC0415
+        return commit_runs(self.ws, self.probe_key, self.build_key, [self.head], self.cfg.timeout,
+                           labels_from=self.known_heads)[self.head]
+
+
+def _measure_head(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, progress: Progress) -> None:
+    """Runs of the head (and, where a side is the thinner one, of its heads)
+    until the night's verdict is decided or its runs are spent."""
+    st = ws.store
+    found, baseline_shas = sides.found, sides.baseline_shas
     target = opts.runs
     cap_values = max(cfg.max_runs or DEFAULT_MAX_RUNS, opts.runs)
     base_tries = 0
     open_tries = 0
-
     # crashes an earlier command of this unjudged night left (a probe not found, fixed since)
     # are no reason to stop this one before it has run the probe itself
     stale = {r.id for r in st.session_runs(sid) if r.sha == head and r.value is None}
-    crashes_before = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head].crashes
-    try:
-        while True:
-            cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head]
-            mine = [r for r in st.session_runs(sid) if r.sha == head and r.id not in stale]
-            # as commit_runs counts them: a run that died after its first label is a crash too
-            mine_crashes = cr.crashes - crashes_before
-            if len(cr.values) >= target:
-                if found and open_fresh < OPEN_RUNS and open_tries < OPEN_RUNS + cfg.crash_limit:
-                    open_tries += 1
-                    progress(f"  one more run of the open regression's head {found['head'][:12]} ({open_fresh} "
-                             f"since {found['night']}, need {OPEN_RUNS}: the runs that found it came out high, "
-                             "which is partly why it was found)")
-                    measure(found["head"])
-                    open_bad[:], open_bad_label[:], open_fresh = open_values()
-                    continue
-                j = judge(list(cr.values))
-                if (j.more and baseline_shas and base_tries < cap_values
-                        and not reachable(cap_values, len(baseline), opts.alpha)
-                        and reachable(cap_values, len(baseline) + cap_values - base_tries, opts.alpha)):
-                    # a young baseline: even every head run above every baseline run could
-                    # not reach --alpha, so the night would stay suspect however clear (and
-                    # when the runs it may still get could not reach it either, none are spent)
-                    base_tries += 1
-                    progress(f"  borderline, and {len(baseline)} baseline runs cannot reach p <= {opts.alpha:g} "
-                             f"with {cap_values} head runs: one more run of the baseline head "
-                             f"{baseline_shas[0][:12]}")
-                    measure(baseline_shas[0])
-                    again = commit_runs(ws, probe_key, build_key, baseline_shas, cfg.timeout)
-                    baseline[:] = [v for sha in baseline_shas for v in again[sha].values]
-                    continue
-                if j.more and len(cr.values) < cap_values:
-                    target = len(cr.values) + 1
-                    progress(f"  borderline ({j.reason}): one more run")
-                    continue
-                # Still borderline with the head at its runs: the other side may be the
-                # thinner one. A baseline that drew low by chance would make every later
-                # night suspect, and no night could rejoin it (seen: eleven suspect nights
-                # in a row with no change at all); a regression found on ten runs could
-                # never be shown fixed by ten. That side's heads are measured again.
-                side = {"baseline": (baseline_shas, baseline), "open": (found_heads, open_bad)}.get(j.other_side)
-                if j.more and side and side[0] and len(side[1]) < len(cr.values) + len(borderline) + cap_values \
-                        and base_tries < cap_values:
-                    shas, vals = side
-                    sha = shas[base_tries % len(shas)]
-                    base_tries += 1
-                    progress(f"  still borderline after {len(cr.values)} runs against {len(vals)} runs of the "
-                             f"{'baseline' if j.other_side == 'baseline' else 'open regression'}: one more run "
-                             f"of {sha[:12]}")
-                    measure(sha)
-                    if j.other_side == "open":
-                        open_bad[:], open_bad_label[:], open_fresh = open_values()
-                    else:
-                        again = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
-                        vals[:] = [v for b in shas for v in again[b].values]
-                    continue
+    crashes_before = sides.head_runs().crashes
+    while True:
+        cr = sides.head_runs()
+        mine = [r for r in st.session_runs(sid) if r.sha == head and r.id not in stale]
+        # as commit_runs counts them: a run that died after its first label is a crash too
+        mine_crashes = cr.crashes - crashes_before
+        if len(cr.values) >= target:
+            if found and sides.open_fresh < OPEN_RUNS and open_tries < OPEN_RUNS + cfg.crash_limit:
+                open_tries += 1
+                progress(f"  one more run of the open regression's head {found['head'][:12]} ({sides.open_fresh} "
+                         f"since {found['night']}, need {OPEN_RUNS}: the runs that found it came out high, "
+                         "which is partly why it was found)")
+                measure(found["head"])
+                sides.refresh_open()
+                continue
+            j = sides.judge(list(cr.values))
+            if (j.more and baseline_shas and base_tries < cap_values
+                    and not reachable(cap_values, len(sides.baseline), opts.alpha)
+                    and reachable(cap_values, len(sides.baseline) + cap_values - base_tries, opts.alpha)):
+                # a young baseline: even every head run above every baseline run could
+                # not reach --alpha, so the night would stay suspect however clear (and
+                # when the runs it may still get could not reach it either, none are spent)
+                base_tries += 1
+                progress(f"  borderline, and {len(sides.baseline)} baseline runs cannot reach p <= {opts.alpha:g} "
+                         f"with {cap_values} head runs: one more run of the baseline head "
+                         f"{baseline_shas[0][:12]}")
+                measure(baseline_shas[0])
+                sides.remeasured("baseline")
+                continue
+            if j.more and len(cr.values) < cap_values:
+                target = len(cr.values) + 1
+                progress(f"  borderline ({j.reason}): one more run")
+                continue
+            # Still borderline with the head at its runs: the other side may be the
+            # thinner one. A baseline that drew low by chance would make every later
+            # night suspect, and no night could rejoin it (seen: eleven suspect nights
+            # in a row with no change at all); a regression found on ten runs could
+            # never be shown fixed by ten. That side's heads are measured again.
+            side = {"baseline": (baseline_shas, sides.baseline),
+                    "open": (sides.found_heads, sides.open_bad)}.get(j.other_side)
+            if j.more and side and side[0] and len(side[1]) < len(cr.values) + len(sides.borderline) + cap_values \
+                    and base_tries < cap_values:
+                shas, vals = side
+                sha = shas[base_tries % len(shas)]
+                base_tries += 1
+                progress(f"  still borderline after {len(cr.values)} runs against {len(vals)} runs of the "
+                         f"{'baseline' if j.other_side == 'baseline' else 'open regression'}: one more run "
+                         f"of {sha[:12]}")
+                measure(sha)
+                sides.remeasured(j.other_side)
+                continue
+            break
+        if cr.build_failed:
+            progress(f"  {head[:12]} does not build: no value tonight")
+            break
+        if not cr.values and mine_crashes >= cfg.crash_limit:
+            break  # a crashed night: no value, so no evidence of anything
+        if mine and mine[-1].status == STATUS_NOTFOUND:
+            # the shell's "command not found": no second run will differ
+            if not cr.values:
                 break
-            if cr.build_failed:
-                progress(f"  {head[:12]} does not build: no value tonight")
-                break
-            if not cr.values and mine_crashes >= cfg.crash_limit:
-                break  # a crashed night: no value, so no evidence of anything
-            if mine and mine[-1].status == STATUS_NOTFOUND:
-                # the shell's "command not found": no second run will differ
-                if not cr.values:
-                    break
-                raise KlbisectError(f"the probe command was not found (exit 127) at the head {head[:12]}; check "
-                                    f"--probe-cmd; log: {mine[-1].log_path}", EXIT_PROBE_MISSING)
-            if len(mine) >= cap_values + cfg.crash_limit:
-                break
-            out, run = measure(head)
-            if out.build_failed:
-                progress(f"  build failed: {out.build.log_path}")
-            elif run is not None:
-                progress(f"  run {len(mine) + 1}: {_shown(run)}")
-    finally:
-        meter.close()
+            raise KlbisectError(f"the probe command was not found (exit 127) at the head {head[:12]}; check "
+                                f"--probe-cmd; log: {mine[-1].log_path}", EXIT_PROBE_MISSING)
+        if len(mine) >= cap_values + cfg.crash_limit:
+            break
+        out, run = measure(head)
+        if out.build_failed:
+            progress(f"  build failed: {out.build.log_path}")
+        elif run is not None:
+            progress(f"  run {len(mine) + 1}: {_shown(run)}")
 
-    cr = commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=known_heads)[head]
-    j = judge(list(cr.values))
+
+def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, progress) -> dict:
+    """The night's verdict from the head's runs, stored with its notes and,
+    for a regression, where its bisect starts and on which label."""
+    from .config import make_builder  # noqa: PLC0415
+    from .workspace import commit_runs  # noqa: PLC0415
+    st = ws.store
+    baseline_shas, baseline_nights = sides.baseline_shas, sides.baseline_nights
+    openr, found, found_heads = sides.openr, sides.found, sides.found_heads
+    cr = sides.head_runs()
+    j = sides.judge(list(cr.values))
     cmp = j.cmp
     if not cr.values:
         from .endpoints import endpoint_problem  # noqa: PLC0415
         # --branch given as a sha: "the head of 093d5bd 093d5bd5aec4" says it twice
         where = "the head" if head.startswith(opts.branch.lower()) else f"the head of {opts.branch}"
-        why = endpoint_problem(ws, "head", head, probe_key, build_key, cr, 1, where=where,
+        why = endpoint_problem(ws, "head", head, sides.probe_key, sides.build_key, cr, 1, where=where,
                                metric_regex=cfg.metric_regex)
         if why is not None and why.code in (EXIT_USAGE, EXIT_PROBE_MISSING):
             raise why       # the command is wrong, not the branch: no verdict, rerun once fixed
@@ -761,6 +836,9 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
             j = dataclasses.replace(j, reason=why.message)
             if why.detail:
                 progress(f"  the log's last lines:\n{why.detail}")
+    probe_key, build_key = sides.probe_key, sides.build_key
+    suspect_shas, suspect_nights, borderline, open_bad = (sides.suspect_shas, sides.suspect_nights,
+                                                         sides.borderline, sides.open_bad)
     drift, tonight = False, cmp
     recent_shas: list[str] = []
     anchor_shas: list[str] = []
@@ -854,40 +932,13 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         rec["notes"].append(f"the regression found on {known['known_since']} is fixed")
         rec["fixed"] = known
     if j.verdict == "regressed" and not rec.get("bisect_good"):
-        # From the oldest head of the baseline, not the latest: a regression whose first
-        # night drew low was called good and sits in the baseline, and a bisect from that
-        # head would search a range with no regression in it (and run to its limits).
-        # The pool as a whole showed the difference; a longer range costs a few runs.
-        # Not from before a regression that was found and fixed since: that range goes bad,
-        # good, bad again, and its bisect names the old culprit (a tester's: posted twice)
-        old = _earlier_culprits(ws, probe_key, head, sid)
-        since_fix = [(h, nt) for h, nt in zip(baseline_shas, baseline_nights)
-                     if all(gitrepo.is_ancestor(ws.repo, c, h) for c in old)]
-        ends = since_fix or list(zip(baseline_shas, baseline_nights))
-        rec["bisect_good"] = ends[-1][0]
-        if len(ends) > 1:
-            rec["notes"].append(f"bisecting from {ends[-1][0][:12]}, the oldest of the {len(ends)} "
-                                f"baseline heads (nights {', '.join(nt for _, nt in ends)}): a regression that "
-                                "drew low on its first night may sit in the newer ones")
-        if since_fix and len(since_fix) < len(baseline_shas):
-            rec["notes"].append(f"not from an older baseline head: the range would hold the culprit of an earlier "
-                                f"regression ({', '.join(c[:12] for c in old)}) and its fix")
+        _bisect_from_baseline(ws, probe_key, head, sid, rec)
     if j.verdict == "regressed":
         # the runs the verdict rests on: tonight's side, and the side it was judged against
         rec["against_heads"] = found_heads if j.worse_again else anchor_shas if drift else baseline_shas
         rec["pooled_heads"] = [head] + ([] if j.worse_again else recent_shas if drift else suspect_shas)
     if j.verdict == "regressed" and not cfg.metric and not rec.get("bisect_metric"):
-        against, pooled = rec["against_heads"], rec["pooled_heads"]
-        moved = moved_label(st.runs(probe_key, pooled), st.runs(probe_key, against), cmp.ratio,
-                            opts.alpha, opts.min_effect)
-        if moved is not None:
-            label, c = moved
-            rec["bisect_metric"] = label
-            moved_by = fmt_ratio(c.head["median"], c.baseline["median"])
-            max_by = fmt_ratio(cmp.head["median"], cmp.baseline["median"])
-            rec["notes"].append(f"bisecting on the label {label}, the one that moved ({moved_by}, "
-                                f"p={c.p_value:.2g}); the max over labels moved {max_by} and would "
-                                "blur it with the others' noise")
+        _bisect_on_moved_label(st, probe_key, opts, rec, cmp)
     if env is not None:
         _as_environment(rec, env[1], env[0], progress)
     else:
@@ -897,6 +948,46 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     st.update_session(sid, result=rec, state=rec["state"],
                       ended=time.time() if rec["state"] == "done" else None)
     return rec
+
+
+def _bisect_from_baseline(ws, probe_key: str, head: str, sid: int, rec: dict) -> None:
+    """Where a regressed night's bisect starts: the oldest head of the
+    baseline, not the latest. A regression whose first night drew low was
+    called good and sits in the baseline, and a bisect from that head would
+    search a range with no regression in it (and run to its limits); the
+    pool as a whole showed the difference, and a longer range costs a few
+    runs. Not from before a regression that was found and fixed since: that
+    range goes bad, good, bad again, and its bisect names the old culprit (a
+    tester's: posted twice)."""
+    baseline_shas, baseline_nights = rec["baseline_heads"], rec["baseline_nights"]
+    old = _earlier_culprits(ws, probe_key, head, sid)
+    since_fix = [(h, nt) for h, nt in zip(baseline_shas, baseline_nights)
+                 if all(gitrepo.is_ancestor(ws.repo, c, h) for c in old)]
+    ends = since_fix or list(zip(baseline_shas, baseline_nights))
+    rec["bisect_good"] = ends[-1][0]
+    if len(ends) > 1:
+        rec["notes"].append(f"bisecting from {ends[-1][0][:12]}, the oldest of the {len(ends)} "
+                            f"baseline heads (nights {', '.join(nt for _, nt in ends)}): a regression that "
+                            "drew low on its first night may sit in the newer ones")
+    if since_fix and len(since_fix) < len(baseline_shas):
+        rec["notes"].append(f"not from an older baseline head: the range would hold the culprit of an earlier "
+                            f"regression ({', '.join(c[:12] for c in old)}) and its fix")
+
+
+def _bisect_on_moved_label(st, probe_key: str, opts: NightlyOptions, rec: dict, cmp: Comparison) -> None:
+    """A regressed night's bisect on the one label that moved, when one did:
+    the max over labels would blur it with the others' noise."""
+    moved = moved_label(st.runs(probe_key, rec["pooled_heads"]), st.runs(probe_key, rec["against_heads"]),
+                        cmp.ratio, opts.alpha, opts.min_effect)
+    if moved is None:
+        return
+    label, c = moved
+    rec["bisect_metric"] = label
+    moved_by = fmt_ratio(c.head["median"], c.baseline["median"])
+    max_by = fmt_ratio(cmp.head["median"], cmp.baseline["median"])
+    rec["notes"].append(f"bisecting on the label {label}, the one that moved ({moved_by}, "
+                        f"p={c.p_value:.2g}); the max over labels moved {max_by} and would "
+                        "blur it with the others' noise")
 
 
 ENV_CHECK_RUNS = 2 * OVERLAP_ENDPOINT_RUNS   # a regressed night's good endpoint tonight, at most (a bisect's
