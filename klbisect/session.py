@@ -88,59 +88,10 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
     if cfg.executor == "ray" and executor_factory is None:
         from .ray_executor import RayExecutor  # noqa: PLC0415 - imports no Ray
         RayExecutor.refuse_missing_gpus(cfg)
-    # --fresh starts a session of its own; a later rerun without it resumes that one, and so
-    # does the same command with it while that session is unfinished: "interrupted; rerun
-    # the same command" must not leave out the runs it just saved (as `calibrate --fresh`)
-    prev = st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
-    if cfg.fresh and prev is not None:
-        if prev.config.get("fresh") and prev.state != "done":
-            progress(f"--fresh: resuming the unfinished --fresh session {prev.id}, whose runs count "
-                     "(`klbisect reset` first to leave them out too)")
-        else:
-            prev = None
-    if prev and prev.state == "done" and prev.result:
-        done = Result(**prev.result)
-        # an answer left as a block by failed builds is worth one more build each:
-        # the user who reruns it may have fixed what broke them
-        unbuilt = [i["sha"] for i in done.candidate_info if i["why"] == "untestable: build failed"]
-        # runs recorded since it finished (a git bisect of the same range, whose answer
-        # status doubted and sent the user here) are weighed with its own
-        # (a finished run keeps no end time: its last run's start stands for it)
-        finished_at = max(prev.ended or 0.0, st.last_touched(prev))
-        newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id != prev.id and r.started > finished_at)
-        # (with no room left under --max-total-runs a reopened block could only fall apart unmeasured)
-        room = len(st.session_runs(prev.id)) < cfg.max_total_runs
-        if not (build_key and len(done.candidates) > 1 and unbuilt and room) and not newer:
-            progress(f"this bisect already finished (session {prev.id}); showing its result")
-            return done
-        if newer:
-            # "finished before 18 runs since recorded" read as a riddle (a tester's)
-            progress(f"session {prev.id} answered this before; {fmt_count(newer, 'run')} recorded in this range "
-                     "since then (by other sessions) change its evidence: going on from its answer with them")
-        else:
-            progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
-                     f"building the {len(unbuilt)} whose build failed once more, as the search needs")
-        st.update_session(prev.id, state="bisecting")
-        prev = st.session(prev.id)
-    fresh_from = _fresh_origin(st, good, bad, probe_key, cfg) if cfg.fresh else None
-    if prev:
-        sid = prev.id
-        progress(f"{'reopening' if prev.state == 'bisecting' and prev.result else 'resuming'} session {sid}: "
-                 f"{len(st.session_runs(sid))} runs already recorded")
-        cfg.fresh = bool(prev.config.get("fresh"))
-        fresh_from = prev.config.get("fresh_from")
-        st.update_session(sid, config={**cfg.stored(), **({"fresh_from": fresh_from} if fresh_from else {})})
-        ws.use_session(st.session(sid))
-        if st.get(stop_key(sid)):
-            st.put(stop_key(sid), "")
-    else:
-        sid = st.create_session("run", good, bad, probe_key,
-                                {**cfg.stored(), **({"fresh_from": fresh_from.id} if fresh_from else {})}, cands)
-        ws.use_session(st.session(sid))
-        if fresh_from is not None:
-            progress(f"--fresh: counting the runs since session {fresh_from.id} (a --fresh git bisect of this "
-                     f"range) began: {fmt_count(len(st.session_runs(fresh_from.id)), 'run')} of its own")
-        say_reused(ws, probe_key, shas, cfg.timeout, progress)
+    opened = _open_session(ws, cfg, good, bad, cands, probe_key, build_key, progress)
+    if isinstance(opened, Result):
+        return opened
+    sid = opened
     progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
@@ -237,8 +188,9 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
         streak.clear()
 
     try:
-        if prev and prev.model and prev.state == "bisecting":
-            model = Model.from_dict(prev.model)
+        resumed = st.session(sid)     # a new session has no model yet
+        if resumed.model and resumed.state == "bisecting":
+            model = Model.from_dict(resumed.model)
         else:
             model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe_key, build_key, progress,
                                         width=ex.slots)
@@ -364,6 +316,70 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
             if checkout.exists():
                 gitrepo.worktree_remove(ws.repo, checkout)
         close_builder(builder, progress, ws, sid)
+
+
+def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: list, probe_key: str,
+                  build_key: str | None, progress: Progress) -> int | Result:
+    """The session this command works on: the unfinished one of the same
+    question resumed, a finished one reopened when runs since change its
+    evidence (or its failed builds may build now), else a new one; or the
+    finished one's Result when nothing would change it."""
+    st = ws.store
+    shas = [c[0] for c in cands]
+    # --fresh starts a session of its own; a later rerun without it resumes that one, and so
+    # does the same command with it while that session is unfinished: "interrupted; rerun
+    # the same command" must not leave out the runs it just saved (as `calibrate --fresh`)
+    prev = st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
+    if cfg.fresh and prev is not None:
+        if prev.config.get("fresh") and prev.state != "done":
+            progress(f"--fresh: resuming the unfinished --fresh session {prev.id}, whose runs count "
+                     "(`klbisect reset` first to leave them out too)")
+        else:
+            prev = None
+    if prev and prev.state == "done" and prev.result:
+        done = Result(**prev.result)
+        # an answer left as a block by failed builds is worth one more build each:
+        # the user who reruns it may have fixed what broke them
+        unbuilt = [i["sha"] for i in done.candidate_info if i["why"] == "untestable: build failed"]
+        # runs recorded since it finished (a git bisect of the same range, whose answer
+        # status doubted and sent the user here) are weighed with its own
+        # (a finished run keeps no end time: its last run's start stands for it)
+        finished_at = max(prev.ended or 0.0, st.last_touched(prev))
+        newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id != prev.id and r.started > finished_at)
+        # (with no room left under --max-total-runs a reopened block could only fall apart unmeasured)
+        room = len(st.session_runs(prev.id)) < cfg.max_total_runs
+        if not (build_key and len(done.candidates) > 1 and unbuilt and room) and not newer:
+            progress(f"this bisect already finished (session {prev.id}); showing its result")
+            return done
+        if newer:
+            # "finished before 18 runs since recorded" read as a riddle (a tester's)
+            progress(f"session {prev.id} answered this before; {fmt_count(newer, 'run')} recorded in this range "
+                     "since then (by other sessions) change its evidence: going on from its answer with them")
+        else:
+            progress(f"session {prev.id} ended on {len(done.candidates)} commits that cannot be told apart; "
+                     f"building the {len(unbuilt)} whose build failed once more, as the search needs")
+        st.update_session(prev.id, state="bisecting")
+        prev = st.session(prev.id)
+    fresh_from = _fresh_origin(st, good, bad, probe_key, cfg) if cfg.fresh else None
+    if prev:
+        sid = prev.id
+        progress(f"{'reopening' if prev.state == 'bisecting' and prev.result else 'resuming'} session {sid}: "
+                 f"{len(st.session_runs(sid))} runs already recorded")
+        cfg.fresh = bool(prev.config.get("fresh"))
+        fresh_from = prev.config.get("fresh_from")
+        st.update_session(sid, config={**cfg.stored(), **({"fresh_from": fresh_from} if fresh_from else {})})
+        ws.use_session(st.session(sid))
+        if st.get(stop_key(sid)):
+            st.put(stop_key(sid), "")
+    else:
+        sid = st.create_session("run", good, bad, probe_key,
+                                {**cfg.stored(), **({"fresh_from": fresh_from.id} if fresh_from else {})}, cands)
+        ws.use_session(st.session(sid))
+        if fresh_from is not None:
+            progress(f"--fresh: counting the runs since session {fresh_from.id} (a --fresh git bisect of this "
+                     f"range) began: {fmt_count(len(st.session_runs(fresh_from.id)), 'run')} of its own")
+        say_reused(ws, probe_key, shas, cfg.timeout, progress)
+    return sid
 
 
 def default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, ws: Workspace,
