@@ -444,30 +444,13 @@ class Plan:
     held_cap: int = 0             # ... that many (a --max-runs to raise); not those stopped by crashes
 
 
-def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
-         max_runs: int | None = None, crash_limit: int = 2, pending: Sequence[int] = (),
-         refine: bool = True, max_endpoint_runs: int | None = None) -> Plan:
-    """One step of the search, from everything seen so far.
-
-    ``commits[0]`` and ``commits[-1]`` are the endpoints: their runs define
-    the model. With ``refine``, interior commits the posterior already
-    places firmly on one side add their runs to the model (one EM step), so
-    a few endpoint runs are enough to start and the model sharpens as the
-    search goes. ``max_endpoint_runs`` caps the endpoint runs spent proving
-    that an answer of the whole range is a regression (the user's
-    --max-endpoint-runs; default ``decide.MAX_ENDPOINT_RUNS``).
-    """
+def _posterior(commits: Sequence[CommitRuns], model, untestable: np.ndarray, refine: bool):
+    """The posterior over the culprit's place, and the model it came from:
+    ``(model, posterior, integrated parts or None, fence)``. With ``refine``
+    the model is fitted again to the endpoints' runs and those of commits
+    already placed firmly on a side; where good and bad overlap, the unknown
+    distributions are integrated out instead of plugged in."""
     n = len(commits) - 1
-    # A commit the answer would have to include as "untestable" gets more
-    # chances than one far from it: two flaky crashes in a row at the culprit
-    # would otherwise widen the answer to a block.
-    rate = _flaky_crash_rate(commits)
-    answer_limit = _crashes_for(rate, crash_limit, ANSWER_FALSE_ALARM, cap=ANSWER_MAX_CRASHES)
-    crash_limit = _crashes_for(rate, crash_limit, GIVE_UP_FALSE_ALARM)
-    untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)
-                           for c in commits], bool)
-    untestable[0] = untestable[n] = False
-
     def evidence(m) -> np.ndarray:
         s = np.zeros(n + 1)
         for i in range(1, n):
@@ -520,6 +503,35 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                     post = _parts_posterior(integrated, untestable)
             if integrated is None:
                 post = Posterior(evidence(model), untestable)
+    return model, post, integrated, fence
+
+
+def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int = 1,
+         max_runs: int | None = None, crash_limit: int = 2, pending: Sequence[int] = (),
+         refine: bool = True, max_endpoint_runs: int | None = None) -> Plan:
+    """One step of the search, from everything seen so far.
+
+    ``commits[0]`` and ``commits[-1]`` are the endpoints: their runs define
+    the model. With ``refine``, interior commits the posterior already
+    places firmly on one side add their runs to the model (one EM step), so
+    a few endpoint runs are enough to start and the model sharpens as the
+    search goes. ``max_endpoint_runs`` caps the endpoint runs spent proving
+    that an answer of the whole range is a regression (the user's
+    --max-endpoint-runs; default ``decide.MAX_ENDPOINT_RUNS``).
+    """
+    n = len(commits) - 1
+    # A commit the answer would have to include as "untestable" gets more
+    # chances than one far from it: two flaky crashes in a row at the culprit
+    # would otherwise widen the answer to a block.
+    rate = _flaky_crash_rate(commits)
+    answer_limit = _crashes_for(rate, crash_limit, ANSWER_FALSE_ALARM, cap=ANSWER_MAX_CRASHES)
+    crash_limit = _crashes_for(rate, crash_limit, GIVE_UP_FALSE_ALARM)
+    untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)
+                           for c in commits], bool)
+    untestable[0] = untestable[n] = False
+
+    model, post, integrated, fence = _posterior(commits, model, untestable, refine)
+    values = [c.values for c in commits]
     # The integrated posterior is exact only under its flat priors: with a
     # few dozen runs, endpoint samples that ran high or low by chance can
     # lend a wrong boundary 99%. Its values' channel must reach a stricter mark.
