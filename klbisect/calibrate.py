@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
@@ -31,7 +30,7 @@ from .labels import clearer_label, label_hint, silent_when_passing
 from .metric import broke, fmt_count, fmt_value, over_labels, scalar
 from .runs import run_shown, typical_values, usual_labels, valued_runs
 from .simulate import simulate_bisect
-from .workspace import Workspace, WorktreeMeter, commit_runs, since
+from .workspace import Progress, Workspace, WorktreeMeter, commit_runs, since, to_stderr
 
 
 @dataclass
@@ -395,7 +394,7 @@ def _check_options(runs: int, false_fail_rate: float, confidence: float, commits
 def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
               bad_rev: str | None = None, thresholds: list[float] | None = None,
               false_fail_rate: float = 0.01, confidence: float = 0.95, commits: int = 1000,
-              progress=lambda m: print(m, file=sys.stderr, flush=True)) -> Calibration:
+              progress: Progress = to_stderr) -> Calibration:
     cfg.validate()
     _check_options(runs, false_fail_rate, confidence, commits, thresholds, bad_rev)
     ws = Workspace(path, cfg.metric, cfg.worse)

@@ -19,9 +19,8 @@ from .decide import (DECISIVE_RUNS, MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL
                      OVERLAP_ENDPOINT_RUNS)
 from .errors import (EXIT_CODES, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_NOT_SURE, EXIT_USAGE, KlbisectError,
                      json_failure)
-from .executors import MAX_PARALLEL
 from .metric import fmt_count
-from .probe import DEFAULT_TIMEOUT
+from .probe import DEFAULT_TIMEOUT, MAX_PARALLEL
 
 
 def _text_only(argv: list[str]) -> None:

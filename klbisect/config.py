@@ -10,9 +10,8 @@ from dataclasses import asdict, dataclass, field
 from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
 from .decide import MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS
 from .errors import EXIT_USAGE, KlbisectError
-from .executors import MAX_PARALLEL
 from .metric import check_regex
-from .probe import DEFAULT_TIMEOUT, CommandProbe
+from .probe import DEFAULT_TIMEOUT, MAX_PARALLEL, CommandProbe
 
 
 def sglang_flag(key: str) -> str:
@@ -125,7 +124,8 @@ class BisectConfig:
         build does not read: they were dropped without a word (a tester's
         --build-cmd never ran beside --build sglang, and --model-path did
         nothing with --probe-cmd)."""
-        sglang = self.sglang or {}
+        # as make_config keeps them: a setting left empty was not given (from Python too)
+        sglang = {k: v for k, v in (self.sglang or {}).items() if v not in (None, "", 0, [], ())}
         if self.probe == "sglang" and not sglang.get("model_path"):
             raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
         if self.probe == "sglang" and self.probe_cmd:
@@ -138,7 +138,8 @@ class BisectConfig:
             if idle:
                 raise KlbisectError(f"{sglang_flag(idle[0])} is an option of --probe sglang, which this command "
                                     "does not use: leave it out, or pass --probe sglang", EXIT_USAGE)
-        labels = [x.strip() for x in (sglang.get("labels") or "").split(",") if x.strip()]
+        labels = sglang.get("labels") or ""
+        labels = [x.strip() for x in (labels.split(",") if isinstance(labels, str) else labels) if x.strip()]
         if self.probe == "sglang" and labels and self.metric and self.metric not in labels:
             # found after two endpoint runs before: each one a server launch
             raise KlbisectError(f"--metric {self.metric} is not among --labels {','.join(labels)}: the probe would "

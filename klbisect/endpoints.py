@@ -275,135 +275,14 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         err = problem()
         if err:
             raise err
-        need = []
+        step = None
         if cfg.threshold is not None:
-            # the first --votes runs a side check the failure reproduces, as classic mode judges
-            # a commit; at least MIN_ENDPOINT_RUNS a side then say how far a verdict can be trusted
-            enough = max(cfg.votes, min(cfg.endpoint_runs, MIN_ENDPOINT_RUNS))
-            if len(g.values) >= cfg.votes and len(b.values) >= cfg.votes:
-                model = ThresholdModel(cfg.threshold, cfg.votes)
-                vg = judge(g.values[:cfg.votes], 0, model, cfg.votes)
-                vb = judge(b.values[:cfg.votes], 0, model, cfg.votes)
-                if vg.decision == GOOD and vb.decision == BAD and min(len(g.values), len(b.values)) < enough:
-                    need = [s for s, cr in ((good, g), (bad, b)) for _ in range(enough - len(cr.values))]
-                elif vg.decision == GOOD and vb.decision == BAD:
-                    model = model.with_rates(g.values, b.values)
-                    up, down = model.verdict_log_lrs()
-                    failed = (f"good failed {int(sum(model.fails(g.values)))}/{len(g.values)} runs, bad "
-                              f"{int(sum(model.fails(b.values)))}/{len(b.values)}")
-                    if up <= 0 or down >= 0:
-                        raise KlbisectError(
-                            f"at threshold {cfg.threshold:g} the endpoints fail alike ({failed}): a majority "
-                            "verdict would say nothing; leave --threshold and --votes out to judge runs by their "
-                            "values", EXIT_NO_SIGNAL)
-                    progress(f"endpoints at threshold {cfg.threshold:g}: {failed}: a majority of {cfg.votes} that "
-                             f"fails counts {math.exp(up):.3g}:1 for bad, one that passes {math.exp(-down):.3g}:1 "
-                             "for good")
-                    return model
-                else:
-                    raise KlbisectError(
-                        f"the endpoints do not reproduce the failure at threshold {cfg.threshold:g}: "
-                        f"good {fmt_vals(g.values[:cfg.votes])} ({vg.decision}), bad "
-                        f"{fmt_vals(b.values[:cfg.votes])} ({vb.decision}); a flaky test's bad commit passes "
-                        "some runs: leave --threshold and --votes out to judge runs by their values",
-                        EXIT_NO_SIGNAL)
-            else:
-                need = [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
+            got = _classic_step(cfg, good, bad, g, b, progress)
         else:
-            step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
-            sep = step.separation
-
-            hint_of_labels = partial(label_hint, ws, probe_key, good, bad, cfg)
-            finding = partial(label_finding, ws, probe_key, good, bad, cfg)
-            if min(len(g.values), len(b.values)) >= cfg.endpoint_runs and all(map(broke, (*g.values, *b.values))):
-                # the same at both ends, run after run: up to --max-endpoint-runs would say no more.
-                # One label broken everywhere breaks the max over labels: the others may still tell.
-                labelled = [r.values for r in ws.store.runs(probe_key, [good, bad]) if r.values]
-                fine = sorted({k for v in labelled for k, x in v.items() if not broke(x)})
-                if fine and not ws.metric:
-                    dead = sorted({k for v in labelled for k in v} - set(fine))
-                    raise NoDifference(
-                        f"every run at both endpoints printed nan or inf on {', '.join(dead) or 'some label'}, so "
-                        f"the {over_labels(ws.worse)} over labels is broken in each: rerun with --metric and one "
-                        f"of the labels that print numbers ({', '.join(fine)})")
-                raise NoDifference(
-                    f"every run at both endpoints printed nan or inf ({len(g.values)}+{len(b.values)} runs, "
-                    f"{ws.metric or 'the ' + over_labels(ws.worse) + ' over labels'}): numerics broke at the good "
-                    "endpoint too, so nothing tells good from bad here; check the environment (driver, dtype, "
-                    "model files) with a run of the good endpoint, or pick an older --good")
-            spikes = worse_tail(g.values, b.values, cfg.worse) if step.action == "ready" and goes_better(cfg, sep) \
-                else 0
-            if spikes and min(len(g.values), len(b.values)) < cfg.max_endpoint_runs:
-                # the medians say "better", a bad run far past every good one says worse: the
-                # medians' difference may be chance, and more runs tell which
-                want = max(min(2 * OVERLAP_ENDPOINT_RUNS, cfg.max_endpoint_runs), min(len(g.values), len(b.values)) + 1)
-                progress(f"the bad endpoint's runs sit {'higher' if sep.direction == 'up' else 'lower'} than the "
-                         f"good one's (p={sep.p_value:.2g}), but {fmt_count(spikes, 'of its runs')} lie far past "
-                         "every good run: measuring both further before calling it a fix")
-                step = EndpointStep("more", max(want - len(g.values), 0), max(want - len(b.values), 0), sep)
-            if step.action == "ready":
-                check_direction(cfg, sep, finding, spikes)
-                hint = hint_of_labels() if sep.p_value > SEPARATION_P else ""
-                if hint:
-                    # the max only hints, one label is plain: a search on the max would be long, and
-                    # on a move that small it named a wrong commit once in 13 (a tester's)
-                    raise NoDifference(
-                        f"good and bad only hint at a difference {judged_on(ws)} (p={sep.p_value:.2g}): "
-                        f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
-                silent = silent_when_passing(ws, probe_key, [good, bad])
-                if silent:
-                    progress(f"warning: {silent}")
-                same = repeated_runs(g.values, b.values)
-                if same:
-                    progress(f"warning: {same}")
-                model = Model.fit(g.values, b.values)
-                # a search begun on a hint (OVERLAP_P) is no shown difference: a tester read
-                # "endpoints differ" at p=0.19, and git bisect then spent 258 runs
-                contact = (model.contact if sep.p_value <= SEPARATION_P else
-                           f"only hint at a difference (p above {SEPARATION_P:g}), their runs overlapping")
-                progress(f"endpoints {contact}: "
-                         f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
-                         f"(p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
-                         f"{'' if model.decisive else '; ' + model.regime})")
-                clear = "" if model.separates else clearer_label(ws, probe_key, good, bad, cfg, sep.p_value)[1]
-                if clear:
-                    progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
-                return model
-            if step.action == "more" and min(len(g.values), len(b.values)) >= DECISIVE_RUNS \
-                    and sep is not None and sep.p_value > OVERLAP_P:
-                # one label plain while the max (or min) over labels shows nothing: the runs up
-                # to --max-endpoint-runs would not change what to do (rerun with --metric)
-                hint = hint_of_labels()
-                if hint:
-                    # "at most 40 a side" was in the progress line: a tester read the stop at 10 as broken
-                    raise NoDifference(
-                        f"good and bad do not differ {judged_on(ws)} after {len(g.values)}+"
-                        f"{len(b.values)} runs (p={sep.p_value:.2g}; stopped short of --max-endpoint-runs "
-                        f"{cfg.max_endpoint_runs}, since one label shows what more runs would "
-                        f"not): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
-            if step.action == "fail":
-                raise NoDifference(
-                    f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
-                    f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
-                    "the regression does not reproduce at these endpoints, or needs more runs "
-                    "(--max-endpoint-runs)" + spikes_note(g.values, b.values, cfg.worse) + hint_of_labels(weak=True)
-                    + unbuilt_sglang_hint(ws, cfg)
-                    + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
-                                                 for sha, end in ((good, "good"), (bad, "bad"))) if n))
-            # Spare slots measure the endpoints in parallel; alternate them so an
-            # interrupted calibration leaves both sides measured alike. One slot
-            # takes each endpoint's runs together: alternating there would check out
-            # and rebuild the other endpoint, or relaunch its server, before every run.
-            ng, nb = (max(m, per_side) if m else 0 for m in (step.more_good, step.more_bad))
-            if width == 1 and (cfg.build_cmd or cfg.build or cfg.probe == "sglang"):
-                # a few runs a side per round, the endpoint built last first: one rebuild per
-                # round instead of two for every pair of runs
-                ng, nb = (min(max(n, REBUILD_BATCH), max(cfg.max_endpoint_runs - len(cr.values), n)) if n else 0
-                          for n, cr in ((ng, g), (nb, b)))
-                last = [r.sha for r in ws.store.session_runs(sid) if r.sha in (good, bad)][-1:]
-                need = [bad] * nb + [good] * ng if last == [bad] else [good] * ng + [bad] * nb
-            else:
-                need = [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n]
+            got, step = _learned_step(ws, cfg, sid, good, bad, g, b, probe_key, progress, per_side, width, pooled)
+        if not isinstance(got, list):
+            return got
+        need = got
         # the batch fits in what is left of an endpoint's runs and of --max-total-runs (a
         # wide --parallel would otherwise ask hundreds of runs of each endpoint at once)
         spent = len(ws.store.session_runs(sid))
@@ -417,7 +296,7 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             need = [s for i, s in enumerate(need) if need[:i].count(s) < left[s]]
         need = need[:room]
         so_far = ""
-        if cfg.threshold is None and step.separation is not None:
+        if step is not None and step.separation is not None:
             # one run a side at a time can go on for a while: say where it stands
             so_far = (f"; {len(g.values)}+{len(b.values)} so far, p={step.separation.p_value:.2g}, "
                       f"at most {cfg.max_endpoint_runs} a side")
@@ -427,6 +306,143 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         # a batch stops early once an endpoint cannot be measured (a failed build, a
         # broken probe, a missing --metric): each run of a real probe costs minutes
         execute(need, lambda: problem() is not None)
+
+
+def _classic_step(cfg: BisectConfig, good: str, bad: str, g: CommitRuns, b: CommitRuns, progress: Progress):
+    """Endpoint calibration with --threshold and --votes: the model once the
+    endpoints reproduce the failure, else the runs still wanted."""
+    # the first --votes runs a side check the failure reproduces, as classic mode judges
+    # a commit; at least MIN_ENDPOINT_RUNS a side then say how far a verdict can be trusted
+    enough = max(cfg.votes, min(cfg.endpoint_runs, MIN_ENDPOINT_RUNS))
+    if len(g.values) >= cfg.votes and len(b.values) >= cfg.votes:
+        model = ThresholdModel(cfg.threshold, cfg.votes)
+        vg = judge(g.values[:cfg.votes], 0, model, cfg.votes)
+        vb = judge(b.values[:cfg.votes], 0, model, cfg.votes)
+        if vg.decision == GOOD and vb.decision == BAD and min(len(g.values), len(b.values)) < enough:
+            return [s for s, cr in ((good, g), (bad, b)) for _ in range(enough - len(cr.values))]
+        elif vg.decision == GOOD and vb.decision == BAD:
+            model = model.with_rates(g.values, b.values)
+            up, down = model.verdict_log_lrs()
+            failed = (f"good failed {int(sum(model.fails(g.values)))}/{len(g.values)} runs, bad "
+                      f"{int(sum(model.fails(b.values)))}/{len(b.values)}")
+            if up <= 0 or down >= 0:
+                raise KlbisectError(
+                    f"at threshold {cfg.threshold:g} the endpoints fail alike ({failed}): a majority "
+                    "verdict would say nothing; leave --threshold and --votes out to judge runs by their "
+                    "values", EXIT_NO_SIGNAL)
+            progress(f"endpoints at threshold {cfg.threshold:g}: {failed}: a majority of {cfg.votes} that "
+                     f"fails counts {math.exp(up):.3g}:1 for bad, one that passes {math.exp(-down):.3g}:1 "
+                     "for good")
+            return model
+        else:
+            raise KlbisectError(
+                f"the endpoints do not reproduce the failure at threshold {cfg.threshold:g}: "
+                f"good {fmt_vals(g.values[:cfg.votes])} ({vg.decision}), bad "
+                f"{fmt_vals(b.values[:cfg.votes])} ({vb.decision}); a flaky test's bad commit passes "
+                "some runs: leave --threshold and --votes out to judge runs by their values",
+                EXIT_NO_SIGNAL)
+    else:
+        return [s for s, cr in ((good, g), (bad, b)) if len(cr.values) < cfg.votes]
+
+
+def _learned_step(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: str, g: CommitRuns, b: CommitRuns,
+                  probe_key: str, progress: Progress, per_side: int, width: int, pooled: bool):
+    """Endpoint calibration that learns good and bad from the runs: the model
+    once they tell apart (or the reason they cannot, raised), else the runs
+    still wanted; with the step that decided."""
+    step = endpoint_step(g.values, b.values, cfg.endpoint_runs, cfg.max_endpoint_runs, pooled)
+    sep = step.separation
+
+    hint_of_labels = partial(label_hint, ws, probe_key, good, bad, cfg)
+    finding = partial(label_finding, ws, probe_key, good, bad, cfg)
+    if min(len(g.values), len(b.values)) >= cfg.endpoint_runs and all(map(broke, (*g.values, *b.values))):
+        # the same at both ends, run after run: up to --max-endpoint-runs would say no more.
+        # One label broken everywhere breaks the max over labels: the others may still tell.
+        labelled = [r.values for r in ws.store.runs(probe_key, [good, bad]) if r.values]
+        fine = sorted({k for v in labelled for k, x in v.items() if not broke(x)})
+        if fine and not ws.metric:
+            dead = sorted({k for v in labelled for k in v} - set(fine))
+            raise NoDifference(
+                f"every run at both endpoints printed nan or inf on {', '.join(dead) or 'some label'}, so "
+                f"the {over_labels(ws.worse)} over labels is broken in each: rerun with --metric and one "
+                f"of the labels that print numbers ({', '.join(fine)})")
+        raise NoDifference(
+            f"every run at both endpoints printed nan or inf ({len(g.values)}+{len(b.values)} runs, "
+            f"{ws.metric or 'the ' + over_labels(ws.worse) + ' over labels'}): numerics broke at the good "
+            "endpoint too, so nothing tells good from bad here; check the environment (driver, dtype, "
+            "model files) with a run of the good endpoint, or pick an older --good")
+    spikes = worse_tail(g.values, b.values, cfg.worse) if step.action == "ready" and goes_better(cfg, sep) \
+        else 0
+    if spikes and min(len(g.values), len(b.values)) < cfg.max_endpoint_runs:
+        # the medians say "better", a bad run far past every good one says worse: the
+        # medians' difference may be chance, and more runs tell which
+        want = max(min(2 * OVERLAP_ENDPOINT_RUNS, cfg.max_endpoint_runs), min(len(g.values), len(b.values)) + 1)
+        progress(f"the bad endpoint's runs sit {'higher' if sep.direction == 'up' else 'lower'} than the "
+                 f"good one's (p={sep.p_value:.2g}), but {fmt_count(spikes, 'of its runs')} lie far past "
+                 "every good run: measuring both further before calling it a fix")
+        step = EndpointStep("more", max(want - len(g.values), 0), max(want - len(b.values), 0), sep)
+    if step.action == "ready":
+        check_direction(cfg, sep, finding, spikes)
+        hint = hint_of_labels() if sep.p_value > SEPARATION_P else ""
+        if hint:
+            # the max only hints, one label is plain: a search on the max would be long, and
+            # on a move that small it named a wrong commit once in 13 (a tester's)
+            raise NoDifference(
+                f"good and bad only hint at a difference {judged_on(ws)} (p={sep.p_value:.2g}): "
+                f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
+        silent = silent_when_passing(ws, probe_key, [good, bad])
+        if silent:
+            progress(f"warning: {silent}")
+        same = repeated_runs(g.values, b.values)
+        if same:
+            progress(f"warning: {same}")
+        model = Model.fit(g.values, b.values)
+        # a search begun on a hint (OVERLAP_P) is no shown difference: a tester read
+        # "endpoints differ" at p=0.19, and git bisect then spent 258 runs
+        contact = (model.contact if sep.p_value <= SEPARATION_P else
+                   f"only hint at a difference (p above {SEPARATION_P:g}), their runs overlapping")
+        progress(f"endpoints {contact}: "
+                 f"good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)} "
+                 f"(p={sep.p_value:.2g}, {model.effect:.1f} spreads apart"
+                 f"{'' if model.decisive else '; ' + model.regime})")
+        clear = "" if model.separates else clearer_label(ws, probe_key, good, bad, cfg, sep.p_value)[1]
+        if clear:
+            progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
+        return model, step
+    if step.action == "more" and min(len(g.values), len(b.values)) >= DECISIVE_RUNS \
+            and sep is not None and sep.p_value > OVERLAP_P:
+        # one label plain while the max (or min) over labels shows nothing: the runs up
+        # to --max-endpoint-runs would not change what to do (rerun with --metric)
+        hint = hint_of_labels()
+        if hint:
+            # "at most 40 a side" was in the progress line: a tester read the stop at 10 as broken
+            raise NoDifference(
+                f"good and bad do not differ {judged_on(ws)} after {len(g.values)}+"
+                f"{len(b.values)} runs (p={sep.p_value:.2g}; stopped short of --max-endpoint-runs "
+                f"{cfg.max_endpoint_runs}, since one label shows what more runs would "
+                f"not): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
+    if step.action == "fail":
+        raise NoDifference(
+            f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
+            f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
+            "the regression does not reproduce at these endpoints, or needs more runs "
+            "(--max-endpoint-runs)" + spikes_note(g.values, b.values, cfg.worse) + hint_of_labels(weak=True)
+            + unbuilt_sglang_hint(ws, cfg)
+            + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
+                                         for sha, end in ((good, "good"), (bad, "bad"))) if n))
+    # Spare slots measure the endpoints in parallel; alternate them so an
+    # interrupted calibration leaves both sides measured alike. One slot
+    # takes each endpoint's runs together: alternating there would check out
+    # and rebuild the other endpoint, or relaunch its server, before every run.
+    ng, nb = (max(m, per_side) if m else 0 for m in (step.more_good, step.more_bad))
+    if width == 1 and (cfg.build_cmd or cfg.build or cfg.probe == "sglang"):
+        # a few runs a side per round, the endpoint built last first: one rebuild per
+        # round instead of two for every pair of runs
+        ng, nb = (min(max(n, REBUILD_BATCH), max(cfg.max_endpoint_runs - len(cr.values), n)) if n else 0
+                  for n, cr in ((ng, g), (nb, b)))
+        last = [r.sha for r in ws.store.session_runs(sid) if r.sha in (good, bad)][-1:]
+        return ([bad] * nb + [good] * ng if last == [bad] else [good] * ng + [bad] * nb), step
+    return [sha for i in range(max(ng, nb)) for sha, n in ((good, ng), (bad, nb)) if i < n], step
 
 
 def ended_on_errors(runs: list, where: str) -> str:

@@ -23,16 +23,12 @@ from typing import Callable, Protocol, Sequence
 
 from .errors import KlbisectError
 from .measure import Outcome
-from .probe import Slot
+# a slot's ports are the probe's (a Slot's port_base): the CLI checks --parallel against them
+# without loading this module's GitPython
+from .probe import PORT_HIGH, PORT_LOW, PORT_SPAN, SERVER_REACH, Slot
 from .runs import CRASHED
 from .proc import kill_all_active
 
-PORT_SPAN = 100            # ports per slot: [port_base, port_base + PORT_SPAN)
-# SGLang picks its NCCL port 100-1000 above its server port (PortArgs.init_new), checked free but not
-# held: slots' ranges this far apart keep one slot's from landing on another's server port at launch
-SERVER_REACH = 1100
-PORT_LOW, PORT_HIGH = 10000, 32700   # below Linux's ephemeral range (32768-60999)
-MAX_PARALLEL = 256         # slots at once: each gets one of the (PORT_HIGH - PORT_LOW) // PORT_SPAN port ranges
 
 # Exit statuses of a probe that was killed from outside (SIGKILL, SIGTERM),
 # as Popen reports them (-N) or as a shell reports its killed child (128+N).

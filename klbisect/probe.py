@@ -18,6 +18,13 @@ from .proc import run_logged
 # a run's statuses are the pure core's words (runs.py); the probe only assigns them
 from .runs import STATUS_CRASH, STATUS_FAILED, STATUS_NOTFOUND, STATUS_OK, STATUS_TIMEOUT
 
+PORT_SPAN = 100            # ports per slot: [port_base, port_base + PORT_SPAN)
+# SGLang picks its NCCL port 100-1000 above its server port (PortArgs.init_new), checked free but not
+# held: slots' ranges this far apart keep one slot's from landing on another's server port at launch
+SERVER_REACH = 1100
+PORT_LOW, PORT_HIGH = 10000, 32700   # below Linux's ephemeral range (32768-60999)
+MAX_PARALLEL = 256         # slots at once: each gets one of the (PORT_HIGH - PORT_LOW) // PORT_SPAN port ranges
+
 DEFAULT_TIMEOUT = 1800.0  # a 5-minute test plus a slow server launch, twice over
 
 

@@ -326,6 +326,7 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
     finished one's Result when nothing would change it."""
     st = ws.store
     shas = [c[0] for c in cands]
+    reopened = False    # a finished session taken up again
     # --fresh starts a session of its own; a later rerun without it resumes that one, and so
     # does the same command with it while that session is unfinished: "interrupted; rerun
     # the same command" must not leave out the runs it just saved (as `calibrate --fresh`)
@@ -360,10 +361,11 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
                      f"building the {len(unbuilt)} whose build failed once more, as the search needs")
         st.update_session(prev.id, state="bisecting")
         prev = st.session(prev.id)
+        reopened = True
     fresh_from = _fresh_origin(st, good, bad, probe_key, cfg) if cfg.fresh else None
     if prev:
         sid = prev.id
-        progress(f"{'reopening' if prev.state == 'bisecting' and prev.result else 'resuming'} session {sid}: "
+        progress(f"{'reopening' if reopened else 'resuming'} session {sid}: "
                  f"{len(st.session_runs(sid))} runs already recorded")
         cfg.fresh = bool(prev.config.get("fresh"))
         fresh_from = prev.config.get("fresh_from")

@@ -1796,6 +1796,16 @@ def test_the_same_options_are_refused_without_the_command_line(small, opts, word
     assert not (state_dir(small.path) / "logs").exists()
 
 
+def test_settings_given_from_python_as_lists_or_left_empty_are_not_refused():
+    """A reviewer's: from Python, --labels may be a list and a setting None;
+    the checks moved out of click read them as make_config leaves them."""
+    from klbisect.config import BisectConfig  # noqa: PLC0415
+    BisectConfig(probe="sglang", sglang={"model_path": "m", "labels": ("logprobs_match",)}).check_options()
+    BisectConfig(probe_cmd="true", build="sglang", sglang={"python": "python3", "model_path": None}).check_options()
+    with pytest.raises(gitrepo.KlbisectError, match="--metric x is not among --labels logprobs_match"):
+        BisectConfig(probe="sglang", metric="x", sglang={"model_path": "m", "labels": ["logprobs_match"]}).check_options()
+
+
 def test_every_pip_args_given_is_kept():
     """A tester's three --pip-args kept only the last: pip went to PyPI."""
     from klbisect.cli import make_config
@@ -2362,7 +2372,7 @@ def test_endpoints_that_cannot_be_measured_stop_the_first_batch_early(history):
     assert len(db_query(h.path, "SELECT id FROM runs")) <= 5
     # status says why the session stopped, and that the runs printed no --metric label, not that they crashed
     st = klb("status", cwd=h.path).stdout
-    assert "stopped: --metric nosuch" in st.splitlines()[0] and "printed no --metric label" in st, st
+    assert "stopped while calibrating the endpoints: --metric nosuch" in st.splitlines()[0] and "printed no --metric label" in st, st
     assert "no value for --metric nosuch" in p.stderr
     # a build that always fails: one build per endpoint (two slots), not six
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-cmd", "false",

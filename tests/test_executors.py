@@ -16,11 +16,11 @@ import pytest
 
 from conftest import db_query
 from klbisect.errors import KlbisectError
-from klbisect.executors import (PORT_SPAN, Failure, LocalExecutor, gpu_groups, infrastructure_failure,
+from klbisect.executors import (Failure, LocalExecutor, gpu_groups, infrastructure_failure,
                                 make_slots, port_bases, visible_gpus)
 from klbisect.histgen import NoiseModel, make_history
 from klbisect.measure import Outcome
-from klbisect.probe import CommandProbe, RunResult, Slot
+from klbisect.probe import PORT_SPAN, CommandProbe, RunResult, Slot
 from klbisect.config import BisectConfig
 from klbisect.session import run_bisect
 from klbisect.workspace import Workspace

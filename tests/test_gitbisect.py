@@ -378,7 +378,8 @@ def test_a_start_that_failed_gives_way_to_the_corrected_command(history):
     assert "not found" in error_line(typo, 155)
     assert not in_bisect(repo)
     status = klb("status", cwd=repo).stdout
-    assert "stopped: the probe command was not found" in status and "rerun the same command" not in status, status
+    assert "stopped while calibrating the endpoints: the probe command was not found" in status, status
+    assert "rerun the same command" not in status, status
     # an endpoint that printed nothing is not shown as judged
     assert "verdict good" not in status and "verdict bad" not in status, status
     fixed = klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=repo)
