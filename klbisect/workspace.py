@@ -242,8 +242,9 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
         else:
             c.crashes += 1
     if build_key:
+        failed_at = ws.store.failed_builds(build_key, shas)
         for s in shas:
-            failed = ws.store.failed_build(build_key, s)
+            failed = failed_at.get(s)
             # a probe run after the failed build (a checkout that needed no
             # rebuild) shows the commit can be tested after all
             if failed and last_run.get(s, 0.0) <= failed["started"] and failed["started"] >= ws.store.since \

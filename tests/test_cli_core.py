@@ -1562,6 +1562,27 @@ def test_a_log_tail_of_brackets_is_text_not_a_crash():
     assert redact_text(tail) == "[" * 3000 + " token=<redacted>"
 
 
+def test_the_store_reads_a_range_s_runs_by_commit_and_under_the_metric_in_force(tmp_path):
+    """Runs are read by commit in SQL and kept as read (a tester's store of
+    20,000 runs parsed them all again at every step); a run read under one
+    --metric reads under another once it changes, and a purge forgets them."""
+    from klbisect.store import Store  # noqa: PLC0415
+    st = Store(tmp_path / "state.db")
+    a, b, c = "a" * 40, "b" * 40, "c" * 40
+    for sha, vals in ((a, {"x": 1.0, "y": 5.0}), (b, {"x": 2.0, "y": 1.0}), (c, {"x": 3.0, "y": 0.5})):
+        st.add_run(1, "k", sha, 0.0, 1.0, 0, "ok", vals, None, str(tmp_path / "logs" / f"{sha[0]}.log"))
+    assert [r.sha for r in st.runs("k", [c, a])] == [a, c] and st.runs("k", []) == []
+    assert [r.value for r in st.runs("k")] == [5.0, 2.0, 3.0]          # the max over labels
+    assert st.runs("k", [a])[0].log_path == str(tmp_path / "logs" / "a.log")
+    st.metric = "x"
+    assert [r.value for r in st.runs("k")] == [1.0, 2.0, 3.0]
+    st.metric, st.worse = None, "lower"
+    assert [r.value for r in st.runs("k")] == [1.0, 1.0, 0.5]
+    st.purge()
+    st.add_run(1, "k", b, 0.0, 1.0, 0, "ok", {"x": 9.0}, None, None)
+    assert [(r.sha, r.value) for r in st.runs("k")] == [(b, 9.0)]
+
+
 def test_the_store_keeps_secrets_to_its_owner_and_purge_leaves_none(tmp_path):
     """The store keeps --server-args as given (an --api-key among them). A
     reviewer's: a store made before it was created 0600 stayed 0644, and
