@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import pickle
@@ -343,6 +344,56 @@ def _keeping_signals() -> Iterator[None]:
                     pass
 
 
+CANCEL_GRACE = 10.0   # seconds a cancelled task has to stop its probe (run_logged's TERM-then-KILL takes 5)
+
+
+@contextlib.contextmanager
+def _quiet_ray() -> Iterator[None]:
+    """Ray's notices while it starts (a local cluster's "Token authentication
+    is enabled ...") are not klbisect's to print: its errors still raise."""
+    import logging  # noqa: PLC0415
+    log = logging.getLogger("ray")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _check_address(address: str | None) -> None:
+    """A --ray-address of host:port (or ray://host:port) where nothing
+    listens: ray.init retries it for good and ignores Ctrl-C and SIGTERM."""
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, _, port = hostport.rstrip("/").rpartition(":")
+    from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+    if not host or not port.isdigit():
+        raise KlbisectError(f"--ray-address {address}: give HOST:PORT (the address `ray start --head` prints), "
+                            "ray://HOST:10001 for Ray Client, or auto on a node of a running cluster", EXIT_USAGE)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT).close()
+    except OSError as e:
+        raise KlbisectError(f"--ray-address {address}: nothing answers at {host}:{port} ({e.strerror or e}); "
+                            "start the cluster (`ray start --head` prints its address), or leave --ray-address "
+                            "out for a cluster of this machine that klbisect starts", EXIT_USAGE) from None
+
+
+ADDRESS_TIMEOUT = 5.0   # seconds to wait for a --ray-address to answer
+
+
+def _cannot_connect(address: str | None, e: Exception):
+    """ray.init's failure to reach or start a cluster: the address, not klbisect, is wrong."""
+    from .errors import EXIT_USAGE, KlbisectError, shown  # noqa: PLC0415
+    said = shown(f"{type(e).__name__}: {e}", one_line=True)
+    auth = ("; the cluster asks for a token (Ray's token authentication): run klbisect where `ray status` "
+            "reaches it" if any(w in str(e).lower() for w in ("authoriz", "token", "unauthenticated")) else "")
+    where = f"--ray-address {address}" if address else "a Ray cluster of this machine"
+    return KlbisectError(f"cannot connect to {where} ({said}){auth}; `ray status` there says whether it runs, "
+                         "`ray start --head` starts one", EXIT_USAGE)
+
+
 def _no_gpus_here(wanted: int, gpus: float) -> None:
     if wanted > gpus:
         from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
@@ -382,12 +433,24 @@ class RayExecutor:
         self._nodes: set[str] = set()                 # Ray node ids whose interpreter a build may have changed
 
     @staticmethod
+    def refuse_before_session(cfg) -> None:
+        """What is plainly wrong, refused before any session is recorded (a
+        tester's failed starts each left one "not running now"): Ray not
+        installed, a --ray-address where nothing answers (ray.init waits
+        there for good, deaf to Ctrl-C), and GPUs that the cluster klbisect
+        would start on this machine cannot have."""
+        if importlib.util.find_spec("ray") is None:
+            from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+            raise KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE)
+        _check_address(cfg.ray_address)
+        RayExecutor.refuse_missing_gpus(cfg)
+
+    @staticmethod
     def refuse_missing_gpus(cfg) -> None:
-        """Refuse, before any session is recorded, GPUs that the cluster
-        klbisect would start on this machine cannot have: it sees this
-        machine's GPUs (CUDA_VISIBLE_DEVICES as well), and never gains one.
-        Without Ray started or imported: that is the executor's to do, as
-        is a cluster it is given or finds (`ray start`)."""
+        """Refuse GPUs that the cluster klbisect would start on this machine
+        cannot have: it sees this machine's GPUs (CUDA_VISIBLE_DEVICES as
+        well), and never gains one. Without Ray started or imported: that is
+        the executor's to do, as is a cluster it is given or finds (`ray start`)."""
         ray = sys.modules.get("ray")
         if (cfg.gpus_per_probe <= 0 or cfg.ray_address or os.environ.get("RAY_ADDRESS")
                 or (ray is not None and ray.is_initialized()) or Path(RAY_CURRENT_CLUSTER).exists()):
@@ -405,9 +468,13 @@ class RayExecutor:
             raise KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE) from None
         owns = False
         if not ray.is_initialized():
-            with _keeping_signals():
-                ray.init(address=cfg.ray_address or None, ignore_reinit_error=True,
-                         log_to_driver=False, configure_logging=False)
+            _check_address(cfg.ray_address)
+            with _keeping_signals(), _quiet_ray():
+                try:
+                    ray.init(address=cfg.ray_address or None, ignore_reinit_error=True,
+                             log_to_driver=False, configure_logging=False)
+                except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
+                    raise _cannot_connect(cfg.ray_address, e) from None
             owns = True
         gpus = float(ray.cluster_resources().get("GPU", 0))
         if cfg.gpus_per_probe > gpus and owns and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
@@ -503,7 +570,23 @@ class RayExecutor:
 
     def close(self) -> None:
         ray = self._ray
-        for ref in list(self._refs):
+        refs = list(self._refs)
+        # A task cancelled with force is its worker killed, and the probe it ran, a process
+        # group of its own, was left running (a tester's Ctrl-C left both slots' probes and
+        # their servers behind). A plain cancel is a KeyboardInterrupt in the task, on which
+        # run_logged stops the probe's whole tree; force only for those it does not end.
+        for ref in refs:
+            try:
+                ray.cancel(ref, force=False)
+            except Exception:
+                pass
+        pending, deadline = refs, time.monotonic() + CANCEL_GRACE
+        while pending and time.monotonic() < deadline:
+            try:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
+            except Exception:
+                break
+        for ref in pending:
             try:
                 ray.cancel(ref, force=True)
             except Exception:
@@ -514,6 +597,16 @@ class RayExecutor:
             with _keeping_signals():
                 ray.shutdown()
             self._owns_ray = False
+        if pending:
+            # this machine's node: the probes of the workers killed above, found by their pid
+            # files once those workers are gone (a kill Ray sends, not one it waits for)
+            from .proc import reap_stale  # noqa: PLC0415
+            pids, end = node_cache(self._template.cache_dir, self._template.repo_url) / "pids", time.monotonic() + 3
+            while True:
+                reap_stale(pids)
+                if time.monotonic() > end or not any(pids.glob("*.pid")):
+                    break
+                time.sleep(0.2)
 
     def _restore_nodes(self) -> None:
         """--build sglang installed each worktree into its node's interpreter:

@@ -87,7 +87,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
                        cfg.gpus_per_probe if cfg.executor == "local" else 0, pid_dir=ws.pids)
     if cfg.executor == "ray" and executor_factory is None:
         from .ray_executor import RayExecutor  # noqa: PLC0415 - imports no Ray
-        RayExecutor.refuse_missing_gpus(cfg)
+        RayExecutor.refuse_before_session(cfg)
     opened = _open_session(ws, cfg, good, bad, cands, probe_key, build_key, progress)
     if isinstance(opened, Result):
         return opened

@@ -394,6 +394,70 @@ def test_sigterm_to_a_ray_bisect_exits_130_with_its_json(history, tmp_path):
     assert json.loads(out.strip().splitlines()[-1])["exit_code"] == 130
 
 
+def test_ctrl_c_of_a_ray_bisect_leaves_no_probe_running(history, tmp_path):
+    """A tester's: Ctrl-C cancelled the Ray tasks with force, killing their
+    workers, and each probe (a process group of its own) and the server it
+    started went on running under init."""
+    pytest.importorskip("ray")
+    import uuid  # noqa: PLC0415
+
+    import psutil  # noqa: PLC0415
+    from conftest import child_env, klbisect_script  # noqa: PLC0415
+    tag = uuid.uuid4().hex
+    server = f"{sys.executable} -c 'import time; time.sleep(600)' {tag}"
+    err = tmp_path / "err"
+
+    def alive() -> list:
+        # the server itself (its last argument), not klbisect, whose --probe-cmd names it
+        return [q for q in psutil.process_iter(["cmdline"]) if (q.info["cmdline"] or [""])[-1] == tag]
+    cmd = klbisect_script() + ["run", "--good", history.good, "--bad", history.bad,
+                               "--probe-cmd", f"{server} & sleep 3; {sys.executable} probe.py",
+                               "--executor", "ray", "--parallel", "2"]
+    with open(err, "w") as errf:
+        p = subprocess.Popen(cmd, cwd=history.path, env=child_env(), stdout=subprocess.PIPE, stderr=errf,
+                             text=True)
+        try:
+            deadline = time.monotonic() + 240
+            while not alive():
+                assert p.poll() is None and time.monotonic() < deadline, err.read_text()
+                time.sleep(0.2)
+            p.send_signal(signal.SIGINT)
+            p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    try:
+        assert p.returncode == 130, err.read_text()[-2000:]
+        gone = time.monotonic() + 10
+        while alive() and time.monotonic() < gone:
+            time.sleep(0.2)
+        assert alive() == [], err.read_text()[-2000:]
+    finally:
+        for q in alive():
+            q.kill()
+
+
+@pytest.mark.parametrize("address,words", [
+    ("127.0.0.1:1", "--ray-address 127.0.0.1:1: nothing answers at 127.0.0.1:1"),
+    ("bogus", "--ray-address bogus: give HOST:PORT"),
+])
+def test_a_ray_address_where_no_cluster_answers_is_one_line_before_any_session(history, address, words):
+    """A tester's --ray-address of nothing listening hung in ray.init for
+    good, deaf to Ctrl-C and SIGTERM; a malformed one was an internal
+    error (159); and each left a session "not running now"."""
+    pytest.importorskip("ray")
+    from conftest import child_env, klbisect_script  # noqa: PLC0415
+    p = subprocess.run(klbisect_script() + ["run", "--good", history.good, "--bad", history.bad, "--probe-cmd",
+                                            f"{sys.executable} probe.py", "--executor", "ray",
+                                            "--ray-address", address],
+                       cwd=history.path, env=child_env(), capture_output=True, text=True, timeout=60)
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("klbisect: error:")]
+    assert p.returncode == 150 and len(said) == 1 and words in said[0], p.stderr[-2000:]
+    assert "Traceback" not in p.stderr
+    assert db_query(history.path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
+
+
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_gpus_this_machine_lacks_are_refused_before_a_session_is_recorded(history, executor):
     """A tester's: with no GPU, `--executor ray --gpus-per-probe 1` on the
