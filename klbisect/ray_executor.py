@@ -364,11 +364,15 @@ def _quiet_ray() -> Iterator[None]:
 def _check_address(address: str | None) -> None:
     """A --ray-address of host:port (or ray://host:port) where nothing
     listens: ray.init retries it for good and ignores Ctrl-C and SIGTERM."""
+    from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+    if address == "auto" and not os.environ.get("RAY_ADDRESS") and not Path(RAY_CURRENT_CLUSTER).exists():
+        raise KlbisectError("--ray-address auto: no Ray cluster runs on this machine (`ray start --head` starts "
+                            "one; on another node, give the HOST:PORT it prints), or leave --ray-address out "
+                            "for a cluster of this machine that klbisect starts", EXIT_USAGE)
     if not address or address in ("auto", "local"):
         return
     hostport = address.split("://", 1)[1] if "://" in address else address
     host, _, port = hostport.rstrip("/").rpartition(":")
-    from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
     if not host or not port.isdigit():
         raise KlbisectError(f"--ray-address {address}: give HOST:PORT (the address `ray start --head` prints), "
                             "ray://HOST:10001 for Ray Client, or auto on a node of a running cluster", EXIT_USAGE)
