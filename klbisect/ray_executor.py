@@ -365,21 +365,22 @@ def _check_address(address: str | None) -> None:
     """A --ray-address of host:port (or ray://host:port) where nothing
     listens: ray.init retries it for good and ignores Ctrl-C and SIGTERM."""
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
-    if address == "auto" and not os.environ.get("RAY_ADDRESS") and not Path(RAY_CURRENT_CLUSTER).exists():
-        raise KlbisectError("--ray-address auto: no Ray cluster runs on this machine (`ray start --head` starts "
-                            "one; on another node, give the HOST:PORT it prints), or leave --ray-address out "
-                            "for a cluster of this machine that klbisect starts", EXIT_USAGE)
+    # ray.init takes RAY_ADDRESS for no address or auto: a stale one hangs the same way
+    # (auto itself is left to ray.init, which finds a cluster by more than one file and fails fast)
+    given = f"--ray-address {address}"
+    if not address or address == "auto":
+        address, given = os.environ.get("RAY_ADDRESS"), f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
     if not address or address in ("auto", "local"):
         return
     hostport = address.split("://", 1)[1] if "://" in address else address
     host, _, port = hostport.rstrip("/").rpartition(":")
     if not host or not port.isdigit():
-        raise KlbisectError(f"--ray-address {address}: give HOST:PORT (the address `ray start --head` prints), "
+        raise KlbisectError(f"{given}: give HOST:PORT (the address `ray start --head` prints), "
                             "ray://HOST:10001 for Ray Client, or auto on a node of a running cluster", EXIT_USAGE)
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT).close()
     except OSError as e:
-        raise KlbisectError(f"--ray-address {address}: nothing answers at {host}:{port} ({e.strerror or e}); "
+        raise KlbisectError(f"{given}: nothing answers at {host}:{port} ({e.strerror or e}); "
                             "start the cluster (`ray start --head` prints its address), or leave --ray-address "
                             "out for a cluster of this machine that klbisect starts", EXIT_USAGE) from None
 
@@ -585,10 +586,13 @@ class RayExecutor:
             except Exception:
                 pass
         pending, deadline = refs, time.monotonic() + CANCEL_GRACE
+        if refs:
+            print(f"klbisect: stopping {len(refs)} Ray task(s) and their probes (up to {CANCEL_GRACE:g} s)",
+                  file=sys.stderr, flush=True)
         while pending and time.monotonic() < deadline:
             try:
                 _, pending = ray.wait(pending, num_returns=len(pending), timeout=0.5)
-            except Exception:
+            except (Exception, KeyboardInterrupt):   # a second Ctrl-C: on to force, not out of close
                 break
         for ref in pending:
             try:
