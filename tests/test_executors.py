@@ -461,6 +461,22 @@ def test_a_ray_address_where_no_cluster_answers_is_one_line_before_any_session(h
     assert db_query(history.path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
 
 
+def test_ray_address_auto_with_no_cluster_is_one_line_not_an_internal_error(history):
+    """A tester's `--ray-address auto` with no cluster running was ray.init's
+    ConnectionError as "internal error" (159)."""
+    pytest.importorskip("ray")
+    from conftest import child_env, klbisect_script  # noqa: PLC0415
+    from klbisect.ray_executor import RAY_CURRENT_CLUSTER  # noqa: PLC0415
+    if os.environ.get("RAY_ADDRESS") or Path(RAY_CURRENT_CLUSTER).exists():
+        pytest.skip("a Ray cluster runs on this machine")
+    p = subprocess.run(klbisect_script() + ["run", "--good", history.good, "--bad", history.bad, "--probe-cmd",
+                                            f"{sys.executable} probe.py", "--executor", "ray", "--ray-address", "auto"],
+                       cwd=history.path, env=child_env(), capture_output=True, text=True, timeout=120)
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("klbisect: error:")]
+    assert p.returncode == 150 and len(said) == 1 and "cannot connect to --ray-address auto" in said[0], p.stderr
+    assert "Traceback" not in p.stderr and "`ray start --head` starts one" in said[0]
+
+
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_gpus_this_machine_lacks_are_refused_before_a_session_is_recorded(history, executor):
     """A tester's: with no GPU, `--executor ray --gpus-per-probe 1` on the
