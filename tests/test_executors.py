@@ -233,8 +233,10 @@ def test_worker_dying_mid_probe_loses_and_doubles_nothing(history, state, monkey
 
 # ---- Ray ---------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_cluster():
+    """A cluster for one test: one kept for the module was found by a later
+    test's `--ray-address auto`, which looks for any running cluster."""
     ray = pytest.importorskip("ray")
     if ray.is_initialized():
         ray.shutdown()
@@ -466,8 +468,11 @@ def test_ray_address_auto_with_no_cluster_is_one_line_not_an_internal_error(hist
     ConnectionError as "internal error" (159)."""
     pytest.importorskip("ray")
     from conftest import child_env, klbisect_script  # noqa: PLC0415
+    import psutil  # noqa: PLC0415
+    # as `auto` finds one: the address file, or any GCS server running here
     from klbisect.ray_executor import RAY_CURRENT_CLUSTER  # noqa: PLC0415
-    if os.environ.get("RAY_ADDRESS") or Path(RAY_CURRENT_CLUSTER).exists():
+    if os.environ.get("RAY_ADDRESS") or Path(RAY_CURRENT_CLUSTER).exists() or any(
+            "gcs_server" in (q.info["name"] or "") for q in psutil.process_iter(["name"])):
         pytest.skip("a Ray cluster runs on this machine")
     p = subprocess.run(klbisect_script() + ["run", "--good", history.good, "--bad", history.bad, "--probe-cmd",
                                             f"{sys.executable} probe.py", "--executor", "ray", "--ray-address", "auto"],
