@@ -507,11 +507,8 @@ class Store:
         return {sha: self._build_row(r) for sha, r in last.items() if not r["ok"]}
 
     def failed_build(self, build_key: str, sha: str) -> dict | None:
-        row = self.db.execute("SELECT * FROM builds WHERE build_key=? AND sha=? ORDER BY id DESC LIMIT 1",
-                              (build_key, sha)).fetchone()
-        if row is None or row["ok"]:
-            return None
-        return self._build_row(row)
+        """The commit's last build under ``build_key``, when it failed."""
+        return self.failed_builds(build_key, [sha]).get(sha)
 
     def builds(self, build_key: str) -> list[dict]:
         return [self._build_row(r) for r in self.db.execute("SELECT * FROM builds WHERE build_key=? ORDER BY id",
