@@ -306,6 +306,9 @@ def sglang_options(f):
         click.option("--request-timeout", type=SECONDS, default=None, help="--probe sglang: seconds per request."),
         click.option("--sglang-python", "python", default=None,
                      help="--probe/--build sglang: interpreter that has sglang's dependencies."),
+        click.option("--kl-flow", type=click.Choice(("single", "multiturn")), default=None,  # sglang.KL_FLOWS
+                     help="--probe sglang: single (kl_test_utils.py's helpers, the default) or multiturn (the "
+                          "unified-radix-tree tests' three turns over branching prefixes, kl_multiturn_utils.py)."),
         click.option("--turn-separator", default=None,
                      help="--probe sglang: comma-separated token ids between turns for decode_cache_hit."),
         click.option("--kl-threshold", type=KL_VALUE, default=None,
@@ -363,7 +366,7 @@ def _token_ids(text: str) -> list[int]:
 
 
 _SGLANG_KEYS = ("model_path", "server_args", "server_env", "prompts", "runs_per_launch", "max_new_tokens", "labels",
-                "num_samples", "launch_timeout", "request_timeout", "python", "turn_separator",
+                "num_samples", "launch_timeout", "request_timeout", "python", "turn_separator", "kl_flow",
                 "kl_threshold", "pip_args")
 _SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
                 "max_total_runs", "worse")
@@ -584,8 +587,8 @@ def make_prompts(text_file, tokenizer, out, num_samples, max_tokens, trust_remot
     click.echo(f"wrote {n} prompts to {out}")
     if comma:
         # the tests' decode_cache_hit appends tokenizer.encode(","); the probe knows no tokenizer
-        click.echo(f"decode_cache_hit's turn separator as the tests build it: --turn-separator "
-                   f"{','.join(map(str, comma))}")
+        click.echo(f"decode_cache_hit's turn separator as the single-turn tests build it (--kl-flow single): "
+                   f"--turn-separator {','.join(map(str, comma))}")
     return 0
 
 

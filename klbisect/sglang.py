@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import re
 import shlex
 import socket
@@ -257,10 +258,16 @@ def _output_logprobs(result: dict) -> list[float]:
     return lps
 
 
-def _replay(client: Client, seqs: list[list[int]], decode_lps: list[list[float]]) -> list[float]:
-    """Cold-prefill logprobs of each sequence's last tokens; per-sequence KL."""
-    client.flush_cache()
-    results = client.generate(generate_payload(seqs, 0, return_logprob=True, logprob_start_len=0))
+def _replay(client: Client, seqs: list[list[int]], decode_lps: list[list[float]],
+            batch_size: int | None = None) -> list[float]:
+    """Cold-prefill logprobs of each sequence's last tokens; per-sequence KL.
+    ``batch_size``: sequences a request, each request after a flush (the
+    multi-turn tests replay one at a time); None: all in one."""
+    step = batch_size or max(len(seqs), 1)
+    results = []
+    for i in range(0, len(seqs), step):
+        client.flush_cache()
+        results += client.generate(generate_payload(seqs[i:i + step], 0, return_logprob=True, logprob_start_len=0))
     kl_divs = []
     for res, dec in zip(results, decode_lps):
         pre = [x[0] for x in res["meta_info"]["input_token_logprobs"]][-len(dec):]
@@ -327,6 +334,116 @@ def measure_label(client: Client, label: str, prompts: list[list[int]], max_new_
         return LabelResult(label, [], n, turns, note + ": too few, no value")
     seqs = [inputs[i] + res[i]["output_ids"] for i in keep]
     return LabelResult(label, _replay(client, seqs, [_output_logprobs(res[i]) for i in keep]), n, turns, note)
+
+
+# ---------------------------------------------------------------------------
+# The multi-turn flow of the unified-radix-tree KL tests
+# (python/sglang/test/kl_multiturn_utils.py, driven by
+# python/sglang/test/kits/unified_radix_cache_kit.py)
+# ---------------------------------------------------------------------------
+
+KL_FLOWS = ("single", "multiturn")
+# the kit's shape: three turns, three groups of three branches over a 512-token
+# prefix, random suffix tokens from Python's random.Random(seed), so the same
+# ids as the test's for the same seeds
+MT_SAMPLES = 4                       # logprobs_match: input_ids[:4]
+MT_GROUPS = 3
+MT_BRANCHES = 3
+MT_PREFIX_LEN = 512
+MT_TURN_SUFFIX_LENS = (512, 256)     # turns 2 and 3
+MT_BRANCH_SUFFIX = (256, 64)         # prefill_cache_hit: branch b's own suffix is 256 + 64 b tokens
+MT_TOKEN_IDS = (1, 30000)            # random.randint's bounds, both included
+MT_SEEDS = {"logprobs_match": (100, 200), "prefill_cache_hit": (789, 890), "decode_cache_hit": (300, 400)}
+MT_BRANCH_SEED = 456
+
+
+def random_suffixes(n: int, length: int, seed: int) -> list[list[int]]:
+    """The kit's ``_random_suffixes``: ``n`` lists of ``length`` token ids."""
+    rng = random.Random(seed)
+    return [[rng.randint(*MT_TOKEN_IDS) for _ in range(length)] for _ in range(n)]
+
+
+def interleave_order(n: int, per_group: int) -> list[int] | None:
+    """Submission order that puts branch b of every group before branch b + 1
+    of any (``_interleave_order``): competing branches stress the radix tree."""
+    if per_group <= 0 or per_group >= n:
+        return None
+    groups = n // per_group
+    order = [g * per_group + b for b in range(per_group) for g in range(groups)]
+    return order + list(range(groups * per_group, n))
+
+
+@dataclass
+class MultiturnPlan:
+    """What one label of the multi-turn flow sends: pure data, so the kit's
+    construction is checked without a server."""
+
+    first: list[list[int]]                  # turn 1's inputs
+    suffixes: list[list[list[int]]]         # suffixes[t][i]: appended before turn t + 2
+    seed_prefixes: list[list[int]] | None   # generated with 0 new tokens first (prefill_cache_hit)
+    order: list[int] | None                 # submission order of turns 2 and 3
+
+
+def multiturn_plan(label: str, prompts: list[list[int]]) -> MultiturnPlan:
+    if label not in MT_SEEDS:
+        raise ValueError(f"unknown label {label!r}; known: {', '.join(LABELS)}")
+    seeds = MT_SEEDS[label]
+    if label == "logprobs_match":
+        first = [list(p) for p in prompts[:MT_SAMPLES]]
+        return MultiturnPlan(first, [random_suffixes(len(first), n, s)
+                                     for n, s in zip(MT_TURN_SUFFIX_LENS, seeds)], None, None)
+    n = MT_GROUPS * MT_BRANCHES
+    suffixes = [random_suffixes(n, length, s) for length, s in zip(MT_TURN_SUFFIX_LENS, seeds)]
+    prefixes = [list(prompts[g][:MT_PREFIX_LEN]) for g in range(MT_GROUPS) for _ in range(MT_BRANCHES)]
+    if label == "decode_cache_hit":
+        return MultiturnPlan(prefixes, suffixes, None, interleave_order(n, MT_BRANCHES))
+    rng = random.Random(MT_BRANCH_SEED)
+    base, step = MT_BRANCH_SUFFIX
+    full = [prefixes[i] + [rng.randint(*MT_TOKEN_IDS) for _ in range(base + (i % MT_BRANCHES) * step)]
+            for i in range(n)]
+    return MultiturnPlan(full, suffixes, prefixes, interleave_order(n, MT_BRANCHES))
+
+
+def _generate_in_order(client: Client, inputs: list[list[int]], max_new_tokens: int,
+                       order: list[int] | None) -> list[dict]:
+    """One batched request in ``order``; results back in the inputs' order."""
+    if order is None:
+        return client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
+    results = client.generate(generate_payload([inputs[i] for i in order], max_new_tokens, return_logprob=True))
+    out: list = [None] * len(results)
+    for k, i in enumerate(order):
+        out[i] = results[k]
+    return out
+
+
+def measure_multiturn(client: Client, label: str, prompts: list[list[int]], max_new_tokens: int) -> LabelResult:
+    """One label of the unified-radix-tree tests: turn 1 (after seeding the
+    prefixes, for prefill_cache_hit), two more turns each extending the last
+    turn's input + output by a random suffix, then a replay of the last
+    turn one sequence a request. The tests' exact ``cached_tokens``
+    assertions depend on the cache kind (page, mamba chunk); the requests
+    that hit the cache are counted in the label's line instead."""
+    plan = multiturn_plan(label, prompts)
+    n, turns = len(plan.first), 1 + len(plan.suffixes)
+    if label != "logprobs_match" and client.server_info().get("disable_radix_cache"):
+        return LabelResult(label, [], n, turns, "skipped: the radix cache is disabled")
+    client.flush_cache()
+    if plan.seed_prefixes is not None:
+        client.generate(generate_payload(plan.seed_prefixes, 0, return_logprob=False))
+    current = plan.first
+    results = client.generate(generate_payload(current, max_new_tokens, return_logprob=True))
+    hits = asked = 0
+    if plan.seed_prefixes is not None:
+        asked += n
+        hits += sum(r["meta_info"].get("cached_tokens", 0) > 0 for r in results)
+    for suffixes in plan.suffixes:
+        current = [current[i] + results[i]["output_ids"] + suffixes[i] for i in range(n)]
+        results = _generate_in_order(client, current, max_new_tokens, plan.order)
+        asked += n
+        hits += sum(r["meta_info"].get("cached_tokens", 0) > 0 for r in results)
+    seqs = [current[i] + results[i]["output_ids"] for i in range(n)]
+    kl_divs = _replay(client, seqs, [_output_logprobs(r) for r in results], batch_size=1)
+    return LabelResult(label, kl_divs, n, turns, f"cache hits {hits}/{asked} requests")
 
 
 # ---------------------------------------------------------------------------
@@ -634,6 +751,7 @@ class SGLangProbe:
     turn_separator: tuple[int, ...] = ()     # token ids between turns (the tests add a comma)
     kl_threshold: float | None = None        # exit code 1 at or above it, like the tests' assertion
     server_env: tuple[str, ...] = ()          # "NAME=VALUE" for the server (the tests' popen env=)
+    kl_flow: str = "single"                   # "multiturn": the unified-radix-tree tests' flow
     # a console line when a server launches (minutes on a GPU box; the run log has the rest): workspace.say_building
     on_launch: Callable[[str], None] | None = field(default=None, init=False, repr=False, compare=False)
     _held: dict[int, _Held] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -658,6 +776,12 @@ class SGLangProbe:
         problem = number_problem(self)
         if problem:
             raise KlbisectError(problem, EXIT_USAGE)
+        if self.kl_flow not in KL_FLOWS:
+            raise KlbisectError(f"unknown --kl-flow {self.kl_flow!r}; use {' or '.join(KL_FLOWS)}", EXIT_USAGE)
+        if self.kl_flow == "multiturn" and self.turn_separator:
+            raise KlbisectError("--turn-separator is for --kl-flow single (its decode_cache_hit's second turn); the "
+                                "multi-turn flow puts the tests' random suffixes between turns: leave it out",
+                                EXIT_USAGE)
         self.server_env = tuple(self.server_env)
         names: set[str] = set()
         for item in self.server_env:
@@ -722,21 +846,30 @@ class SGLangProbe:
                           prompts=_file_digest(self.prompts), n=self.num_samples,
                           max_new_tokens=self.max_new_tokens, labels=list(self.labels),
                           sep=list(self.turn_separator), python=self.python,
-                          # only when given: runs recorded before --server-env keep their key
-                          **({"env": sorted(self.server_env)} if self.server_env else {}))
+                          # only when given: runs recorded before --server-env and --kl-flow keep their key
+                          **({"env": sorted(self.server_env)} if self.server_env else {}),
+                          **({"flow": self.kl_flow} if self.kl_flow != "single" else {}))
 
     def describe(self) -> str:
         args = f" {self.server_args}" if self.server_args else ""
         if self.server_env:
             args += f" (environment {' '.join(self.server_env)})"
         n = f"{self.num_samples} of " if self.num_samples else ""
+        flow = "; multi-turn flow" if self.kl_flow == "multiturn" else ""
         return (f"sglang.launch_server --model-path {self.model_path}{args}; {n}{self.prompts.name} "
-                f"x {self.max_new_tokens} new tokens; labels {','.join(self.labels)}")
+                f"x {self.max_new_tokens} new tokens; labels {','.join(self.labels)}{flow}")
 
     def load(self) -> list[list[int]]:
         if self._prompts_cache is None:
             prompts = load_prompts(self.prompts)
-            self._prompts_cache = prompts[: self.num_samples] if self.num_samples else prompts
+            prompts = prompts[: self.num_samples] if self.num_samples else prompts
+            need = MT_SAMPLES if "logprobs_match" in self.labels else MT_GROUPS
+            if self.kl_flow == "multiturn" and len(prompts) < need:
+                raise KlbisectError(f"--kl-flow multiturn uses the first {need} prompts (the tests' input_ids"
+                                    f"[:{MT_SAMPLES}] and one a group of {MT_GROUPS}); {self.prompts} gives "
+                                    f"{len(prompts)}{' after --num-samples' if self.num_samples else ''}",
+                                    EXIT_USAGE)
+            self._prompts_cache = prompts
         return self._prompts_cache
 
     # -- server lifecycle ---------------------------------------------------
@@ -837,7 +970,9 @@ class SGLangProbe:
                                 admin_api_key=self.admin_api_key)
                 for label in self.labels:
                     t0 = time.monotonic()
-                    res = measure_label(client, label, prompts, self.max_new_tokens, self.turn_separator)
+                    res = (measure_multiturn(client, label, prompts, self.max_new_tokens)
+                           if self.kl_flow == "multiturn"
+                           else measure_label(client, label, prompts, self.max_new_tokens, self.turn_separator))
                     for line in res.lines(self.max_new_tokens):
                         say(line)
                     say(f"({label} took {time.monotonic() - t0:.1f} s)")

@@ -35,7 +35,8 @@ from klbisect.metric import parse_values
 from klbisect.probe import Slot
 from klbisect.sglang import (
     KERNEL_NOTE, LABELS, Client, LabelResult, ProtocolError, SGLangBuilder, SGLangProbe, SGLangServer, _port_free,
-    avg_kl, build_commands, classify_changes, generate_payload, k3_kl, kernel_note, load_prompts, make_prompts,
+    avg_kl, build_commands, classify_changes, generate_payload, interleave_order, k3_kl, kernel_note, load_prompts,
+    make_prompts, multiturn_plan,
     parse_pins, pick_port, pins_to_install, server_argv, server_env,
 )
 
@@ -410,6 +411,55 @@ def test_probe_options_and_key(tmp_path):
         SGLangProbe(model_path="m", prompts=prompts, server_args="--tp 2 --port=3000")
     with pytest.raises(KlbisectError, match="unknown SGLang label"):
         SGLangProbe(model_path="m", prompts=prompts, labels=("kl",))
+
+
+def test_the_multiturn_flow_sends_what_the_unified_radix_kit_sends():
+    """The kit's shape (unified_radix_cache_kit.py): logprobs_match on the
+    first four prompts; three groups of three branches over each prompt's
+    first 512 tokens; turn suffixes of 512 and 256 random ids, drawn as the
+    kit draws them, so the same ids as the test's."""
+    prompts = [[g * 1000 + t for t in range(600)] for g in range(5)]
+    lm = multiturn_plan("logprobs_match", prompts)
+    assert lm.first == prompts[:4] and lm.seed_prefixes is None and lm.order is None
+    assert [[len(s) for s in turn] for turn in lm.suffixes] == [[512] * 4, [256] * 4]
+    # random.Random(100).randint(1, 30000) is 4774 on every CPython: the test's first suffix id
+    assert lm.suffixes[0][0][0] == 4774 and lm.suffixes == multiturn_plan("logprobs_match", prompts).suffixes
+    pc = multiturn_plan("prefill_cache_hit", prompts)
+    assert pc.seed_prefixes == [prompts[g][:512] for g in range(3) for _ in range(3)]
+    assert [len(f) - 512 for f in pc.first] == [256, 320, 384] * 3
+    assert all(f[:512] == p for f, p in zip(pc.first, pc.seed_prefixes))
+    assert pc.first[0][512] == 24518        # random.Random(456)'s first draw, the kit's branch seed
+    assert pc.order == [0, 3, 6, 1, 4, 7, 2, 5, 8]
+    dc = multiturn_plan("decode_cache_hit", prompts)
+    assert dc.first == pc.seed_prefixes and dc.seed_prefixes is None and dc.order == pc.order
+    assert dc.suffixes != pc.suffixes != lm.suffixes      # each test method has its own seeds
+    assert interleave_order(10, 3) == [0, 3, 6, 1, 4, 7, 2, 5, 8, 9] and interleave_order(3, 3) is None
+
+
+def test_multiturn_options_refuse_what_it_cannot_use(tmp_path):
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2], [3, 4], [5, 6]]")
+    single = SGLangProbe(model_path="m", prompts=prompts)
+    multi = SGLangProbe(model_path="m", prompts=prompts, kl_flow="multiturn", labels=("decode_cache_hit",))
+    # runs of the two flows are never pooled; runs stored before the option keep their key
+    assert multi.key != SGLangProbe(model_path="m", prompts=prompts, labels=("decode_cache_hit",)).key
+    assert single.key == SGLangProbe(model_path="m", prompts=prompts, kl_flow="single").key
+    assert len(multi.load()) == 3 and "multi-turn flow" in multi.describe()
+    with pytest.raises(KlbisectError, match=r"uses the first 4 prompts .* gives 3"):
+        SGLangProbe(model_path="m", prompts=prompts, kl_flow="multiturn").load()
+    with pytest.raises(KlbisectError, match="--turn-separator is for --kl-flow single"):
+        SGLangProbe(model_path="m", prompts=prompts, kl_flow="multiturn", turn_separator=(1,))
+    with pytest.raises(KlbisectError, match="unknown --kl-flow 'multi'"):
+        SGLangProbe(model_path="m", prompts=prompts, kl_flow="multi")
+    repo = _tiny_repo(tmp_path / "r")
+    for args, fragment in ((["--kl-flow", "multiturn"], "uses the first 4 prompts"),
+                           (["--kl-flow", "multiturn", "--turn-separator", "11"], "--turn-separator is for"),
+                           (["--kl-flow", "multi"], "--kl-flow")):
+        res = CliRunner().invoke(cli_main, ["run", "--repo", str(repo), "--good", "HEAD~1", "--bad", "HEAD",
+                                            "--probe", "sglang", "--model-path", "m", "--prompts", str(prompts),
+                                            *args])
+        lines = res.stderr.strip().splitlines()
+        assert res.exit_code == EXIT_USAGE and len(lines) == 1 and fragment in lines[0], res.stderr
 
 
 # ---------------------------------------------------------------------------
@@ -963,6 +1013,56 @@ def test_probe_separates_good_and_culprit(repo, tmp_path):
         g = [r.values[label] for r in good]
         # 80 in-process runs each: good 0.0041 +- 0.0004 (max 0.0053), bad 0.0096 +- 0.0009 (min 0.0081)
         assert max(g) < 0.006 < bad.values[label], (label, g, bad.values[label])
+
+
+def test_the_multiturn_flow_separates_good_and_culprit_and_replays_one_sequence_a_request(repo, tmp_path):
+    """--kl-flow multiturn: three turns over branching prefixes, as the
+    unified-radix-tree tests measure; the replay flushes and prefills one
+    sequence a request (kl_multiturn_utils' replay_batch_size=1)."""
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    slot = Slot(0, wt)
+    probe = _probe(repo, kl_flow="multiturn", max_new_tokens=16)
+    try:
+        good = [probe.run(wt, tmp_path / f"good{i}.log", slot) for i in range(2)]
+        _checkout(wt, repo.culprit)
+        bad = probe.run(wt, tmp_path / "bad.log", slot)
+    finally:
+        probe.close()
+    logs = [Path(r.log_path).read_text() for r in good + [bad]]
+    for r, log in zip(good + [bad], logs):
+        assert r.status == "ok" and set(r.values) == set(LABELS), log
+        assert parse_values(log) == r.values
+        assert "[logprobs_match] 4 samples, 3 turns, max_new_tokens=16, 4 measured; cache hits 8/8" in log
+        assert "[prefill_cache_hit] 9 samples, 3 turns" in log and "cache hits 27/27" in log
+        assert "[decode_cache_hit] 9 samples, 3 turns" in log and "cache hits 18/18" in log
+    # 15 runs each, 16 new tokens: good 0.0029-0.0051 a label, bad 0.0074-0.0137; a run's mean of three is steadier
+    mean = [sum(r.values.values()) / 3 for r in good + [bad]]
+    assert max(mean[:2]) < 0.0062 < mean[2], mean
+    # one flush to start each label and one before each replayed sequence: 5 + 10 + 10 a run
+    server_log = Path(good[0].log_path).with_name("good0.server.log").read_text()
+    assert server_log.count("/flush_cache") == 2 * 25, server_log.count("/flush_cache")
+
+
+def test_calibrate_with_the_multiturn_flow_from_the_command_line(repo, tmp_path):
+    from conftest import klb
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
+    p = klb("calibrate", "--rev", repo.good, "--runs", "2", "--probe", "sglang", "--kl-flow", "multiturn",
+            "--labels", "prefill_cache_hit,decode_cache_hit", "--max-new-tokens", "8", "--model-path", "fake-tiny",
+            "--prompts", str(repo.prompts), cwd=clone)
+    assert p.returncode == 0 and "launching the server" in p.stderr, p.stderr
+    assert "prefill_cache_hit" in p.stdout and "decode_cache_hit" in p.stdout, p.stdout
+    log = klb("log", cwd=clone).stdout
+    assert log.count("prefill_cache_hit=") == 2 and "logprobs_match" not in log, log
+    # the same probe again reuses both runs; the single-turn flow is another measurement (a launch for one run)
+    again = klb("calibrate", "--rev", repo.good, "--runs", "2", "--probe", "sglang", "--kl-flow", "multiturn",
+                "--labels", "prefill_cache_hit,decode_cache_hit", "--max-new-tokens", "8", "--model-path",
+                "fake-tiny", "--prompts", str(repo.prompts), cwd=clone)
+    assert again.returncode == 0 and "launching the server" not in again.stderr, again.stderr
+    single = klb("calibrate", "--rev", repo.good, "--runs", "1", "--probe", "sglang", "--labels",
+                 "prefill_cache_hit,decode_cache_hit", "--max-new-tokens", "8", "--model-path", "fake-tiny",
+                 "--prompts", str(repo.prompts), cwd=clone)
+    assert single.returncode == 0 and "launching the server" in single.stderr, single.stderr
 
 
 def test_a_server_launched_with_an_api_key_is_measured_and_the_key_stays_out_of_klbisects_lines(repo, tmp_path):

@@ -52,6 +52,9 @@ SAMPLING_FIELDS = {
 }
 
 VOCAB = 512
+# Input ids a real tokenizer's range allows (the multi-turn tests' random
+# suffixes draw 1..30000); the tiny model reads id % VOCAB and samples below VOCAB.
+INPUT_IDS = 32000
 EOS_ID = 0
 D_MODEL = 64
 N_HEADS = 4
@@ -97,7 +100,7 @@ class TinyLM:
         torch = self.torch
         n = len(ids)
         start = past[0][0].shape[1] if past else 0
-        x = self.emb[torch.tensor(ids)] + self._pos(start, n)
+        x = self.emb[torch.tensor(ids) % VOCAB] + self._pos(start, n)
         new_kv = []
         for li, L in enumerate(self.layers):
             h = _norm(x)
@@ -213,8 +216,8 @@ class Engine:
         torch = self.torch
         if not ids:
             raise ValueError("empty input")
-        if any((not isinstance(t, int)) or t < 0 or t >= VOCAB for t in ids):
-            raise ValueError(f"token id out of range [0, {VOCAB})")
+        if any((not isinstance(t, int)) or t < 0 or t >= INPUT_IDS for t in ids):
+            raise ValueError(f"token id out of range [0, {INPUT_IDS})")
         temperature = float(sp.get("temperature", 1.0))
         max_new = int(sp.get("max_new_tokens", 128))
         ignore_eos = bool(sp.get("ignore_eos", False))
@@ -238,7 +241,7 @@ class Engine:
                 if pos == 0:
                     input_lp.append([None, ids[0], None])
                 else:
-                    input_lp.append([float(lps[pos - 1 - n_cached, ids[pos]]), ids[pos], None])
+                    input_lp.append([float(lps[pos - 1 - n_cached, ids[pos] % VOCAB]), ids[pos], None])
         out_ids: list[int] = []
         out_lp: list = []
         last = logits[-1]
