@@ -211,6 +211,7 @@ SIDE_RUNS = _Number(int, lambda v: 2 <= v <= MOST_RUNS,   # one run per side tel
 SECONDS = _Number(float, lambda v: 0.001 <= v <= MOST_SECONDS, f"seconds, from 0.001 to {MOST_SECONDS:,} (a year)")
 VALUE = _Number(float, lambda v: True, "a finite number")
 KL_VALUE = _Number(float, lambda v: v > 0, "a KL value above 0")
+TEMPERATURE = _Number(float, lambda v: 0 <= v < math.inf, "a sampling temperature, 0 or more")
 CONFIDENCE = _Number(float, lambda v: 0.5 < v <= MAX_CONFIDENCE,
                      f"a level above 0.5 and at most {MAX_CONFIDENCE:g} (e.g. 0.99)")
 # the executors' own limit, said by the option's check (--parallel 0 said "1 to 1,000,000", 300 "at most 256")
@@ -309,6 +310,12 @@ def sglang_options(f):
         click.option("--kl-flow", type=click.Choice(("single", "multiturn")), default=None,  # sglang.KL_FLOWS
                      help="--probe sglang: single (kl_test_utils.py's helpers, the default) or multiturn (the "
                           "unified-radix-tree tests' three turns over branching prefixes, kl_multiturn_utils.py)."),
+        click.option("--temperature", type=TEMPERATURE, default=None,
+                     help="--probe sglang: sampling temperature of every request (default 1; the tests' "
+                          "sampling_temperature, 0 in some)."),
+        click.option("--prefix-len", type=COUNT, default=None,
+                     help="--kl-flow multiturn: tokens of each prompt the branches share (the kit's prefix_len, "
+                          "512)."),
         click.option("--turn-separator", default=None,
                      help="--probe sglang: comma-separated token ids between turns for decode_cache_hit."),
         click.option("--kl-threshold", type=KL_VALUE, default=None,
@@ -367,6 +374,7 @@ def _token_ids(text: str) -> list[int]:
 
 _SGLANG_KEYS = ("model_path", "server_args", "server_env", "prompts", "runs_per_launch", "max_new_tokens", "labels",
                 "num_samples", "launch_timeout", "request_timeout", "python", "turn_separator", "kl_flow",
+                "temperature", "prefix_len",
                 "kl_threshold", "pip_args")
 _SEARCH_KEYS = ("threshold", "votes", "max_runs", "endpoint_runs", "max_endpoint_runs", "confidence",
                 "max_total_runs", "worse")

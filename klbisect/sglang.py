@@ -259,7 +259,7 @@ def _output_logprobs(result: dict) -> list[float]:
 
 
 def _replay(client: Client, seqs: list[list[int]], decode_lps: list[list[float]],
-            batch_size: int | None = None) -> list[float]:
+            batch_size: int | None = None, temperature: float = 1.0) -> list[float]:
     """Cold-prefill logprobs of each sequence's last tokens; per-sequence KL.
     ``batch_size``: sequences a request, each request after a flush (the
     multi-turn tests replay one at a time); None: all in one."""
@@ -267,7 +267,8 @@ def _replay(client: Client, seqs: list[list[int]], decode_lps: list[list[float]]
     results = []
     for i in range(0, len(seqs), step):
         client.flush_cache()
-        results += client.generate(generate_payload(seqs[i:i + step], 0, return_logprob=True, logprob_start_len=0))
+        results += client.generate(generate_payload(seqs[i:i + step], 0, return_logprob=True, logprob_start_len=0,
+                                                    temperature=temperature))
     kl_divs = []
     for res, dec in zip(results, decode_lps):
         pre = [x[0] for x in res["meta_info"]["input_token_logprobs"]][-len(dec):]
@@ -300,40 +301,42 @@ class LabelResult:
 
 
 def measure_label(client: Client, label: str, prompts: list[list[int]], max_new_tokens: int,
-                  turn_separator: Sequence[int] = ()) -> LabelResult:
+                  turn_separator: Sequence[int] = (), temperature: float = 1.0) -> LabelResult:
     """One label of SGLang's KL tests; see kl_test_utils.py for the originals."""
     n = len(prompts)
     if label == "logprobs_match":
         client.flush_cache()
-        res = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=True))
+        res = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=True, temperature=temperature))
         seqs = [p + r["output_ids"] for p, r in zip(prompts, res)]
-        return LabelResult(label, _replay(client, seqs, [_output_logprobs(r) for r in res]), n, 1)
+        return LabelResult(label, _replay(client, seqs, [_output_logprobs(r) for r in res],
+                                          temperature=temperature), n, 1)
     if label not in ("prefill_cache_hit", "decode_cache_hit"):
         raise ValueError(f"unknown label {label!r}; known: {', '.join(LABELS)}")
     if client.server_info().get("disable_radix_cache"):
         return LabelResult(label, [], n, 1, "skipped: the radix cache is disabled")
     client.flush_cache()
     if label == "prefill_cache_hit":
-        client.generate(generate_payload(prompts, 0, return_logprob=False))  # seed the cache
+        client.generate(generate_payload(prompts, 0, return_logprob=False, temperature=temperature))  # seed the cache
         inputs, turns = prompts, 1
-        res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
+        res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True, temperature=temperature))
         hit = [r["meta_info"].get("cached_tokens", 0) > 0 for r in res]
     else:
         # The second turn extends the first turn's prompt + output, so its
         # prefix is KV the decode steps wrote.
         # the test asks this turn for logprobs and never reads them; asking changes no KV the second turn
         # reads, and the runs stored before keep their key
-        first = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=False))
+        first = client.generate(generate_payload(prompts, max_new_tokens, return_logprob=False, temperature=temperature))
         inputs = [p + r["output_ids"] + list(turn_separator) for p, r in zip(prompts, first)]
         turns = 2
-        res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
+        res = client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True, temperature=temperature))
         hit = [r["meta_info"].get("cached_tokens", 0) > len(p) + 1 for p, r in zip(prompts, res)]
     keep = [i for i in range(n) if hit[i]]
     note = f"cache hits {len(keep)}/{n}"
     if len(keep) <= MIN_HIT_FRACTION * n:
         return LabelResult(label, [], n, turns, note + ": too few, no value")
     seqs = [inputs[i] + res[i]["output_ids"] for i in keep]
-    return LabelResult(label, _replay(client, seqs, [_output_logprobs(res[i]) for i in keep]), n, turns, note)
+    return LabelResult(label, _replay(client, seqs, [_output_logprobs(res[i]) for i in keep], temperature=temperature),
+                       n, turns, note)
 
 
 # ---------------------------------------------------------------------------
@@ -384,7 +387,7 @@ class MultiturnPlan:
     order: list[int] | None                 # submission order of turns 2 and 3
 
 
-def multiturn_plan(label: str, prompts: list[list[int]]) -> MultiturnPlan:
+def multiturn_plan(label: str, prompts: list[list[int]], prefix_len: int = MT_PREFIX_LEN) -> MultiturnPlan:
     if label not in MT_SEEDS:
         raise ValueError(f"unknown label {label!r}; known: {', '.join(LABELS)}")
     seeds = MT_SEEDS[label]
@@ -394,7 +397,7 @@ def multiturn_plan(label: str, prompts: list[list[int]]) -> MultiturnPlan:
                                      for n, s in zip(MT_TURN_SUFFIX_LENS, seeds)], None, None)
     n = MT_GROUPS * MT_BRANCHES
     suffixes = [random_suffixes(n, length, s) for length, s in zip(MT_TURN_SUFFIX_LENS, seeds)]
-    prefixes = [list(prompts[g][:MT_PREFIX_LEN]) for g in range(MT_GROUPS) for _ in range(MT_BRANCHES)]
+    prefixes = [list(prompts[g][:prefix_len]) for g in range(MT_GROUPS) for _ in range(MT_BRANCHES)]
     if label == "decode_cache_hit":
         return MultiturnPlan(prefixes, suffixes, None, interleave_order(n, MT_BRANCHES))
     rng = random.Random(MT_BRANCH_SEED)
@@ -405,45 +408,51 @@ def multiturn_plan(label: str, prompts: list[list[int]]) -> MultiturnPlan:
 
 
 def _generate_in_order(client: Client, inputs: list[list[int]], max_new_tokens: int,
-                       order: list[int] | None) -> list[dict]:
+                       order: list[int] | None, temperature: float) -> list[dict]:
     """One batched request in ``order``; results back in the inputs' order."""
     if order is None:
-        return client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True))
-    results = client.generate(generate_payload([inputs[i] for i in order], max_new_tokens, return_logprob=True))
+        return client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True, temperature=temperature))
+    results = client.generate(generate_payload([inputs[i] for i in order], max_new_tokens, return_logprob=True,
+                                               temperature=temperature))
     out: list = [None] * len(results)
     for k, i in enumerate(order):
         out[i] = results[k]
     return out
 
 
-def measure_multiturn(client: Client, label: str, prompts: list[list[int]], max_new_tokens: int) -> LabelResult:
+def measure_multiturn(client: Client, label: str, prompts: list[list[int]], max_new_tokens: int,
+                      temperature: float = 1.0, prefix_len: int = MT_PREFIX_LEN) -> LabelResult:
     """One label of the unified-radix-tree tests: turn 1 (after seeding the
     prefixes, for prefill_cache_hit), two more turns each extending the last
     turn's input + output by a random suffix, then a replay of the last
-    turn one sequence a request. The tests' exact ``cached_tokens``
-    assertions depend on the cache kind (page, mamba chunk); the requests
-    that hit the cache are counted in the label's line instead."""
-    plan = multiturn_plan(label, prompts)
+    turn one sequence a request.
+
+    The tests' exact ``cached_tokens`` assertions depend on the cache kind
+    (a page, a mamba chunk); the label's line counts instead the requests
+    whose cached prefix reached past the previous turn's input, into the KV
+    its decode steps wrote (a hit on the shared prefix alone is not one)."""
+    plan = multiturn_plan(label, prompts, prefix_len)
     n, turns = len(plan.first), 1 + len(plan.suffixes)
     if label != "logprobs_match" and client.server_info().get("disable_radix_cache"):
         return LabelResult(label, [], n, turns, "skipped: the radix cache is disabled")
     client.flush_cache()
+    note = ""
     if plan.seed_prefixes is not None:
-        client.generate(generate_payload(plan.seed_prefixes, 0, return_logprob=False))
+        client.generate(generate_payload(plan.seed_prefixes, 0, return_logprob=False, temperature=temperature))
     current = plan.first
-    results = client.generate(generate_payload(current, max_new_tokens, return_logprob=True))
-    hits = asked = 0
+    results = client.generate(generate_payload(current, max_new_tokens, return_logprob=True, temperature=temperature))
     if plan.seed_prefixes is not None:
-        asked += n
-        hits += sum(r["meta_info"].get("cached_tokens", 0) > 0 for r in results)
+        hit = sum(r["meta_info"].get("cached_tokens", 0) > 0 for r in results)
+        note = f"prefix hits {hit}/{n}, "
+    hits = 0
     for suffixes in plan.suffixes:
+        before = [len(c) for c in current]
         current = [current[i] + results[i]["output_ids"] + suffixes[i] for i in range(n)]
-        results = _generate_in_order(client, current, max_new_tokens, plan.order)
-        asked += n
-        hits += sum(r["meta_info"].get("cached_tokens", 0) > 0 for r in results)
+        results = _generate_in_order(client, current, max_new_tokens, plan.order, temperature)
+        hits += sum(r["meta_info"].get("cached_tokens", 0) > b for r, b in zip(results, before))
     seqs = [current[i] + results[i]["output_ids"] for i in range(n)]
-    kl_divs = _replay(client, seqs, [_output_logprobs(r) for r in results], batch_size=1)
-    return LabelResult(label, kl_divs, n, turns, f"cache hits {hits}/{asked} requests")
+    kl_divs = _replay(client, seqs, [_output_logprobs(r) for r in results], batch_size=1, temperature=temperature)
+    return LabelResult(label, kl_divs, n, turns, f"{note}decode hits {hits}/{n * len(plan.suffixes)}")
 
 
 # ---------------------------------------------------------------------------
@@ -710,6 +719,10 @@ _NUMBERS = (
     ("--kl-threshold", "kl_threshold", lambda v: v is None or _positive(v), "a KL value above 0"),
     ("--turn-separator", "turn_separator", lambda v: all(_is_int(t) and t >= 0 for t in v),
      "token ids (integers from 0)"),
+    ("--temperature", "temperature",
+     lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+     "a sampling temperature, 0 or more"),
+    ("--prefix-len", "prefix_len", lambda v: _is_int(v) and v >= 1, "a whole number, at least 1"),
 )
 
 
@@ -752,6 +765,8 @@ class SGLangProbe:
     kl_threshold: float | None = None        # exit code 1 at or above it, like the tests' assertion
     server_env: tuple[str, ...] = ()          # "NAME=VALUE" for the server (the tests' popen env=)
     kl_flow: str = "single"                   # "multiturn": the unified-radix-tree tests' flow
+    temperature: float = 1.0                  # of every request, the replay's too (the tests' sampling_temperature)
+    prefix_len: int = MT_PREFIX_LEN           # multiturn: the branching labels' shared prefix (the kit's prefix_len)
     # a console line when a server launches (minutes on a GPU box; the run log has the rest): workspace.say_building
     on_launch: Callable[[str], None] | None = field(default=None, init=False, repr=False, compare=False)
     _held: dict[int, _Held] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -778,6 +793,9 @@ class SGLangProbe:
             raise KlbisectError(problem, EXIT_USAGE)
         if self.kl_flow not in KL_FLOWS:
             raise KlbisectError(f"unknown --kl-flow {self.kl_flow!r}; use {' or '.join(KL_FLOWS)}", EXIT_USAGE)
+        if self.kl_flow != "multiturn" and self.prefix_len != MT_PREFIX_LEN:
+            raise KlbisectError("--prefix-len is for --kl-flow multiturn (its branching labels' shared prefix): "
+                                "pass --kl-flow multiturn, or leave it out", EXIT_USAGE)
         if self.kl_flow == "multiturn" and self.turn_separator:
             raise KlbisectError("--turn-separator is for --kl-flow single (its decode_cache_hit's second turn); the "
                                 "multi-turn flow puts the tests' random suffixes between turns: leave it out",
@@ -848,14 +866,17 @@ class SGLangProbe:
                           sep=list(self.turn_separator), python=self.python,
                           # only when given: runs recorded before --server-env and --kl-flow keep their key
                           **({"env": sorted(self.server_env)} if self.server_env else {}),
-                          **({"flow": self.kl_flow} if self.kl_flow != "single" else {}))
+                          **({"flow": self.kl_flow} if self.kl_flow != "single" else {}),
+                          **({"temperature": self.temperature} if self.temperature != 1.0 else {}),
+                          **({"prefix": self.prefix_len} if self.prefix_len != MT_PREFIX_LEN else {}))
 
     def describe(self) -> str:
         args = f" {self.server_args}" if self.server_args else ""
         if self.server_env:
             args += f" (environment {' '.join(self.server_env)})"
         n = f"{self.num_samples} of " if self.num_samples else ""
-        flow = "; multi-turn flow" if self.kl_flow == "multiturn" else ""
+        flow = (f"; multi-turn flow, prefix {self.prefix_len}" if self.kl_flow == "multiturn" else "") + \
+            (f"; temperature {self.temperature:g}" if self.temperature != 1.0 else "")
         return (f"sglang.launch_server --model-path {self.model_path}{args}; {n}{self.prompts.name} "
                 f"x {self.max_new_tokens} new tokens; labels {','.join(self.labels)}{flow}")
 
@@ -970,9 +991,11 @@ class SGLangProbe:
                                 admin_api_key=self.admin_api_key)
                 for label in self.labels:
                     t0 = time.monotonic()
-                    res = (measure_multiturn(client, label, prompts, self.max_new_tokens)
+                    res = (measure_multiturn(client, label, prompts, self.max_new_tokens, self.temperature,
+                                             self.prefix_len)
                            if self.kl_flow == "multiturn"
-                           else measure_label(client, label, prompts, self.max_new_tokens, self.turn_separator))
+                           else measure_label(client, label, prompts, self.max_new_tokens, self.turn_separator,
+                                              self.temperature))
                     for line in res.lines(self.max_new_tokens):
                         say(line)
                     say(f"({label} took {time.monotonic() - t0:.1f} s)")

@@ -463,6 +463,42 @@ def test_what_a_killed_klbisect_left_is_reaped_wherever_it_went(tmp_path, owner)
             p.kill()
 
 
+def _kill_9_after_its_daemon_started(tmp_path, tag: str, cmd: str, owner_src: str = _OWNER_RUN_LOGGED,
+                                     adopted: bool = False) -> Path:
+    """Run ``cmd`` under an owner's run_logged, kill -9 the owner once the run
+    has looked at the daemon ``tag`` (and, ``adopted``, once the daemon is
+    the owner's child), and wait until the daemon is orphaned; the pid dir."""
+    pids = tmp_path / "pids"
+    owner = subprocess.Popen([sys.executable, "-c", owner_src, str(tmp_path), str(pids)],
+                             env=dict(os.environ, KLB_TEST_CMD=cmd))
+    try:
+        try:
+            _until(lambda: owner.poll() is not None or _running(tag), "the probe never started its daemon")
+            if adopted:
+                _until(lambda: all(p.ppid() == owner.pid for p in _alive(tag)), "the daemon never went to the owner")
+            time.sleep(1.5)                         # the run has looked at its descendants at least once
+            assert owner.poll() is None
+        finally:
+            owner.kill()
+            owner.wait()
+        _until(lambda: all(p.ppid() != owner.pid for p in _alive(tag)), "the daemon was never orphaned")
+    except BaseException:
+        for p in _alive(tag):
+            p.kill()
+        raise
+    return pids
+
+
+def _assert_the_sweep_reaps(pids: Path, tag: str) -> None:
+    try:
+        assert _alive(tag), "the daemon went with the probe: nothing to find"
+        files = list(pids.glob("*.pid"))
+        assert reap_stale(pids) == [int(files[0].stem)] and _gone(tag)
+    finally:
+        for p in _alive(tag):
+            p.kill()
+
+
 def test_a_daemon_that_cleared_its_environment_is_reaped_after_a_kill_9(tmp_path):
     """A tester's: a probe's daemon started with `env -i setsid` carries no
     marker; klbisect killed with -9, the probe died with it and the daemon
@@ -470,24 +506,8 @@ def test_a_daemon_that_cleared_its_environment_is_reaped_after_a_kill_9(tmp_path
     other process. The run notes its descendants in its pid file as it
     waits, and the sweep kills those still running (same pid, same start)."""
     tag = uuid.uuid4().hex
-    pids = tmp_path / "pids"
-    owner = subprocess.Popen([sys.executable, "-c", _OWNER_RUN_LOGGED, str(tmp_path), str(pids)],
-                             env=dict(os.environ, KLB_TEST_CMD=f"env -i setsid {_sleeper(tag)} & sleep 300"))
-    try:
-        _until(lambda: owner.poll() is not None or _running(tag), "the probe never started its daemon")
-        time.sleep(1.5)                         # the run has looked at its descendants at least once
-        assert owner.poll() is None
-    finally:
-        owner.kill()
-        owner.wait()
-    try:
-        _until(lambda: all(p.ppid() != owner.pid for p in _alive(tag)), "the daemon was never orphaned")
-        assert _alive(tag), "the daemon went with the probe: nothing to find"
-        files = list(pids.glob("*.pid"))
-        assert reap_stale(pids) == [int(files[0].stem)] and _gone(tag)
-    finally:
-        for p in _alive(tag):
-            p.kill()
+    pids = _kill_9_after_its_daemon_started(tmp_path, tag, f"env -i setsid {_sleeper(tag)} & sleep 300")
+    _assert_the_sweep_reaps(pids, tag)
 
 
 _DOUBLE_FORK = ("import os, sys\n"
@@ -504,27 +524,12 @@ def test_a_double_forked_daemon_is_noted_though_it_left_the_run_s_tree(tmp_path)
     descendant, so the run's notes missed it and it outlived a kill -9 of
     klbisect and every later command."""
     tag = uuid.uuid4().hex
-    pids = tmp_path / "pids"
     script = tmp_path / "daemon.py"
     script.write_text(_DOUBLE_FORK)
     owner_src = "from klbisect.proc import become_subreaper\nbecome_subreaper()\n" + _OWNER_RUN_LOGGED
-    owner = subprocess.Popen([sys.executable, "-c", owner_src, str(tmp_path), str(pids)],
-                             env=dict(os.environ, KLB_TEST_CMD=f"env -i {sys.executable} {script} {tag}; sleep 300"))
-    try:
-        _until(lambda: owner.poll() is not None or _running(tag), "the probe never started its daemon")
-        _until(lambda: all(p.ppid() == owner.pid for p in _alive(tag)), "the daemon never went to the owner")
-        time.sleep(1.5)                         # the run has looked at what it left at least once
-        assert owner.poll() is None
-    finally:
-        owner.kill()
-        owner.wait()
-    try:
-        assert _alive(tag), "the daemon went with the owner: nothing to find"
-        files = list(pids.glob("*.pid"))
-        assert reap_stale(pids) == [int(files[0].stem)] and _gone(tag)
-    finally:
-        for p in _alive(tag):
-            p.kill()
+    pids = _kill_9_after_its_daemon_started(tmp_path, tag, f"env -i {sys.executable} {script} {tag}; sleep 300",
+                                            owner_src, adopted=True)
+    _assert_the_sweep_reaps(pids, tag)
 
 
 def test_an_owner_killed_but_not_yet_waited_for_is_gone(tmp_path):

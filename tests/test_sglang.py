@@ -434,6 +434,9 @@ def test_the_multiturn_flow_sends_what_the_unified_radix_kit_sends():
     assert dc.first == pc.seed_prefixes and dc.seed_prefixes is None and dc.order == pc.order
     assert dc.suffixes != pc.suffixes != lm.suffixes      # each test method has its own seeds
     assert interleave_order(10, 3) == [0, 3, 6, 1, 4, 7, 2, 5, 8, 9] and interleave_order(3, 3) is None
+    short = multiturn_plan("prefill_cache_hit", prompts, prefix_len=64)      # --prefix-len
+    assert short.seed_prefixes == [prompts[g][:64] for g in range(3) for _ in range(3)]
+    assert short.first[0][64:] == pc.first[0][512:]
 
 
 def test_multiturn_options_refuse_what_it_cannot_use(tmp_path):
@@ -451,10 +454,16 @@ def test_multiturn_options_refuse_what_it_cannot_use(tmp_path):
         SGLangProbe(model_path="m", prompts=prompts, kl_flow="multiturn", turn_separator=(1,))
     with pytest.raises(KlbisectError, match="unknown --kl-flow 'multi'"):
         SGLangProbe(model_path="m", prompts=prompts, kl_flow="multi")
+    with pytest.raises(KlbisectError, match="--prefix-len is for --kl-flow multiturn"):
+        SGLangProbe(model_path="m", prompts=prompts, prefix_len=64)
+    for kw in ({"temperature": 0.0}, {"prefix_len": 64}):
+        assert multi.key != dataclasses.replace(multi, **kw).key
+    assert "temperature 0" in dataclasses.replace(multi, temperature=0.0).describe()
     repo = _tiny_repo(tmp_path / "r")
     for args, fragment in ((["--kl-flow", "multiturn"], "uses the first 4 prompts"),
                            (["--kl-flow", "multiturn", "--turn-separator", "11"], "--turn-separator is for"),
-                           (["--kl-flow", "multi"], "--kl-flow")):
+                           (["--kl-flow", "multi"], "--kl-flow"),
+                           (["--prefix-len", "64"], "--prefix-len is for --kl-flow multiturn")):
         res = CliRunner().invoke(cli_main, ["run", "--repo", str(repo), "--good", "HEAD~1", "--bad", "HEAD",
                                             "--probe", "sglang", "--model-path", "m", "--prompts", str(prompts),
                                             *args])
@@ -480,7 +489,8 @@ def _tiny_repo(path: Path) -> Path:
     ("run", ["--launch-timeout", "0"]), ("run", ["--launch-timeout", "nan"]),
     ("run", ["--num-samples", "-1"]), ("run", ["--num-samples", "0"]),
     ("run", ["--runs-per-launch", "-1"]), ("run", ["--kl-threshold", "0"]),
-    ("run", ["--turn-separator", "11,-1"]), ("run", ["--timeout", "inf"]),
+    ("run", ["--turn-separator", "11,-1"]), ("run", ["--timeout", "inf"]), ("run", ["--temperature", "-1"]),
+    ("run", ["--temperature", "nan"]), ("run", ["--prefix-len", "0"]),
     ("run", ["--gpus-per-probe", "-1"]), ("run", ["--parallel", "0"]), ("run", ["--max-total-runs", "0"]), ("run", ["--threshold", "nan"]),
     ("start", ["--max-new-tokens", "-5"]), ("calibrate", ["--launch-timeout", "-1"]),
     ("nightly", ["--request-timeout", "-3"]),
@@ -517,6 +527,7 @@ def test_probe_rejects_bad_numbers_from_any_caller(tmp_path):
     prompts = tmp_path / "p.json"
     prompts.write_text("[[1, 2]]")
     for kw, fragment in (({"max_new_tokens": -5}, "--max-new-tokens -5"), ({"num_samples": -1}, "--num-samples"),
+                         ({"temperature": -0.5}, "--temperature -0.5"), ({"prefix_len": 0}, "--prefix-len 0"),
                          ({"launch_timeout": float("nan")}, "--launch-timeout"),
                          ({"request_timeout": 0}, "--request-timeout"), ({"turn_separator": (3, -1)}, "3,-1")):
         with pytest.raises(KlbisectError, match=re.escape(fragment)) as e:
@@ -1032,15 +1043,31 @@ def test_the_multiturn_flow_separates_good_and_culprit_and_replays_one_sequence_
     for r, log in zip(good + [bad], logs):
         assert r.status == "ok" and set(r.values) == set(LABELS), log
         assert parse_values(log) == r.values
-        assert "[logprobs_match] 4 samples, 3 turns, max_new_tokens=16, 4 measured; cache hits 8/8" in log
-        assert "[prefill_cache_hit] 9 samples, 3 turns" in log and "cache hits 27/27" in log
-        assert "[decode_cache_hit] 9 samples, 3 turns" in log and "cache hits 18/18" in log
+        assert "[logprobs_match] 4 samples, 3 turns, max_new_tokens=16, 4 measured; decode hits 8/8" in log
+        assert "[prefill_cache_hit] 9 samples, 3 turns" in log and "prefix hits 9/9, decode hits 18/18" in log
+        assert "[decode_cache_hit] 9 samples, 3 turns" in log and "decode hits 18/18" in log
     # 15 runs each, 16 new tokens: good 0.0029-0.0051 a label, bad 0.0074-0.0137; a run's mean of three is steadier
     mean = [sum(r.values.values()) / 3 for r in good + [bad]]
     assert max(mean[:2]) < 0.0062 < mean[2], mean
     # one flush to start each label and one before each replayed sequence: 5 + 10 + 10 a run
     server_log = Path(good[0].log_path).with_name("good0.server.log").read_text()
     assert server_log.count("/flush_cache") == 2 * 25, server_log.count("/flush_cache")
+
+
+def test_temperature_reaches_every_request(repo, tmp_path):
+    """--temperature 0, as the DeepSeek V4 classes run: greedy tokens, so
+    two runs of one launch read the same KL to the last digit; at 1 they
+    differ."""
+    wt = _worktree(repo, tmp_path / "wt", repo.good)
+    slot = Slot(0, wt)
+    values = {}
+    for t in (0.0, 1.0):
+        probe = _probe(repo, kl_flow="multiturn", labels=("logprobs_match",), max_new_tokens=8, temperature=t)
+        try:
+            values[t] = [probe.run(wt, tmp_path / f"t{t}-{i}.log", slot).values["logprobs_match"] for i in range(2)]
+        finally:
+            probe.close()
+    assert values[0.0][0] == values[0.0][1] and values[1.0][0] != values[1.0][1], values
 
 
 def test_calibrate_with_the_multiturn_flow_from_the_command_line(repo, tmp_path):

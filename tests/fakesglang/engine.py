@@ -247,8 +247,10 @@ class Engine:
         last = logits[-1]
         finish = {"type": "length", "length": max_new}
         for step in range(max_new):
-            lp = torch.log_softmax(last.double() / max(temperature, 1e-6), -1)
-            if temperature <= 0:
+            # SGLang serves temperature 0 as top_k 1 at temperature 1 (sampling_params.py): greedy
+            # tokens, their logprobs those of the unscaled distribution
+            lp = torch.log_softmax(last.double() / (temperature if temperature > 1e-6 else 1.0), -1)
+            if temperature <= 1e-6:
                 tok = int(lp.argmax())
             else:
                 tok = int(torch.multinomial(lp.exp(), 1, generator=self.gen))
