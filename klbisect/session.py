@@ -261,22 +261,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
                     "these endpoints to find, or it is too small to bisect; runs are kept"
                     + label_hint(ws, probe_key, good, bad, cfg, weak=True)
                     + unbuilt_sglang_hint(ws, cfg))
-            if not pl.done and total >= cfg.max_total_runs and not ex.in_flight():
-                pl_reason = f"stopped at --max-total-runs {cfg.max_total_runs}" + (
-                    capped_note(pl, shas) or "; the same command with a higher --max-total-runs goes on from here "
-                                             "(the runs so far are kept)")
-                return finish_result(ws, sid, cands, pl, False, pl_reason, probe_key, build_key, progress)
-            if not pl.done and not pl.next and not ex.in_flight():
-                why = ("no commit left whose runs could raise the confidence (all exhausted or untestable)"
-                       + capped_note(pl, shas)
-                       + ("; at this threshold a majority verdict carries little evidence (the bad endpoint passes "
-                          "often): leave --threshold and --votes out to judge runs by their values"
-                          if isinstance(pl.model, ThresholdModel) and pl.model.fail_bad is not None
-                          and pl.model.verdict_log_lrs()[0] < math.log(VERDICT_LR) else "")
-                       if pl.unproven is None else
-                       f"the answer is every commit in the range, and the endpoints still do not differ at "
-                       f"p <= {1 - cfg.confidence:.2g} after {pl.unproven.good['n']}+{pl.unproven.bad['n']} runs "
-                       f"(p={pl.unproven.p_value:.2g}): there may be no regression here")
+            why = None if ex.in_flight() else _no_answer(pl, cfg, shas, total)
+            if why:
                 return finish_result(ws, sid, cands, pl, False, why, probe_key, build_key, progress)
             top = pl.posterior.top()
             room = max(cfg.max_total_runs - total - len(ex.in_flight()), 0)
@@ -316,6 +302,30 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
             if checkout.exists():
                 gitrepo.worktree_remove(ws.repo, checkout)
         close_builder(builder, progress, ws, sid)
+
+
+def _no_answer(pl, cfg: BisectConfig, shas: list[str], total: int) -> str | None:
+    """Why the search ends here without an answer (its runs all in), or None
+    while it can go on: out of --max-total-runs, or out of commits whose
+    runs could raise the confidence."""
+    if pl.done:
+        return None
+    if total >= cfg.max_total_runs:
+        return f"stopped at --max-total-runs {cfg.max_total_runs}" + (
+            capped_note(pl, shas) or "; the same command with a higher --max-total-runs goes on from here "
+                                     "(the runs so far are kept)")
+    if pl.next:
+        return None
+    if pl.unproven is not None:
+        return (f"the answer is every commit in the range, and the endpoints still do not differ at "
+                f"p <= {1 - cfg.confidence:.2g} after {pl.unproven.good['n']}+{pl.unproven.bad['n']} runs "
+                f"(p={pl.unproven.p_value:.2g}): there may be no regression here")
+    weak_votes = (isinstance(pl.model, ThresholdModel) and pl.model.fail_bad is not None
+                  and pl.model.verdict_log_lrs()[0] < math.log(VERDICT_LR))
+    return ("no commit left whose runs could raise the confidence (all exhausted or untestable)"
+            + capped_note(pl, shas)
+            + ("; at this threshold a majority verdict carries little evidence (the bad endpoint passes "
+               "often): leave --threshold and --votes out to judge runs by their values" if weak_votes else ""))
 
 
 def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: list, probe_key: str,
