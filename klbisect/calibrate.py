@@ -460,6 +460,11 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                 progress(f"{which}{target[:12]} run: {shown} ({values + (not crashed)}/{runs} values)")
 
             before = commit_runs(ws, probe.key, build_key, [target], cfg.timeout)[target]
+            if before.values:
+                # a calibration done in a second read as if it had measured (a tester's)
+                progress(f"{which}{target[:12]}: reusing {min(len(before.values), runs)} of the "
+                         f"{len(before.values)} runs with a value recorded earlier at this commit with this probe "
+                         "(--fresh leaves them out)")
             if before.build_failed:        # in an earlier command: build it once more
                 measure(len(before.values))
             while True:

@@ -319,7 +319,9 @@ def sglang_options(f):
         click.option("--turn-separator", default=None,
                      help="--probe sglang: comma-separated token ids between turns for decode_cache_hit."),
         click.option("--kl-threshold", type=KL_VALUE, default=None,
-                     help="--probe sglang: also print pass/fail against this threshold, like the test."),
+                     help="--probe sglang: also write pass/fail against this threshold into each run's log, "
+                          "like the test's assertion (the run exits 1 at or above it; its values count all the "
+                          "same)."),
         click.option("--pip-args", multiple=True,
                      help="--build sglang: extra pip arguments (repeat it, or quote several in one; split as a "
                           "shell splits, so an argument with a space needs its own quotes)."),
@@ -439,11 +441,13 @@ def run(repo, as_json, **kw):
     """Bisect by itself in a worktree; your checkout and HEAD stay untouched."""
     from .report import format_result
     from .session import run_bisect
-    res = run_bisect(repo, make_config(kw))
+    cfg = make_config(kw)
+    res = run_bisect(repo, cfg)
     click.echo(format_result(res), err=as_json)
     code = 0 if res.complete else EXIT_NOT_SURE
     if as_json:
-        _emit_json({**res.to_json(), "exit_code": code})
+        # what measured it (a stored answer of --kl-flow multiturn read like a single-turn one: a tester's)
+        _emit_json({**res.to_json(), "probe": shlex.join(cfg.probe_argv()), "exit_code": code})
     return code
 
 

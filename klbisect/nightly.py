@@ -461,8 +461,10 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         with ws.locked():
             rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
                                      progress)
-            if target is not None and _to_post(rec) and "post_to" not in rec:
+            if target is not None and not opts.dry_run and _to_post(rec) and "post_to" not in rec:
                 # kept, so that a kill before the post leaves the next night something to finish
+                # (a --dry-run posts nothing and owes nothing: a tester's dry run had its night's
+                # report posted, as new, by the first real post ten nights and a fix later)
                 rec["post_to"] = "%s#%d" % target
                 ws.store.update_session(rec["session"], result=rec)
     finally:
@@ -541,10 +543,13 @@ def _unfinished_nights(ws, probe_key: str, head: str, night: str, target) -> lis
             and "complete" not in found:
         out[found["session"]] = (found, "its bisect was interrupted")
     if target is not None:
-        for s in _nightly_sessions(st, probe_key)[-POST_RETRY_NIGHTS:]:
+        recent = _nightly_sessions(st, probe_key)[-POST_RETRY_NIGHTS:]
+        # a regression a later night found fixed is old news: the fix's post names it
+        fixed = {(s.result or {}).get("fixed", {}).get("known_since") for s in recent}
+        for s in recent:
             r = s.result or {}
             if s.id == sid or s.id in out or not r.get("post_to") or not _to_post(r) \
-                    or st.get(f"nightly-posted:{s.id}"):
+                    or st.get(f"nightly-posted:{s.id}") or (r.get("verdict") == "regressed" and r["night"] in fixed):
                 continue
             if r.get("verdict") == "regressed" and r.get("state") != "done":
                 continue    # its bisect is unfinished and not the open regression's: not ours to resume
@@ -591,10 +596,14 @@ def _open_night(ws, cfg, opts, night, head, probe_key, progress):
                             f"another night, e.g. --night {night}.2 (what that night left unfinished, the "
                             f"next nightly finishes; or --night {night} --branch {other.bad[:12]} now)",
                             EXIT_USAGE)
-    if sess is not None and sess.result and sess.result.get("verdict"):
+    if sess is not None and sess.result and sess.result.get("verdict") not in (None, "crashed"):
         progress(f"nightly {night} for {head[:12]} already judged (session {sess.id}): "
                  f"{sess.result['verdict']}")
         return dict(sess.result)
+    if sess is not None and sess.result:
+        # no value is no verdict: the cron job's retry after a fixed environment measures it
+        progress(f"nightly {night} for {head[:12]} gave no value when it ran before (session {sess.id}): "
+                 "measuring it again")
     subj = gitrepo.subject(ws.repo, head)
     config = {**cfg.question(), "night": night, "branch": opts.branch, "runs": opts.runs}
     if sess is None:
@@ -640,6 +649,9 @@ class _Sides:
     # again (0.20% of known nights; 0.11% against six fresh runs: scripts/nightly_false_calls.py).
     open_after: int
     earlier: dict = field(default_factory=dict)     # the known heads' runs as the night began
+    # the store's last build id as this command began: a build of the head that failed
+    # before it (a night that crashed on a missing compiler, fixed since) is tried once more
+    first_build: int = 0
     open_bad: list[float] = field(default_factory=list)
     open_bad_label: list[float] = field(default_factory=list)
     open_fresh: int = 0
@@ -658,7 +670,8 @@ class _Sides:
                     suspect_nights, openr, found, [found["head"]] if found else open_shas, known_heads,
                     [v for s in baseline_shas for v in earlier[s].values],
                     [v for s in suspect_shas for v in earlier[s].values],
-                    (found or {}).get("bisect_metric"), found["session"] if found else 0, earlier)
+                    (found or {}).get("bisect_metric"), found["session"] if found else 0, earlier,
+                    first_build=ws.store.last_build_id())
         sides.refresh_open()
         return sides
 
@@ -726,7 +739,7 @@ class _Sides:
         """Tonight's head as ``commit_runs`` counts it, labels judged with the nights before."""
         from .workspace import commit_runs  # noqa: PLC0415
         return commit_runs(self.ws, self.probe_key, self.build_key, [self.head], self.cfg.timeout,
-                           labels_from=self.known_heads)[self.head]
+                           labels_from=self.known_heads, failed_after=self.first_build)[self.head]
 
 
 def _measure_head(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, progress: Progress) -> None:
@@ -869,7 +882,10 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
                           f"Mann-Whitney p={d.p_value:.2g} <= {opts.alpha:g} over {len(trend_shas) - 1} splits")
     rec = {"night": night, "branch": opts.branch, "head": head, "subject": subj,
            "session": sid, "verdict": j.verdict, "p_value": cmp.p_value, "ratio": cmp.ratio,
-           "reason": j.reason, "values": list(cr.values), "crashes": cr.crashes,
+           "reason": j.reason, "values": list(cr.values),
+           # tonight's: a head measured on an earlier night (crashed, or judged) keeps that night's
+           "crashes": commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=sides.known_heads,
+                                  after_session=sid - 1)[head].crashes,
            "build_failed": bool(cr.build_failed),
            "head_summary": tonight.head, "baseline_summary": tonight.baseline,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
@@ -880,6 +896,12 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
                    anchor_summary=cmp.baseline)
         rec["notes"].append(f"a regression the baseline absorbed: bisecting from {anchor_shas[-1][:12]}, the "
                             f"oldest good head of the trend (night {anchor_nights[-1]})")
+    same = [r["night"] for r in _judged_before(ws, probe_key, head, sid) if r.get("head") == head] \
+        if j.verdict == "baseline" and not baseline_shas else []
+    if same:
+        # "only 0 baseline values" read as if those nights' runs were lost (a tester's)
+        rec["notes"].append(f"{', '.join(reversed(same))} measured this same head: a night is compared with the "
+                            "good nights of earlier heads, and tonight's runs join this head's")
     others = other_series(st, probe_key) if j.verdict == "baseline" and not baseline_shas else []
     if others:
         rec["notes"].append("the first night of this --probe-cmd: earlier nights ran another, and their runs are "

@@ -886,10 +886,10 @@ class SGLangProbe:
             prompts = prompts[: self.num_samples] if self.num_samples else prompts
             need = MT_SAMPLES if "logprobs_match" in self.labels else MT_GROUPS
             if self.kl_flow == "multiturn" and len(prompts) < need:
-                raise KlbisectError(f"--kl-flow multiturn uses the first {need} prompts (the tests' input_ids"
-                                    f"[:{MT_SAMPLES}] and one a group of {MT_GROUPS}); {self.prompts} gives "
-                                    f"{len(prompts)}{' after --num-samples' if self.num_samples else ''}",
-                                    EXIT_USAGE)
+                raise KlbisectError(f"--kl-flow multiturn needs {need} prompts (logprobs_match takes the first "
+                                    f"{MT_SAMPLES}, the branching labels one prompt for each of {MT_GROUPS} "
+                                    f"groups); {self.prompts} gives {len(prompts)}"
+                                    f"{' after --num-samples' if self.num_samples else ''}", EXIT_USAGE)
             self._prompts_cache = prompts
         return self._prompts_cache
 
@@ -1002,9 +1002,12 @@ class SGLangProbe:
                     if res.value is not None:
                         values[label] = res.value
                 exit_code = 0
-                if self.kl_threshold is not None and any(v >= self.kl_threshold for v in values.values()):
-                    say(f"AssertionError: avg_kl_div >= threshold {self.kl_threshold}")
-                    exit_code = 1
+                if self.kl_threshold is not None:
+                    over = [f"{k} avg_kl_div={v:.6g}" for k, v in values.items() if v >= self.kl_threshold]
+                    # the test's assertion, as its unittest prints it (a pass prints nothing there)
+                    say(f"AssertionError: {', '.join(over)} >= kl_threshold {self.kl_threshold:g}" if over
+                        else f"pass: every label under kl_threshold {self.kl_threshold:g}")
+                    exit_code = 1 if over else 0
                 status = STATUS_OK if values else STATUS_CRASH
             except ServerStartError as e:
                 say(f"server failed to start: {e}")

@@ -15,7 +15,7 @@ from .errors import EXIT_USAGE, KlbisectError
 from .gitbisect import bisect_checkout, gitbisect_result, own_bisect
 from .result import boundary_evidence, current_analysis, probed_commits
 from .runs import valued_runs
-from .workspace import Workspace, stop_reason
+from .workspace import Workspace, note_stop, stop_reason
 
 
 def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool = False):
@@ -210,6 +210,11 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                         gitrepo.bisect_reset(repo)
                         reset_line = "git bisect reset" + (f" in the worktree {there}" if there else "")
                 st.update_session(sess.id, state="ended", ended=time.time())
+                why = stop_reason(st, sess.id)
+                if why:
+                    # "ended; interrupted; rerun the same command to resume" said two things (a tester's)
+                    note_stop(st, sess.id, f"{why.split(';')[0]}, then ended by `klbisect reset` (its runs are "
+                                           "kept: the same command starts a new session that reuses them)")
                 done += [f"ended session {sess.id} ({sess.kind})"] + ([reset_line] if reset_line else [])
                 ended.append(sess)
             if gitrepo.bisect_in_progress(ws.repo):

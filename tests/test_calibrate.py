@@ -79,6 +79,9 @@ def test_calibrate_resumes_from_the_run_store(history):
     again = klb("calibrate", "--rev", h.good, "--runs", "6", "--probe-cmd", probe_cmd(), cwd=h.path)
     assert again.returncode == 0, again.stderr
     assert len(db_query(h.path, "SELECT * FROM runs")) == 6          # two new runs, four reused
+    # said, not silent: a calibration that reuses every run reads as if it had measured
+    assert f"{h.good[:12]}: reusing 4 of the 4 runs with a value recorded earlier" in again.stderr, again.stderr
+    assert "reusing" not in first.stderr
     assert "6 runs with values" in again.stdout
     assert "log-normal tail fit" in again.stdout                       # beyond six runs' reach
     # status shows the latest calibration, not an empty bisect

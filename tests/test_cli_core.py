@@ -826,6 +826,8 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
             "--metric", "prefill_cache_hit", "--json", cwd=elsewhere)
     assert p.returncode == 0, p.stderr
     assert json_tail(p.stdout)["culprit"] == h.culprit
+    # what measured it, as options: a stored answer says which probe it rests on
+    assert json_tail(p.stdout)["probe"] == f"--probe-cmd '{cmd}'"
     assert wait_gone(tok) == [], "the probe's background child outlived it"
 
     lg = klb("log", "--repo", repo, "--json", cwd=elsewhere)
@@ -2358,6 +2360,25 @@ def test_an_interrupted_fresh_run_resumes_with_the_same_command(history, driver_
     # finished, the same command with --fresh asks afresh
     third = klb(*args, cwd=h.path)
     assert "--fresh: leaving out the" in third.stderr and json_tail(third.stdout)["session"] != sid
+
+def test_reset_of_an_interrupted_run_says_it_ended_and_the_rerun_reuses_its_runs(history, driver_probe):
+    """A tester's `status` after `reset` read "ended; stopped: interrupted;
+    rerun the same command to resume": two things at once."""
+    from conftest import interrupted
+    h = history(n_commits=30, seed=37, noise=SEPARATED)
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", driver_probe)
+    first, _ = interrupted(*args, cwd=h.path, env={"KL_DRIVER_SLEEP": "0.3"}, after=4)
+    assert first.returncode == 130
+    [(sid,)] = [tuple(r) for r in db_query(h.path, "SELECT id FROM sessions")]
+    saved = len(db_query(h.path, "SELECT id FROM runs"))
+    reset = klb("reset", cwd=h.path)
+    assert f"ended session {sid} (run)" in reset.stdout, reset.stdout
+    st = klb("status", "--session", str(sid), cwd=h.path).stdout
+    assert "then ended by `klbisect reset`" in st and "rerun the same command to resume" not in st, st
+    again = klb(*args, "--json", cwd=h.path)
+    res = json_tail(again.stdout)
+    assert res["culprit"] == h.culprit and res["session"] != sid and res["reused_runs"] >= saved, again.stderr
+
 
 def test_runs_of_an_older_environment_beside_the_answer_are_checked_not_trusted(history, driver_probe):
     """The old machine never showed the regression, so a bisect there ended

@@ -846,6 +846,71 @@ def test_a_regression_that_returns_after_its_fix_is_blamed_on_the_new_change(tmp
     assert git(lv.path, "merge-base", "--is-ancestor", fix, good) == ""
 
 
+def test_a_dry_run_owes_no_post_and_a_regression_fixed_since_is_not_posted_as_new(tmp_path, loopback):
+    """A tester's: a --dry-run night's regression was posted, as new, by the
+    first real --post-to ten nights and a fix later; and a regression whose
+    post failed went out after the night that found it fixed."""
+    api, reqs = loopback
+    up = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api}
+    down = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": "http://127.0.0.1:9"}
+    post = ("--post-to", "acme/kvserve#7", "--offline")
+    (tmp_path / "a").mkdir()
+    lv, culprit = _regressed_levels(tmp_path / "a")
+    dry = nightly(lv.path, "d4", *post, "--dry-run", env=up)
+    assert dry.returncode == 0 and "would POST" in dry.stdout and _comments(reqs) == [], dry.stderr
+    lv.commit("Docs d5 (#400)")
+    p5 = nightly(lv.path, "d5", *post, env=up)
+    assert p5.returncode == 0 and "nightly d4" not in p5.stderr and _comments(reqs) == [], p5.stderr
+    assert "earlier" not in json.loads(p5.stdout.strip().splitlines()[-1])
+
+    # GitHub down on the night of the regression and on the night of its fix: the next
+    # night tells the fix, which names the regression, and not the regression as new
+    (tmp_path / "b").mkdir()
+    lv, culprit = _regressed_levels(tmp_path / "b")
+    assert nightly(lv.path, "d4", *post, env=down).returncode == 158
+    lv.commit("Revert \"Quantize the KV cache (#200)\" (#500)", 0.004)
+    p5 = nightly(lv.path, "d5", *post, env=down)
+    assert p5.returncode == 158 and json.loads(p5.stdout.strip().splitlines()[-1])["fixed"]["culprit"] == culprit
+    lv.commit("Docs d6 (#501)")
+    p6 = nightly(lv.path, "d6", *post, env=up)
+    assert p6.returncode == 0, p6.stderr
+    [fix] = _comments(reqs)
+    assert "the regression found on d4" in fix and culprit[:12] in fix and "is fixed" in fix, fix
+    assert [e["night"] for e in json.loads(p6.stdout.strip().splitlines()[-1])["earlier"]] == ["d5"]
+
+
+def test_a_night_that_crashed_is_measured_again_when_rerun(tmp_path):
+    """A tester's: a night whose build tool was missing (or whose probe
+    crashed every run) was "already judged: crashed" on every rerun after
+    the fix, exit 154 for good; and the next night of the same head counted
+    those crashes as its own."""
+    lv = Levels(tmp_path)
+    broken = tmp_path / "no-compiler"
+    build = ("--build-cmd", f"{PY} -c \"import os,sys; sys.exit(1 if os.path.exists({str(broken)!r}) else 0)\"")
+    tail_json(nightly(lv.path, "d1", *build))
+    same = nightly(lv.path, "d1b", *build)
+    assert "d1 measured this same head" in same.stdout, same.stdout
+    lv.commit("Docs (#101)")
+    broken.write_text("")
+    p2 = nightly(lv.path, "d2", *build)
+    assert p2.returncode == 154 and "does not build" in p2.stderr, p2.stderr
+    broken.unlink()
+    again = nightly(lv.path, "d2", *build)
+    assert "gave no value when it ran before" in again.stderr and "measuring it again" in again.stderr, again.stderr
+    assert tail_json(again)["regressed"] is False
+    assert verdicts(lv.path)[-1] in ("good", "baseline")
+    # a probe that crashes every run, then mends: the rerun measures it, and the
+    # next night of the same head counts no crash of the night before
+    lv.commit("Docs (#102)")
+    crash = nightly(lv.path, "d3", env={"KL_BROKEN": "1"})
+    assert crash.returncode == 154, crash.stderr
+    assert tail_json(nightly(lv.path, "d3"))["regressed"] is False
+    d4 = nightly(lv.path, "d4")
+    assert tail_json(d4)["regressed"] is False
+    [(rec,)] = db(lv.path, "SELECT result FROM sessions WHERE kind='nightly' AND result LIKE '%\"d4\"%'")
+    assert json.loads(rec)["crashes"] == 0, rec
+
+
 def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):
     """GitHub down (or a bad token) on the night of the regression: that
     night exits 158, and the next one, a new night on a moved branch, posts

@@ -448,7 +448,7 @@ def test_multiturn_options_refuse_what_it_cannot_use(tmp_path):
     assert multi.key != SGLangProbe(model_path="m", prompts=prompts, labels=("decode_cache_hit",)).key
     assert single.key == SGLangProbe(model_path="m", prompts=prompts, kl_flow="single").key
     assert len(multi.load()) == 3 and "multi-turn flow" in multi.describe()
-    with pytest.raises(KlbisectError, match=r"uses the first 4 prompts .* gives 3"):
+    with pytest.raises(KlbisectError, match=r"needs 4 prompts .* gives 3"):
         SGLangProbe(model_path="m", prompts=prompts, kl_flow="multiturn").load()
     with pytest.raises(KlbisectError, match="--turn-separator is for --kl-flow single"):
         SGLangProbe(model_path="m", prompts=prompts, kl_flow="multiturn", turn_separator=(1,))
@@ -460,7 +460,7 @@ def test_multiturn_options_refuse_what_it_cannot_use(tmp_path):
         assert multi.key != dataclasses.replace(multi, **kw).key
     assert "temperature 0" in dataclasses.replace(multi, temperature=0.0).describe()
     repo = _tiny_repo(tmp_path / "r")
-    for args, fragment in ((["--kl-flow", "multiturn"], "uses the first 4 prompts"),
+    for args, fragment in ((["--kl-flow", "multiturn"], "needs 4 prompts (logprobs_match takes the first 4"),
                            (["--kl-flow", "multiturn", "--turn-separator", "11"], "--turn-separator is for"),
                            (["--kl-flow", "multi"], "--kl-flow"),
                            (["--prefix-len", "64"], "--prefix-len is for --kl-flow multiturn")):
@@ -1032,7 +1032,7 @@ def test_the_multiturn_flow_separates_good_and_culprit_and_replays_one_sequence_
     sequence a request (kl_multiturn_utils' replay_batch_size=1)."""
     wt = _worktree(repo, tmp_path / "wt", repo.good)
     slot = Slot(0, wt)
-    probe = _probe(repo, kl_flow="multiturn", max_new_tokens=16)
+    probe = _probe(repo, kl_flow="multiturn", max_new_tokens=16, kl_threshold=0.0065)
     try:
         good = [probe.run(wt, tmp_path / f"good{i}.log", slot) for i in range(2)]
         _checkout(wt, repo.culprit)
@@ -1049,6 +1049,11 @@ def test_the_multiturn_flow_separates_good_and_culprit_and_replays_one_sequence_
     # 15 runs each, 16 new tokens: good 0.0029-0.0051 a label, bad 0.0074-0.0137; a run's mean of three is steadier
     mean = [sum(r.values.values()) / 3 for r in good + [bad]]
     assert max(mean[:2]) < 0.0062 < mean[2], mean
+    # --kl-threshold: the test's assertion in the log, naming what crossed it; the values count all the same
+    over = [k for k, v in bad.values.items() if v >= 0.0065]
+    assert bad.exit_code == 1 and over and f"AssertionError: {over[0]} avg_kl_div=" in logs[2], logs[2]
+    assert all(r.exit_code == 0 and "pass: every label under kl_threshold 0.0065" in log
+               for r, log in zip(good, logs) if max(r.values.values()) < 0.0065)
     # one flush to start each label and one before each replayed sequence: 5 + 10 + 10 a run
     server_log = Path(good[0].log_path).with_name("good0.server.log").read_text()
     assert server_log.count("/flush_cache") == 2 * 25, server_log.count("/flush_cache")
