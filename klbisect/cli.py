@@ -332,7 +332,7 @@ def sglang_options(f):
 
 
 def make_config(kw: dict):
-    from .config import BisectConfig
+    from .config import BisectConfig, given_sglang
     sglang = {k: kw.pop(k) for k in _SGLANG_KEYS if k in kw}
     if isinstance(sglang.get("pip_args"), tuple):
         # every --pip-args given, in order (a tester's three kept only the last, and pip went to PyPI)
@@ -341,7 +341,7 @@ def make_config(kw: dict):
         sglang["turn_separator"] = _token_ids(sglang["turn_separator"])
     if "server_env" in sglang:
         sglang["server_env"] = list(sglang["server_env"] or ())
-    sglang = {k: v for k, v in sglang.items() if v not in (None, "", 0, [])}
+    sglang = given_sglang(sglang)
     for k in ("prompts", "model_path"):
         # stored with the session and read from the checkouts' directories: a path from here
         # (a model id such as org/name is not a path here and stays as it is)

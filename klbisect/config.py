@@ -6,12 +6,23 @@ from __future__ import annotations
 import shlex
 import shutil
 from dataclasses import asdict, dataclass, field
+from typing import Mapping
 
 from .build import DEFAULT_BUILD_PATHS, DEFAULT_BUILD_TIMEOUT, CommandBuilder, shared_install
 from .decide import MAX_CONFIDENCE, MAX_ENDPOINT_RUNS, MAX_TOTAL_RUNS, MIN_ENDPOINT_RUNS
 from .errors import EXIT_USAGE, KlbisectError
 from .metric import check_regex
 from .probe import DEFAULT_TIMEOUT, MAX_PARALLEL, CommandProbe
+
+
+def given_sglang(options: Mapping) -> dict:
+    """The SGLang settings a command gave: an empty or zero one was not
+    given (a default), except a temperature of 0, which is greedy sampling
+    (a reviewer's --temperature 0 was dropped as 0 and sampled at 1); the
+    default temperature 1 is left out, so that runs stored before the option
+    keep their session's question."""
+    return {k: v for k, v in options.items()
+            if ((v is not None and v != 1.0) if k == "temperature" else v not in (None, "", 0, [], ()))}
 
 
 def sglang_flag(key: str) -> str:
@@ -125,7 +136,7 @@ class BisectConfig:
         --build-cmd never ran beside --build sglang, and --model-path did
         nothing with --probe-cmd)."""
         # as make_config keeps them: a setting left empty was not given (from Python too)
-        sglang = {k: v for k, v in (self.sglang or {}).items() if v not in (None, "", 0, [], ())}
+        sglang = given_sglang(self.sglang or {})
         if self.probe == "sglang" and not sglang.get("model_path"):
             raise KlbisectError("--probe sglang needs --model-path", EXIT_USAGE)
         if self.probe == "sglang" and self.probe_cmd:

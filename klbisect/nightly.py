@@ -376,10 +376,12 @@ def _find_night(store, probe_key: str, night: str, head: str):
 
 def _night_taken(store, probe_key: str, night: str, head: str):
     """The judged session of ``night`` for another head, if any: reusing a
-    night's name would put two heads on one date of the trend."""
+    night's name would put two heads on one date of the trend. A crashed
+    night measured nothing: the cron job's retry after the branch moved
+    takes the name."""
     for s in _nightly_sessions(store, probe_key):
         if s.bad != head and s.config.get("night") == night and s.state != "ended" and s.result \
-                and s.result.get("verdict"):
+                and s.result.get("verdict") not in (None, "crashed"):
             return s
     return None
 
@@ -885,7 +887,7 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
            "reason": j.reason, "values": list(cr.values),
            # tonight's: a head measured on an earlier night (crashed, or judged) keeps that night's
            "crashes": commit_runs(ws, probe_key, build_key, [head], cfg.timeout, labels_from=sides.known_heads,
-                                  after_session=sid - 1)[head].crashes,
+                                  session=sid)[head].crashes,
            "build_failed": bool(cr.build_failed),
            "head_summary": tonight.head, "baseline_summary": tonight.baseline,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,

@@ -791,6 +791,7 @@ class SGLangProbe:
         problem = number_problem(self)
         if problem:
             raise KlbisectError(problem, EXIT_USAGE)
+        self.temperature = float(self.temperature) + 0.0    # 0, 0.0 and -0.0: one key
         if self.kl_flow not in KL_FLOWS:
             raise KlbisectError(f"unknown --kl-flow {self.kl_flow!r}; use {' or '.join(KL_FLOWS)}", EXIT_USAGE)
         if self.kl_flow != "multiturn" and self.prefix_len != MT_PREFIX_LEN:
@@ -1005,8 +1006,10 @@ class SGLangProbe:
                 if self.kl_threshold is not None:
                     over = [f"{k} avg_kl_div={v:.6g}" for k, v in values.items() if v >= self.kl_threshold]
                     # the test's assertion, as its unittest prints it (a pass prints nothing there)
-                    say(f"AssertionError: {', '.join(over)} >= kl_threshold {self.kl_threshold:g}" if over
-                        else f"pass: every label under kl_threshold {self.kl_threshold:g}")
+                    if over:
+                        say(f"AssertionError: {', '.join(over)} >= kl_threshold {self.kl_threshold:g}")
+                    elif values:
+                        say(f"pass: every label under kl_threshold {self.kl_threshold:g}")
                     exit_code = 1 if over else 0
                 status = STATUS_OK if values else STATUS_CRASH
             except ServerStartError as e:

@@ -213,8 +213,11 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                 why = stop_reason(st, sess.id)
                 if why:
                     # "ended; interrupted; rerun the same command to resume" said two things (a tester's)
-                    note_stop(st, sess.id, f"{why.split(';')[0]}, then ended by `klbisect reset` (its runs are "
-                                           "kept: the same command starts a new session that reuses them)")
+                    resume = "rerun the same command to resume"
+                    note_stop(st, sess.id, why.replace(resume, "then ended by `klbisect reset` (its runs are kept: "
+                                                               "the same command starts a new session that reuses "
+                                                               "them)") if resume in why
+                              else f"{why}; then ended by `klbisect reset`")
                 done += [f"ended session {sess.id} ({sess.kind})"] + ([reset_line] if reset_line else [])
                 ended.append(sess)
             if gitrepo.bisect_in_progress(ws.repo):

@@ -209,7 +209,7 @@ class WorktreeMeter:
 
 def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list[str],
                 timeout: float | None = None, after_session: int = 0, labels_from: list[str] | None = None,
-                failed_after: int = 0) -> dict[str, CommitRuns]:
+                failed_after: int = 0, session: int = 0) -> dict[str, CommitRuns]:
     """Everything known per commit, from every session that used this probe:
     a rerun of the same question reuses finished runs. With ``timeout`` (the
     --timeout in force now), a run that timed out sooner than that says
@@ -225,7 +225,8 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     (whose builds follow the id it began at) builds an older failure once
     more where it needs it, and a fixed environment (a network blip, a
     full disk) needs no other command; told by the store's order, not by
-    a Ray node's clock, which may lag."""
+    a Ray node's clock, which may lag. ``session``: that session's runs
+    alone (a nightly's own crashes)."""
     out = {s: CommitRuns([]) for s in shas}
     last_run: dict[str, float] = {}
     runs = ws.store.runs(probe_key, shas)
@@ -234,7 +235,8 @@ def commit_runs(ws: Workspace, probe_key: str, build_key: str | None, shas: list
     typical = typical_values(ref, usual)
     for r in runs:
         last_run[r.sha] = max(last_run.get(r.sha, 0.0), r.started)
-        if cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session):
+        if cut_short(r, timeout) or (after_session and (r.session_id or 0) <= after_session) \
+                or (session and r.session_id != session):
             continue
         c = out[r.sha]
         if value_counts(r, usual, typical, ws.worse):

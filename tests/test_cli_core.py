@@ -2378,6 +2378,14 @@ def test_reset_of_an_interrupted_run_says_it_ended_and_the_rerun_reuses_its_runs
     again = klb(*args, "--json", cwd=h.path)
     res = json_tail(again.stdout)
     assert res["culprit"] == h.culprit and res["session"] != sid and res["reused_runs"] >= saved, again.stderr
+    # a session stopped on an error keeps its reason whole, and says it ended
+    no_reg = klb("run", "--good", h.shas[1], "--bad", h.shas[4], "--probe-cmd", driver_probe, cwd=h.path)
+    assert no_reg.returncode == 154, no_reg.stderr
+    why = error_line(no_reg, 154)
+    last = max(r[0] for r in db_query(h.path, "SELECT id FROM sessions"))
+    assert f"ended session {last} (run)" in klb("reset", cwd=h.path).stdout
+    st = klb("status", "--session", str(last), cwd=h.path).stdout
+    assert "; then ended by `klbisect reset`" in st and why.split("error: ", 1)[1][:60] in st, (why, st)
 
 
 def test_runs_of_an_older_environment_beside_the_answer_are_checked_not_trusted(history, driver_probe):

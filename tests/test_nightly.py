@@ -889,7 +889,7 @@ def test_a_night_that_crashed_is_measured_again_when_rerun(tmp_path):
     build = ("--build-cmd", f"{PY} -c \"import os,sys; sys.exit(1 if os.path.exists({str(broken)!r}) else 0)\"")
     tail_json(nightly(lv.path, "d1", *build))
     same = nightly(lv.path, "d1b", *build)
-    assert "d1 measured this same head" in same.stdout, same.stdout
+    assert "d1 measured this same head" in same.stderr, same.stderr
     lv.commit("Docs (#101)")
     broken.write_text("")
     p2 = nightly(lv.path, "d2", *build)
@@ -909,6 +909,11 @@ def test_a_night_that_crashed_is_measured_again_when_rerun(tmp_path):
     assert tail_json(d4)["regressed"] is False
     [(rec,)] = db(lv.path, "SELECT result FROM sessions WHERE kind='nightly' AND result LIKE '%\"d4\"%'")
     assert json.loads(rec)["crashes"] == 0, rec
+    # a crashed night measured nothing: the retry after the branch moved takes its name
+    lv.commit("Docs (#103)")
+    assert nightly(lv.path, "d5", env={"KL_BROKEN": "1"}).returncode == 154
+    lv.commit("Docs (#104)")
+    assert tail_json(nightly(lv.path, "d5"))["regressed"] is False
 
 
 def test_a_post_that_failed_is_retried_by_the_next_night(tmp_path, loopback):

@@ -1059,20 +1059,42 @@ def test_the_multiturn_flow_separates_good_and_culprit_and_replays_one_sequence_
     assert server_log.count("/flush_cache") == 2 * 25, server_log.count("/flush_cache")
 
 
-def test_temperature_reaches_every_request(repo, tmp_path):
+@pytest.mark.parametrize("flow", ["single", "multiturn"])
+def test_temperature_reaches_every_request(repo, tmp_path, flow):
     """--temperature 0, as the DeepSeek V4 classes run: greedy tokens, so
-    two runs of one launch read the same KL to the last digit; at 1 they
-    differ."""
+    two runs of one launch read the same KL to the last digit (at 1 they
+    differ); at 0.5 the replay is scaled as the decode was (here 0.006-0.010,
+    sharper logits; a replay at 1 against a decode at 0.5 reads 0.4)."""
     wt = _worktree(repo, tmp_path / "wt", repo.good)
     slot = Slot(0, wt)
     values = {}
-    for t in (0.0, 1.0):
-        probe = _probe(repo, kl_flow="multiturn", labels=("logprobs_match",), max_new_tokens=8, temperature=t)
+    for t in (0.0, 0.5, 1.0):
+        probe = _probe(repo, kl_flow=flow, labels=("logprobs_match",), max_new_tokens=8, temperature=t)
         try:
             values[t] = [probe.run(wt, tmp_path / f"t{t}-{i}.log", slot).values["logprobs_match"] for i in range(2)]
         finally:
             probe.close()
     assert values[0.0][0] == values[0.0][1] and values[1.0][0] != values[1.0][1], values
+    assert max(values[0.5]) < 0.05, values
+
+
+def test_temperature_0_from_the_command_line_is_kept(repo, tmp_path):
+    """A reviewer's: the command line's --temperature 0 was dropped with the
+    empty settings (0 == 0.0) and the runs sampled at 1, stored as such."""
+    from conftest import error_line, klb
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
+    p = klb("calibrate", "--rev", repo.good, "--runs", "2", "--probe", "sglang", "--temperature", "0",
+            "--labels", "logprobs_match", "--max-new-tokens", "8", "--model-path", "fake-tiny",
+            "--prompts", str(repo.prompts), cwd=clone)
+    assert p.returncode == 0, p.stderr
+    logs = json.loads(klb("log", "--json", cwd=clone).stdout)
+    texts = [Path(r["log_path"]).read_text() for r in logs]
+    assert len(texts) == 2 and all("; temperature 0" in t for t in texts), texts[0][:400]
+    assert len({r["values"]["logprobs_match"] for r in logs}) == 1, logs
+    idle = klb("run", "--good", repo.good, "--bad", repo.bad, "--probe-cmd", "true", "--temperature", "0",
+               cwd=clone)
+    assert "--temperature is an option of --probe sglang" in error_line(idle, 150)
 
 
 def test_calibrate_with_the_multiturn_flow_from_the_command_line(repo, tmp_path):

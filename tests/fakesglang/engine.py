@@ -234,8 +234,12 @@ class Engine:
         kv = [(torch.cat([p[0], n[0]], 1), torch.cat([p[1], n[1]], 1)) for p, n in zip(past, new_kv)] \
             if past else new_kv
         input_lp = None
+        # SGLang serves temperature 0 as top_k 1 at temperature 1 (sampling_params.py): greedy
+        # tokens, their logprobs those of the unscaled distribution; other temperatures scale
+        # the input logprobs as they scale the sampled tokens' (the tests replay at the same one)
+        scale = temperature if temperature > 1e-6 else 1.0
         if return_logprob and start_len >= 0:
-            lps = torch.log_softmax(logits.double(), -1)
+            lps = torch.log_softmax(logits.double() / scale, -1)
             input_lp = []
             for pos in range(start_len, len(ids)):
                 if pos == 0:
@@ -247,9 +251,7 @@ class Engine:
         last = logits[-1]
         finish = {"type": "length", "length": max_new}
         for step in range(max_new):
-            # SGLang serves temperature 0 as top_k 1 at temperature 1 (sampling_params.py): greedy
-            # tokens, their logprobs those of the unscaled distribution
-            lp = torch.log_softmax(last.double() / (temperature if temperature > 1e-6 else 1.0), -1)
+            lp = torch.log_softmax(last.double() / scale, -1)
             if temperature <= 1e-6:
                 tok = int(lp.argmax())
             else:
