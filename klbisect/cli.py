@@ -68,6 +68,7 @@ class Cli(click.Group):
             rv = super().main(*args, **kwargs)
             sys.exit(rv if isinstance(rv, int) else 0)
         except KlbisectError as e:
+            self._partial = getattr(e, "json_partial", None)
             self._fail(e.code, f"klbisect: error: {e.message}", e.detail)
         except (click.exceptions.Abort, KeyboardInterrupt) as e:
             # click turns a KeyboardInterrupt into Abort: the session's own line rides on its cause

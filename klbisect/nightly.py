@@ -461,8 +461,13 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         builder = make_builder(cfg)
         probe_key, build_key = probe.key, (builder.key if builder else None)
         with ws.locked():
-            rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
-                                     progress)
+            try:
+                rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
+                                         progress)
+            except KlbisectError as e:
+                # known by now: a --json reader sees which night failed (a tester's 155 had none of them)
+                e.json_partial = {"night": night, "branch": opts.branch, "head": head}
+                raise
             if target is not None and not opts.dry_run and _to_post(rec) and "post_to" not in rec:
                 # kept, so that a kill before the post leaves the next night something to finish
                 # (a --dry-run posts nothing and owes nothing: a tester's dry run had its night's

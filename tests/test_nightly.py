@@ -1154,6 +1154,10 @@ def test_a_probe_that_is_not_found_or_a_label_never_printed_gets_no_verdict(tmp_
                         "--probe-cmd", "nosuchcmd_kl_probe", "--night", "d3", "--json"],
                        cwd=lv.path, env=_env(), capture_output=True, text=True, timeout=120)
     assert p.returncode == 155 and "not found" in p.stderr and "Traceback" not in p.stderr
+    # which night failed, for a script: known by then (a tester's had none of them)
+    said = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (said["night"], said["branch"], said["verdict"], said["exit_code"]) == ("d3", "main", "error", 155)
+    assert said["head"] == git(lv.path, "rev-parse", "HEAD").strip()
     p = nightly(lv.path, "d3", "--metric", "decode_cache_hit")
     assert p.returncode == 150 and "never decode_cache_hit" in p.stderr and "logprobs_match" in p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1])["verdict"] == "error"
