@@ -13,6 +13,7 @@ from . import repo as gitrepo
 from .build import CommandBuilder
 from .config import BisectConfig, make_builder
 from .metric import fmt_count
+from .proc import despite_a_stop
 from .store import SessionRow
 from .workspace import Progress, Workspace
 
@@ -60,7 +61,8 @@ def close_builder(builder, progress: Progress, ws: Workspace | None = None, sid:
     close = getattr(builder, "close", None)
     if close:
         try:
-            close(progress)
+            with despite_a_stop():
+                close(progress)
         finally:
             if ws is not None and sid is not None:
                 saved = getattr(builder, "saved_origin", None)

@@ -448,7 +448,7 @@ def run(repo, as_json, **kw):
     code = 0 if res.complete else EXIT_NOT_SURE
     if as_json:
         # what measured it (a stored answer of --kl-flow multiturn read like a single-turn one: a tester's)
-        _emit_json({**res.to_json(), "probe": shlex.join(cfg.probe_argv()), "exit_code": code})
+        _emit_json({**res.to_json(), "probe": shlex.join(cfg.measure_argv()), "exit_code": code})
     return code
 
 

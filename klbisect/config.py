@@ -84,14 +84,12 @@ class BisectConfig:
         bisect that --max-runs stalled (a tester pasted it, and the run
         stalled on the same cap 344 runs later)."""
         d = BisectConfig()
-        argv = ["klbisect", "run", "--good", good, "--bad", bad, *self.probe_argv()]
+        argv = ["klbisect", "run", "--good", good, "--bad", bad, *self.measure_argv()]
 
         def opt(flag: str, value, default) -> None:
             if value != default and value is not None:
                 argv.extend([flag, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)])
 
-        opt("--build-cmd", self.build_cmd, None)
-        opt("--build", self.build, None)
         opt("--build-paths", tuple(self.build_paths), tuple(d.build_paths))
         opt("--timeout", f"{self.timeout:g}", f"{d.timeout:g}")
         opt("--build-timeout", f"{self.build_timeout:g}", f"{d.build_timeout:g}")
@@ -105,6 +103,12 @@ class BisectConfig:
         if self.fresh:
             argv.append("--fresh")
         return shlex.join(argv)
+
+    def measure_argv(self) -> list[str]:
+        """``probe_argv`` and the build that decides what the probe measures
+        (--build sglang puts each checkout first on the probe's imports)."""
+        return [*self.probe_argv(), *(["--build-cmd", self.build_cmd] if self.build_cmd else []),
+                *(["--build", self.build] if self.build else [])]
 
     def probe_argv(self) -> list[str]:
         """The options that choose and shape the probe, as a command line gives
@@ -220,6 +224,7 @@ def make_probe(cfg: BisectConfig):
     # --build sglang installs one checkout into the Python every slot shares: each
     # probe imports its own checkout's python/ first, as the SGLang probe's server does
     return CommandProbe(cfg.probe_cmd or "", timeout=cfg.timeout, metric_regex=cfg.metric_regex,
+                        python=(cfg.sglang or {}).get("python") if cfg.build == "sglang" else None,
                         pythonpath=("python",) if cfg.build == "sglang" else ())
 
 

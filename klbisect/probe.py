@@ -9,6 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+import shutil
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -85,6 +88,27 @@ def classify(values: dict[str, float], exit_code: int | None, timed_out: bool,
     return STATUS_CRASH
 
 
+def python_links(python: str, where: Path) -> Path:
+    """A folder whose ``python`` and ``python3`` run ``python``, to put first
+    on a command's PATH. Scripts that exec it by its own path, not links: a
+    venv's interpreter reached through a link elsewhere is the base Python,
+    without the venv's packages; and its folder may hold another python3
+    (/usr/bin for a /usr/bin/python3.11)."""
+    target = os.path.abspath(shutil.which(python) or python)
+    folder = Path(where) / f"python-{hashlib.sha256(target.encode()).hexdigest()[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    body = f"#!/bin/sh\nexec {shlex.quote(target)} \"$@\"\n"
+    for name in ("python", "python3"):
+        script = folder / name
+        if not script.is_file() or script.read_text() != body:
+            # parallel slots write the same scripts: each its own, renamed in place
+            tmp = folder / f".{name}.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_text(body)
+            tmp.chmod(0o755)
+            os.replace(tmp, script)
+    return folder
+
+
 @dataclass
 class CommandProbe:
     """The user's shell command, run from the checkout's root."""
@@ -93,12 +117,17 @@ class CommandProbe:
     timeout: float = DEFAULT_TIMEOUT
     metric_regex: str | None = None
     pythonpath: tuple[str, ...] = ()   # checkout folders put first on PYTHONPATH
+    # the interpreter the command's `python` and `python3` run (--sglang-python under --build
+    # sglang: the one the build installs into, not whichever PATH finds first)
+    python: str | None = None
 
     @property
     def key(self) -> str:
         # the checkout first on PYTHONPATH (--build sglang) changes which code the
         # command imports: runs with and without it are not one probe's
         extra = {"pythonpath": list(self.pythonpath)} if self.pythonpath else {}
+        if self.python:
+            extra["python"] = self.python
         # the shell ignores whitespace around the command, so neither does its identity (a
         # tester's cron line with a trailing space started the nightly baseline afresh)
         return config_key("cmd", cmd=self.cmd.strip(), regex=self.metric_regex, **extra)
@@ -118,6 +147,9 @@ class CommandProbe:
             inherited = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
             env["PYTHONPATH"] = os.pathsep.join([*(str(Path(checkout).resolve() / d) for d in self.pythonpath),
                                                  *([inherited] if inherited else [])])
+        if self.python:
+            env["PATH"] = os.pathsep.join([str(python_links(self.python, Path(log_path).parent)),
+                                           env.get("PATH", os.environ.get("PATH", ""))])
         res = run_logged(self.cmd, cwd=checkout, log_path=log_path, timeout=self.timeout,
                          env=env, pid_dir=slot.pid_dir)
         text = Path(log_path).read_text(errors="replace")

@@ -211,6 +211,22 @@ def raise_if_signalled() -> None:
         raise KeyboardInterrupt
 
 
+@contextmanager
+def despite_a_stop() -> Iterator[None]:
+    """Cleanup that must start processes after the stop signal it unwinds
+    from (pip putting the user's interpreter back): the signal already
+    taken up does not refuse them, a new one still stops them, and the
+    note of it stands again after (a tester's one Ctrl-C left the venv on a
+    deleted worktree: the restore's first pip was refused as "stopping")."""
+    was = _signalled.is_set()
+    _signalled.clear()
+    try:
+        yield
+    finally:
+        if was:
+            _signalled.set()
+
+
 def _leave_terminal(fds: Sequence[int]) -> None:
     # After a hangup every write to the terminal fails with EIO: the
     # "interrupted" line, and the flush at exit, would turn exit 130 into a

@@ -779,6 +779,27 @@ def test_an_interrupted_run_with_build_sglang_puts_back_what_it_first_found(venv
     assert "--build sglang install" not in klb("status", cwd=user).stdout
 
 
+def test_one_ctrl_c_puts_the_interpreter_back_before_exit(venv, tmp_path):
+    """A tester's one Ctrl-C mid-run left the venv's sglang an editable
+    install of a deleted worktree: the stop signal, still noted, refused
+    the restore's first pip ("interrupted before ... was put back")."""
+    from conftest import klb_popen, reaped
+    user = _levelled_sglang(tmp_path)
+    args = ("run", "--good", "HEAD~5", "--bad", "HEAD", "--probe-cmd", "python probe.py", *_build_args(venv))
+    with reaped(klb_popen(*args, cwd=user)) as first:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not _where_or_none(venv, tmp_path):
+            time.sleep(0.2)
+        assert _where_or_none(venv, tmp_path), "no build happened"
+        first.send_signal(signal.SIGINT)
+        _, err = first.communicate(timeout=120)
+    err = err if isinstance(err, str) else err.decode()
+    assert first.returncode == 130 and "is back to no sglang" in err and "interrupted before" not in err, err
+    assert "finished runs of this range saved" in err, err
+    shown = subprocess.run([str(venv), "-m", "pip", "show", "sglang"], capture_output=True, text=True)
+    assert shown.returncode != 0, shown.stdout      # not installed, as before the run
+
+
 @pytest.mark.parametrize("then", ["start again", "a run with another probe command"])
 def test_what_an_interrupted_session_found_is_put_back_by_the_next(venv, tmp_path, then):
     """Two ways a tester lost their sglang after a Ctrl-C: `start` kept
@@ -1479,6 +1500,25 @@ def test_a_probe_command_under_build_sglang_imports_its_own_checkout(tmp_path, m
     # without --build measured the installed checkout at every commit, and were reused with it)
     keys = {make_probe(BisectConfig(probe_cmd=cmd, build=b)).key for b in ("sglang", None)}
     assert len(keys) == 2
+
+
+def test_a_probe_commands_python3_under_build_sglang_is_the_sglang_python(venv, tmp_path):
+    """A tester's `--probe-cmd "cd test && python3 ..."` ran PATH's python3
+    while --build sglang installed into --sglang-python: on a box whose
+    dependencies live only in that venv, every run would crash (or load
+    another kernel wheel than the commit pins)."""
+    from klbisect.config import BisectConfig, make_probe
+    checkout = tmp_path / "slot-0"
+    checkout.mkdir()
+    cmd = "python3 -c 'import sys; print(\"avg_kl_div=0.004\"); print(\"prefix=\" + sys.prefix)'; python -V"
+    slot = Slot(0, checkout, {}, 0, tmp_path / "pids")
+    probe = make_probe(BisectConfig(probe_cmd=cmd, build="sglang", sglang={"python": str(venv)}))
+    res = probe.run(checkout, tmp_path / "logs" / "run.log", slot)
+    log = Path(res.log_path).read_text()
+    # the venv's own interpreter, with its site-packages (its sglang): not the base Python a link reaches
+    assert res.values == {"value": 0.004} and f"prefix={venv.parent.parent}\n" in log, log
+    # runs of PATH's python3 before are another probe's
+    assert probe.key != make_probe(BisectConfig(probe_cmd=cmd, build="sglang")).key
 
 
 def test_parallel_slots_share_one_python_so_a_pin_change_runs_one_slot(tmp_path):
