@@ -343,6 +343,9 @@ def make_config(kw: dict):
     if "server_env" in sglang:
         sglang["server_env"] = list(sglang["server_env"] or ())
     sglang = given_sglang(sglang)
+    if os.sep in sglang.get("python", ""):
+        # one interpreter wherever the command runs from (git bisect runs `probe` from the top)
+        sglang["python"] = os.path.abspath(sglang["python"])
     for k in ("prompts", "model_path"):
         # stored with the session and read from the checkouts' directories: a path from here
         # (a model id such as org/name is not a path here and stays as it is)

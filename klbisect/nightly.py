@@ -405,8 +405,6 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     bisect and report a regression. Returns the night's record (also stored
     as the nightly session's result); ``summary(record)`` is the --json
     object. ``post_out`` receives what --dry-run would post (default stdout)."""
-    from .config import make_builder, make_probe  # noqa: PLC0415
-    from .workspace import Workspace  # noqa: PLC0415
     opts = opts or NightlyOptions()
     if opts.runs < 1:
         raise KlbisectError("--runs must be at least 1", EXIT_USAGE)
@@ -441,10 +439,24 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
     night = opts.night or today()
     if not re.fullmatch(r"[0-9A-Za-z_.:-]{1,40}", night):
         raise KlbisectError(f"--night {night!r}: use a date like 2025-01-31", EXIT_USAGE)
+    known = {"night": night, "branch": opts.branch}
+    try:
+        return _run_night(path, cfg, opts, night, target, progress, post_out, known)
+    except (KlbisectError, KeyboardInterrupt) as e:
+        # a --json reader sees which night failed (a tester's 155 had none of them), with what
+        # was decided before (a night judged regressed, then interrupted, is still a regression)
+        e.json_partial = {**known, **(getattr(e, "json_partial", None) or {})}
+        raise
 
+
+def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Progress, post_out,
+               known: dict) -> dict:
+    """run_nightly once its options are checked: ``known`` gains the head."""
+    from .config import make_builder, make_probe  # noqa: PLC0415
+    from .workspace import Workspace  # noqa: PLC0415
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
-        head = gitrepo.resolve(ws.repo, opts.branch, "branch")
+        head = known["head"] = gitrepo.resolve(ws.repo, opts.branch, "branch")
         probe = make_probe(cfg)
         with ws.locked():
             unfinished = _unfinished_nights(ws, probe.key, head, night, target)
@@ -461,13 +473,8 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
         builder = make_builder(cfg)
         probe_key, build_key = probe.key, (builder.key if builder else None)
         with ws.locked():
-            try:
-                rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
-                                         progress)
-            except KlbisectError as e:
-                # known by now: a --json reader sees which night failed (a tester's 155 had none of them)
-                e.json_partial = {"night": night, "branch": opts.branch, "head": head}
-                raise
+            rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
+                                     progress)
             if target is not None and not opts.dry_run and _to_post(rec) and "post_to" not in rec:
                 # kept, so that a kill before the post leaves the next night something to finish
                 # (a --dry-run posts nothing and owes nothing: a tester's dry run had its night's

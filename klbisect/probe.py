@@ -88,6 +88,21 @@ def classify(values: dict[str, float], exit_code: int | None, timed_out: bool,
     return STATUS_CRASH
 
 
+def python_env(python: str, where: Path, path: str) -> dict[str, str]:
+    """PATH (and VIRTUAL_ENV) for a command whose ``python`` is ``python``:
+    its scripts first, then a venv's own bin/ (its pip, pytest, torchrun)."""
+    target = os.path.abspath(shutil.which(python) or python)
+    venv = os.path.dirname(os.path.dirname(target))
+    env = {}
+    first = [str(python_links(python, where))]
+    if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
+        first.append(os.path.dirname(target))
+        env["VIRTUAL_ENV"] = venv
+    # an empty PATH entry is the current folder: none is added
+    env["PATH"] = os.pathsep.join(first + [p for p in path.split(os.pathsep) if p])
+    return env
+
+
 def python_links(python: str, where: Path) -> Path:
     """A folder whose ``python`` and ``python3`` run ``python``, to put first
     on a command's PATH. Scripts that exec it by its own path, not links: a
@@ -148,8 +163,7 @@ class CommandProbe:
             env["PYTHONPATH"] = os.pathsep.join([*(str(Path(checkout).resolve() / d) for d in self.pythonpath),
                                                  *([inherited] if inherited else [])])
         if self.python:
-            env["PATH"] = os.pathsep.join([str(python_links(self.python, Path(log_path).parent)),
-                                           env.get("PATH", os.environ.get("PATH", ""))])
+            env.update(python_env(self.python, Path(log_path).parent, env.get("PATH", os.environ.get("PATH", ""))))
         res = run_logged(self.cmd, cwd=checkout, log_path=log_path, timeout=self.timeout,
                          env=env, pid_dir=slot.pid_dir)
         text = Path(log_path).read_text(errors="replace")

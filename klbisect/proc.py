@@ -219,12 +219,17 @@ def despite_a_stop() -> Iterator[None]:
     note of it stands again after (a tester's one Ctrl-C left the venv on a
     deleted worktree: the restore's first pip was refused as "stopping")."""
     was = _signalled.is_set()
+    unwinding = sys.exc_info()[1] is not None    # called from a `finally` the stop runs through
     _signalled.clear()
     try:
         yield
     finally:
         if was:
             _signalled.set()
+    if was and not unwinding:
+        # a stop Python swallowed, noted and nothing unwinding from it: once the cleanup is
+        # done, it stops the command (a reviewer's: it exited 0 after the restore)
+        raise KeyboardInterrupt
 
 
 def _leave_terminal(fds: Sequence[int]) -> None:

@@ -1170,6 +1170,19 @@ def test_a_probe_that_is_not_found_or_a_label_never_printed_gets_no_verdict(tmp_
     assert [n["n"] for n in trend["nights"]] == [3, 3, 3] and not any(n["crashes"] for n in trend["nights"])
 
 
+def test_a_night_that_finds_the_repository_busy_says_which_night_in_its_json(tmp_path):
+    """A cron job's likeliest failure, another klbisect holding the
+    repository: its --json object named no night, branch or head."""
+    import filelock
+    lv = Levels(tmp_path)
+    tail_json(nightly(lv.path, "d1"))
+    with filelock.FileLock(str(lv.path / ".git" / "klbisect" / "lock")):
+        p = nightly(lv.path, "d2")
+    said = json.loads(p.stdout.strip().splitlines()[-1])
+    assert p.returncode == 153 and "busy" in said["error"], p.stderr
+    assert (said["night"], said["branch"], said["head"]) == ("d2", "main", git(lv.path, "rev-parse", "HEAD").strip())
+
+
 def test_a_night_whose_every_run_dies_after_its_first_label_is_no_verdict(tmp_path):
     """A tester's: a broken NCCL killed every run after its first label. Read
     alone, tonight's runs looked complete: a head past the regression (on the

@@ -845,3 +845,35 @@ def test_the_orphan_sweep_spares_a_child_another_thread_is_still_starting(monkey
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def test_cleanup_after_a_stop_may_start_processes_and_a_swallowed_stop_still_stops(tmp_path):
+    """After one Ctrl-C the noted stop refused every new process, the pip
+    that puts the user's interpreter back among them (a tester's venv was
+    left on a deleted worktree). The cleanup runs; a stop that Python
+    swallowed (nothing unwinding from it) still stops the command after."""
+    from klbisect import proc
+    proc._signalled.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            proc.run_logged("true", cwd=tmp_path, log_path=tmp_path / "refused.log", timeout=30)
+        # unwinding from the stop (a `finally` it runs through): the cleanup runs, nothing more is raised
+        try:
+            try:
+                raise KeyboardInterrupt
+            finally:
+                with proc.despite_a_stop():
+                    ran = proc.run_logged("echo put back", cwd=tmp_path, log_path=tmp_path / "a.log", timeout=30)
+        except KeyboardInterrupt:
+            pass
+        assert ran.exit_code == 0 and proc._signalled.is_set()
+        # swallowed: nothing unwinds, so once the cleanup is done the stop is raised
+        with pytest.raises(KeyboardInterrupt):
+            with proc.despite_a_stop():
+                ran = proc.run_logged("echo put back", cwd=tmp_path, log_path=tmp_path / "b.log", timeout=30)
+        assert ran.exit_code == 0 and proc._signalled.is_set()
+    finally:
+        proc._signalled.clear()
+    # with no stop noted, it is a plain block
+    with proc.despite_a_stop():
+        pass

@@ -1510,13 +1510,17 @@ def test_a_probe_commands_python3_under_build_sglang_is_the_sglang_python(venv, 
     from klbisect.config import BisectConfig, make_probe
     checkout = tmp_path / "slot-0"
     checkout.mkdir()
-    cmd = "python3 -c 'import sys; print(\"avg_kl_div=0.004\"); print(\"prefix=\" + sys.prefix)'; python -V"
+    cmd = ("python3 -c 'import sys; print(\"avg_kl_div=0.004\"); print(\"prefix=\" + sys.prefix)'; python -V; "
+           "echo \"venv=$VIRTUAL_ENV\"; command -v python3.notthere || echo \"path=$PATH\"")
     slot = Slot(0, checkout, {}, 0, tmp_path / "pids")
     probe = make_probe(BisectConfig(probe_cmd=cmd, build="sglang", sglang={"python": str(venv)}))
     res = probe.run(checkout, tmp_path / "logs" / "run.log", slot)
     log = Path(res.log_path).read_text()
     # the venv's own interpreter, with its site-packages (its sglang): not the base Python a link reaches
     assert res.values == {"value": 0.004} and f"prefix={venv.parent.parent}\n" in log, log
+    # then the venv's own bin/ (its pip, pytest, torchrun), as an activated venv has it
+    path = log.split("path=")[1].split()[0].split(":")
+    assert path[1] == str(venv.parent) and f"venv={venv.parent.parent}\n" in log, log
     # runs of PATH's python3 before are another probe's
     assert probe.key != make_probe(BisectConfig(probe_cmd=cmd, build="sglang")).key
 
