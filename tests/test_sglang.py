@@ -769,7 +769,7 @@ def test_an_interrupted_run_with_build_sglang_puts_back_what_it_first_found(venv
     from conftest import klb
     user = _levelled_sglang(tmp_path)
     args = ("run", "--good", "HEAD~5", "--bad", "HEAD", "--probe-cmd", "python probe.py", *_build_args(venv))
-    _killed_after_a_build(args, user, venv, tmp_path)
+    _signalled_after_a_build(args, user, venv, tmp_path)
     # a tester's `import sglang` failed after such a kill, and status said nothing of it
     assert f"Note: {venv} has this session's --build sglang install" in klb("status", cwd=user).stdout
     again = klb(*args, cwd=user, timeout=600)
@@ -783,18 +783,10 @@ def test_one_ctrl_c_puts_the_interpreter_back_before_exit(venv, tmp_path):
     """A tester's one Ctrl-C mid-run left the venv's sglang an editable
     install of a deleted worktree: the stop signal, still noted, refused
     the restore's first pip ("interrupted before ... was put back")."""
-    from conftest import klb_popen, reaped
     user = _levelled_sglang(tmp_path)
     args = ("run", "--good", "HEAD~5", "--bad", "HEAD", "--probe-cmd", "python probe.py", *_build_args(venv))
-    with reaped(klb_popen(*args, cwd=user)) as first:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not _where_or_none(venv, tmp_path):
-            time.sleep(0.2)
-        assert _where_or_none(venv, tmp_path), "no build happened"
-        first.send_signal(signal.SIGINT)
-        _, err = first.communicate(timeout=120)
-    err = err if isinstance(err, str) else err.decode()
-    assert first.returncode == 130 and "is back to no sglang" in err and "interrupted before" not in err, err
+    code, err = _signalled_after_a_build(args, user, venv, tmp_path, signal.SIGINT)
+    assert code == 130 and "is back to no sglang" in err and "interrupted before" not in err, err
     assert "finished runs of this range saved" in err, err
     shown = subprocess.run([str(venv), "-m", "pip", "show", "sglang"], capture_output=True, text=True)
     assert shown.returncode != 0, shown.stdout      # not installed, as before the run
@@ -811,7 +803,7 @@ def test_what_an_interrupted_session_found_is_put_back_by_the_next(venv, tmp_pat
     ends = ("--good", "HEAD~5", "--bad", "HEAD")
     first = (("start", *ends, "--probe-cmd", "python probe.py") if then == "start again"
              else ("run", *ends, "--probe-cmd", "python probe.py"))
-    _killed_after_a_build((*first, *_build_args(venv)), user, venv, tmp_path)
+    _signalled_after_a_build((*first, *_build_args(venv)), user, venv, tmp_path)
     nxt = first if then == "start again" else ("run", *ends, "--probe-cmd", "python ./probe.py")
     again = klb(*nxt, *_build_args(venv), cwd=user, timeout=600)
     assert again.returncode == 0, again.stderr
@@ -840,16 +832,19 @@ def _build_args(venv: Path) -> tuple[str, ...]:
     return ("--build", "sglang", "--sglang-python", str(venv), "--pip-args", "--no-build-isolation")
 
 
-def _killed_after_a_build(args: tuple, user: Path, venv: Path, tmp_path: Path) -> None:
-    """``klbisect ARGS`` killed -9 once a build has installed a checkout: no chance to put anything back."""
+def _signalled_after_a_build(args: tuple, user: Path, venv: Path, tmp_path: Path,
+                             sig: int = signal.SIGKILL) -> tuple[int, str]:
+    """``klbisect ARGS`` sent ``sig`` once a build has installed a checkout
+    (SIGKILL: no chance to put anything back); its exit code and stderr."""
     from conftest import klb_popen, reaped
     with reaped(klb_popen(*args, cwd=user)) as first:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not _where_or_none(venv, tmp_path):
             time.sleep(0.2)
         assert _where_or_none(venv, tmp_path), "no build happened"
-        first.send_signal(signal.SIGKILL)
-        first.wait()
+        first.send_signal(sig)
+        _, err = first.communicate(timeout=120)
+    return first.returncode, err if isinstance(err, str) else err.decode()
 
 
 def _where_or_none(py: Path, cwd: Path) -> str | None:
