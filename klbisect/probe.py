@@ -94,7 +94,7 @@ def python_env(python: str, where: Path, path: str) -> dict[str, str]:
     target = os.path.abspath(shutil.which(python) or python)
     venv = os.path.dirname(os.path.dirname(target))
     env = {}
-    first = [str(python_links(python, where))]
+    first = [str(python_links(target, where))]
     if os.path.isfile(os.path.join(venv, "pyvenv.cfg")):
         first.append(os.path.dirname(target))
         env["VIRTUAL_ENV"] = venv
@@ -103,13 +103,12 @@ def python_env(python: str, where: Path, path: str) -> dict[str, str]:
     return env
 
 
-def python_links(python: str, where: Path) -> Path:
-    """A folder whose ``python`` and ``python3`` run ``python``, to put first
-    on a command's PATH. Scripts that exec it by its own path, not links: a
-    venv's interpreter reached through a link elsewhere is the base Python,
-    without the venv's packages; and its folder may hold another python3
-    (/usr/bin for a /usr/bin/python3.11)."""
-    target = os.path.abspath(shutil.which(python) or python)
+def python_links(target: str, where: Path) -> Path:
+    """A folder whose ``python`` and ``python3`` run ``target`` (an absolute
+    path), to put first on a command's PATH. Scripts that exec it by its own
+    path, not links: a venv's interpreter reached through a link elsewhere
+    is the base Python, without the venv's packages; and its folder may hold
+    another python3 (/usr/bin for a /usr/bin/python3.11)."""
     folder = Path(where) / f"python-{hashlib.sha256(target.encode()).hexdigest()[:12]}"
     folder.mkdir(parents=True, exist_ok=True)
     body = f"#!/bin/sh\nexec {shlex.quote(target)} \"$@\"\n"

@@ -361,6 +361,14 @@ def _quiet_ray() -> Iterator[None]:
         log.setLevel(level)
 
 
+ADDRESS_TIMEOUT = 5.0   # seconds to wait for a --ray-address to answer
+
+
+def _no_ray():
+    from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+    return KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE)
+
+
 def _check_address(address: str | None) -> None:
     """A --ray-address of host:port (or ray://host:port) where nothing
     listens: ray.init retries it for good and ignores Ctrl-C and SIGTERM."""
@@ -383,9 +391,6 @@ def _check_address(address: str | None) -> None:
         raise KlbisectError(f"{given}: nothing answers at {host}:{port} ({e.strerror or e}); "
                             "start the cluster (`ray start --head` prints its address), or leave --ray-address "
                             "out for a cluster of this machine that klbisect starts", EXIT_USAGE) from None
-
-
-ADDRESS_TIMEOUT = 5.0   # seconds to wait for a --ray-address to answer
 
 
 def _cannot_connect(address: str | None, e: Exception):
@@ -445,8 +450,7 @@ class RayExecutor:
         there for good, deaf to Ctrl-C), and GPUs that the cluster klbisect
         would start on this machine cannot have."""
         if importlib.util.find_spec("ray") is None:
-            from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
-            raise KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE)
+            raise _no_ray()
         _check_address(cfg.ray_address)
         RayExecutor.refuse_missing_gpus(cfg)
 
@@ -469,8 +473,7 @@ class RayExecutor:
         try:
             import ray  # noqa: PLC0415
         except ImportError:
-            from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
-            raise KlbisectError("--executor ray needs Ray: pip install 'klbisect[ray]'", EXIT_USAGE) from None
+            raise _no_ray() from None
         owns = False
         if not ray.is_initialized():
             _check_address(cfg.ray_address)

@@ -409,9 +409,8 @@ def multiturn_plan(label: str, prompts: list[list[int]], prefix_len: int = MT_PR
 
 def _generate_in_order(client: Client, inputs: list[list[int]], max_new_tokens: int,
                        order: list[int] | None, temperature: float) -> list[dict]:
-    """One batched request in ``order``; results back in the inputs' order."""
-    if order is None:
-        return client.generate(generate_payload(inputs, max_new_tokens, return_logprob=True, temperature=temperature))
+    """One batched request in ``order`` (None: as given); results back in the inputs' order."""
+    order = order or list(range(len(inputs)))
     results = client.generate(generate_payload([inputs[i] for i in order], max_new_tokens, return_logprob=True,
                                                temperature=temperature))
     out: list = [None] * len(results)
@@ -440,7 +439,7 @@ def measure_multiturn(client: Client, label: str, prompts: list[list[int]], max_
     if plan.seed_prefixes is not None:
         client.generate(generate_payload(plan.seed_prefixes, 0, return_logprob=False, temperature=temperature))
     current = plan.first
-    results = client.generate(generate_payload(current, max_new_tokens, return_logprob=True, temperature=temperature))
+    results = _generate_in_order(client, current, max_new_tokens, None, temperature)    # turn 1 as given
     if plan.seed_prefixes is not None:
         hit = sum(r["meta_info"].get("cached_tokens", 0) > 0 for r in results)
         note = f"prefix hits {hit}/{n}, "
@@ -1005,7 +1004,7 @@ class SGLangProbe:
                 exit_code = 0
                 if self.kl_threshold is not None:
                     over = [f"{k} avg_kl_div={v:.6g}" for k, v in values.items() if v >= self.kl_threshold]
-                    # the test's assertion, as its unittest prints it (a pass prints nothing there)
+                    # the test's assertion as its unittest prints it; a pass, which the test keeps quiet, said too
                     if over:
                         say(f"AssertionError: {', '.join(over)} >= kl_threshold {self.kl_threshold:g}")
                     elif values:

@@ -1068,8 +1068,9 @@ def test_the_multiturn_flow_separates_good_and_culprit_and_replays_one_sequence_
     # --kl-threshold: the test's assertion in the log, naming what crossed it; the values count all the same
     over = [k for k, v in bad.values.items() if v >= 0.0065]
     assert bad.exit_code == 1 and over and f"AssertionError: {over[0]} avg_kl_div=" in logs[2], logs[2]
-    assert all(r.exit_code == 0 and "pass: every label under kl_threshold 0.0065" in log
-               for r, log in zip(good, logs) if max(r.values.values()) < 0.0065)
+    under = [(r, log) for r, log in zip(good, logs) if max(r.values.values()) < 0.0065]
+    assert under and all(r.exit_code == 0 and "pass: every label under kl_threshold 0.0065" in log
+                         for r, log in under)
     # one flush to start each label and one before each replayed sequence: 5 + 10 + 10 a run
     server_log = Path(good[0].log_path).with_name("good0.server.log").read_text()
     assert server_log.count("/flush_cache") == 2 * 25, server_log.count("/flush_cache")
