@@ -7,6 +7,10 @@ does not install, kernel wheels that slots of one Python would share)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 from . import repo as gitrepo
@@ -68,6 +72,35 @@ def close_builder(builder, progress: Progress, ws: Workspace | None = None, sid:
                 saved = getattr(builder, "saved_origin", None)
                 left = saved() if saved else None
                 ws.store.put(env_key(sid), json.dumps(left) if left is not None else "")
+
+
+def warn_probe_python(cfg: BisectConfig, builder, progress: Progress) -> None:
+    """--build sglang with no --sglang-python installs each commit into
+    klbisect's own interpreter; a --probe-cmd whose ``python3`` is another
+    (klbisect installed with pipx, or run from a venv not activated) runs
+    on what that one has installed. Said before the first build."""
+    target = getattr(builder, "python", None)
+    if not getattr(builder, "install_pins", False) or cfg.probe != "cmd" or (cfg.sglang or {}).get("python") \
+            or target is None:
+        return
+    for name in ("python3", "python"):
+        # the word as the shell runs it: not .venv/bin/python3, python3.11 or my_python3
+        found = shutil.which(name) if re.search(rf"(?<![\w./-]){name}(?![\w.-])", cfg.probe_cmd or "") else None
+        if found is None:
+            continue
+        try:
+            theirs = subprocess.run([found, "-c", "import sys; print(sys.prefix)"], capture_output=True,
+                                    text=True, timeout=60)
+            ours = subprocess.run([target, "-c", "import sys; print(sys.prefix)"], capture_output=True,
+                                  text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return
+        if theirs.returncode == ours.returncode == 0 \
+                and os.path.realpath(theirs.stdout.strip()) != os.path.realpath(ours.stdout.strip()):
+            progress(f"warning: --build sglang installs each commit into {target}, but the probe command's "
+                     f"{name} is {found}, another environment ({theirs.stdout.strip()}): pass --sglang-python "
+                     f"{found} to build into the one the probe runs")
+        return
 
 
 def warn_build_paths(repo, builder, good: str, bad: str, progress: Progress) -> None:

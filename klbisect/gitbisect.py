@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import repo as gitrepo
 from .build import Builder
-from .buildenv import adopt_env, close_builder, hold_env, keep_env, warn_build_paths
+from .buildenv import adopt_env, close_builder, hold_env, keep_env, warn_build_paths, warn_probe_python
 from .config import BisectConfig, make_builder, make_probe, same_question
 from .decide import (BAD, GOOD, SKIP, STALE_RUN_LR, UNDECIDED_LIMIT, VERDICT_LR, Model, ThresholdModel,
                      crash_skip_limit, is_undecided_skip, judge, runs_per_commit, verdict_model)
@@ -151,6 +151,7 @@ def start(path: str | Path | None, cfg: BisectConfig, progress: Progress = to_st
             # what --build sglang finds before its first build, kept where a Ctrl-C cannot lose it
             hold_env(ws, sid, builder, ws.logs / f"s{sid}")
             warn_build_paths(ws.repo, builder, good, bad, progress)
+            warn_probe_python(cfg, builder, progress)
 
             def execute(batch, stop=None):
                 for sha in batch:

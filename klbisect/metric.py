@@ -27,7 +27,7 @@ _RUNNER_LABEL = re.compile(r"^(?:.* \.\.\. |\S+::\S+ )\[([\w.:/-]+)\] \d+ sample
 # Only a line that starts with avg_kl_div (optionally after its [label]) is a
 # measurement: SGLang's assertion messages repeat "avg_kl_div=..." mid-line.
 # numpy 2 prints an f"{x=}" of a numpy scalar as "np.float64(0.004)"
-_AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?avg_kl_div\s*[=:]\s*(?:np\.float\d+\()?"
+_AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?(?:avg_kl_div|avg KL)\s*[=:]\s*(?:np\.float\d+\()?"
                      r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?nan|[-+]?inf)", re.IGNORECASE)
 # colour codes a test runner or logger wraps around the line
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -44,38 +44,49 @@ BROKEN_MAGNITUDE = 1e30
 def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
     """Return label -> value for every metric the output printed.
 
-    Without ``regex``: every ``avg_kl_div=<float>`` line, labelled by the
-    nearest preceding ``[label]`` line (SGLang's format; also its
-    ``[label] N samples`` line after a ``unittest -v`` or ``pytest -v -s``
-    test-name prefix), plus JSON lines
-    ``KLBISECT {"label": ..., "value": ...}``. With ``regex``: a named group
-    ``value`` (or the first group) and an optional named group ``label``;
-    without one, the matches are labelled value, value2, ... in order.
-    ``avg_kl_div`` lines before any label (older tests print none) are
-    value, value2, ... in order, as with a regex without a label group, so
-    a run's value is still the max over all of them. A label printed twice
-    keeps its last value. NaN, +-inf and magnitudes of BROKEN_MAGNITUDE or
-    more (numerics that broke) stand as NONFINITE, the worst value. ANSI
-    colour codes are ignored.
+    Without ``regex``: every ``avg_kl_div=<float>`` line (or ``avg KL:``,
+    as SGLang's DP-attention tests print it), labelled by the ``[label]``
+    line before it (SGLang's format; also its ``[label] N samples`` line
+    after a ``unittest -v`` or ``pytest -v -s`` test-name prefix), plus
+    JSON lines ``KLBISECT {"label": ..., "value": ...}``. A label line
+    names the one value that follows it: values with no label line of
+    their own (older tests, SGLang's single-turn helpers, even after a
+    labelled class in the same file) are value, value2, ... in order. With
+    ``regex``: a named group ``value`` (or the first group) and an optional
+    named group ``label``; without one, the matches are value, value2, ...
+    in order. A label printed again (one kit run by several test classes of
+    a file) keeps every value: ``label``, ``label#2``, ... in order, so a
+    run's value is the worst over all of them, not over the last class's.
+    NaN, +-inf and magnitudes of BROKEN_MAGNITUDE or more (numerics that
+    broke) stand as NONFINITE, the worst value. ANSI colour codes are
+    ignored.
     """
     values: dict[str, float] = {}
+    unlabelled = 0
+
+    def positional(raw) -> None:
+        nonlocal unlabelled
+        unlabelled += 1
+        _put(values, DEFAULT_LABEL if unlabelled == 1 else f"{DEFAULT_LABEL}{unlabelled}", raw)
+
     if regex:
         pattern = re.compile(regex)
-        for i, m in enumerate(pattern.finditer(text)):
+        for m in pattern.finditer(text):
             groups = m.groupdict()
             raw = groups.get("value") if "value" in groups else (m.group(1) if m.groups() else m.group(0))
             # without a label group each match is its own label ("value", "value2", ...), so
             # that a run's value is the max over every match, as with SGLang's lines
-            label = groups.get("label") or (DEFAULT_LABEL if i == 0 else f"{DEFAULT_LABEL}{i + 1}")
-            _put(values, label, raw)
+            if groups.get("label"):
+                _add(values, groups["label"], raw)
+            else:
+                positional(raw)
         return values
-    label = DEFAULT_LABEL
-    unlabelled = 0
+    label = None      # the label line's, until a value takes it
     for line in _ANSI.sub("", text).splitlines():
         if line.startswith(JSON_PREFIX):
             try:
                 obj = json.loads(line[len(JSON_PREFIX):])
-                _put(values, str(obj.get("label", DEFAULT_LABEL)), obj["value"])
+                _add(values, str(obj.get("label", DEFAULT_LABEL)), obj["value"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 pass
             continue
@@ -83,11 +94,11 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
         if m:
             label = m.group(1)
         hit = _AVG_KL.match(line)
-        if hit and m is None and label == DEFAULT_LABEL:
-            unlabelled += 1
-            _put(values, DEFAULT_LABEL if unlabelled == 1 else f"{DEFAULT_LABEL}{unlabelled}", hit.group(1))
+        if hit and label is None:
+            positional(hit.group(1))
         elif hit:
-            _put(values, label, hit.group(1))
+            _add(values, label, hit.group(1))
+            label = None
     return values
 
 
@@ -148,6 +159,15 @@ def check_regex(regex: str) -> None:
         raise KlbisectError(f"--metric-regex {shown} has {fmt_count(pattern.groups, 'group')} and none named "
                             "value: name the "
                             "number's group (?P<value>...) (and the label's (?P<label>...))", EXIT_USAGE)
+
+
+def _add(values: dict[str, float], label: str, raw) -> None:
+    """``label``'s value, or ``label#2``, ``label#3`` ... when it has one."""
+    n, name = 1, label
+    while name in values:
+        n += 1
+        name = f"{label}#{n}"
+    _put(values, name, raw)
 
 
 def _put(values: dict[str, float], label: str, raw) -> None:

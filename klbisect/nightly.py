@@ -578,8 +578,11 @@ class _Meter(WorktreeMeter):
     the user's environment (--build sglang) put it back."""
 
     def close(self) -> None:
-        super().close()
-        close_builder(self.builder, self.progress)
+        try:
+            super().close()
+        finally:
+            # a second Ctrl-C while the worktree goes must not leave the interpreter on it
+            close_builder(self.builder, self.progress)
 
 
 def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:

@@ -128,7 +128,9 @@ def session_plot(data: dict, out: str | Path | None = None) -> bytes:
         from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel(f"candidate index (0 = good {res['good'][:10]}, {n} = bad {res['bad'][:10]})")
-        ax.set_ylabel("KL value per run" + (" (log scale)" if positive else ""))
+        # a --metric-regex may read an accuracy: the value is the probe's, KL or not
+        ax.set_ylabel("value per run" + (", lower is worse" if res.get("worse") == "lower" else "")
+                      + (" (log scale)" if positive else ""))
         ax.set_title(f"klbisect session {res.get('session')}: {len(ys_v)} runs with a value")
         ax.scatter([], [], c=GOOD_C, s=14, label="good side")
         ax.scatter([], [], c=BAD_C, s=14, label="bad side")

@@ -195,6 +195,10 @@ def is_ancestor(repo: git.Repo, a: str, b: str) -> bool:
         return False
 
 
+def merge_base(repo: git.Repo, a: str, b: str) -> str:
+    return _git(repo, "merge-base", a, b).strip()
+
+
 def check_range(repo: git.Repo, good: str, bad: str) -> tuple[str, str]:
     g, b = resolve(repo, good, "good revision"), resolve(repo, bad, "bad revision")
     if g == b:

@@ -471,6 +471,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
                 "model": model.to_dict(),
                 "session": {"id": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
                             "probe": cfg.probe_cmd if cfg.probe == "cmd" else shlex.join(cfg.probe_argv()),
+                            "read_with": _read_with(cfg),
                             "repo": str(ws.top), "worse": cfg.worse, "metric": cfg.metric}}
     finally:
         ws.close()
@@ -490,12 +491,29 @@ def _sha_link(sha: str, slug: str | None, n: int = 12) -> str:
 
 def _md_cell(text: str, limit: int = 70, code: bool = False) -> str:
     """Text for one line of Markdown, cut at ``limit``; ``code`` keeps its
-    `backticks` (a command to paste, outside a table) instead of quoting."""
+    `backticks` (a command to paste, outside a table) instead of quoting,
+    and what is inside them as it is: Markdown shows a code span's
+    characters verbatim, so ``&lt;`` there would be pasted as such (a
+    tester's ``(?P<value>...)``)."""
     t = (text or "").replace("\n", " ")
     if len(t) > limit:
         t = t[:limit - 1] + "…"
-    t = t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
-    return t if code else t.replace("`", "'")
+    if not code:
+        return _md_escape(t).replace("`", "'")
+    return "`".join(part if i % 2 else _md_escape(part) for i, part in enumerate(t.split("`")))
+
+
+def _md_escape(t: str) -> str:
+    return t.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _read_with(cfg) -> str:
+    """The options that say how a run's output became its value, when not
+    the defaults: a reader of the report measures the same way with them."""
+    argv = [*(["--metric-regex", cfg.metric_regex] if cfg.metric_regex else []),
+            *(["--metric", cfg.metric] if cfg.metric else []),
+            *(["--worse", cfg.worse] if cfg.worse != "higher" else [])]
+    return shlex.join(argv)
 
 
 def _vals(values: list[float], k: int = 6) -> str:
@@ -675,9 +693,12 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     if judged:
         head.append(f"**Judged by:** {judged}  ")
     probe = (data.get("session") or {}).get("probe")
+    read_with = (data.get("session") or {}).get("read_with")
     if probe:
         # how it was measured, so a reader can measure it again (a tester's report named no model)
-        head.append("**Probe:** `" + " ".join(probe.replace("`", "'").split()) + "`")
+        head.append("**Probe:** `" + " ".join(probe.replace("`", "'").split()) + "`" + "  " * bool(read_with))
+    if read_with:
+        head.append("**Values read with:** `" + read_with.replace("`", "'") + "`")
     head.append("")
     labels = _labels_md(r)
     if labels:
@@ -790,7 +811,9 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  + (f", {r['build_seconds']:.0f} s building" if r.get("build_seconds") else "")
                  + (f"<br><b>Judged by:</b> {e(judged_by(data))}" if judged_by(data) else "")
                  + (f"<br><b>Probe:</b> <code>{e(data['session']['probe'])}</code>"
-                    if (data.get("session") or {}).get("probe") else "") + "</p>")
+                    if (data.get("session") or {}).get("probe") else "")
+                 + (f"<br><b>Values read with:</b> <code>{e(data['session']['read_with'])}</code>"
+                    if (data.get("session") or {}).get("read_with") else "") + "</p>")
     if r.get("labels"):
         parts.append(f"<h3>{_noun(data)} "
                      f"{'at the good → the bad end' if data.get('no_signal') else f'before → after (of {SIDES})'}, "

@@ -5,12 +5,14 @@ are slots. Every finished run is in sqlite the moment it finishes, so the
 same command resumes an interrupted one."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Callable
 
 from . import repo as gitrepo
-from .buildenv import close_builder, hold_env, keep_env, pins_moved, slots_for, warn_build_paths
+from .buildenv import (close_builder, hold_env, keep_env, pins_moved, slots_for, warn_build_paths,
+                       warn_probe_python)
 from .config import RERUN_KEYS, BisectConfig, make_builder, make_probe, question_of
 from .decide import VERDICT_LR, Model, ThresholdModel, separation
 from .endpoints import calibrate_endpoints, infrastructure_error, never_built, unbuilt_sglang_hint
@@ -43,6 +45,8 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
     ``check_reused``: measure again the reused commits an answer leans on
     (``reused_boundary``); the nightly job judges its environment itself."""
     cfg.validate()
+    if not cfg.first_parent:
+        return _through_merges(path, cfg, progress, executor_factory, check_reused)
     ws = Workspace(path, cfg.metric, cfg.worse)
     try:
         # refused before the state directory is made: a typo leaves nothing behind
@@ -51,6 +55,49 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
             return _run_locked(ws, cfg, good, bad, progress, executor_factory, check_reused)
     finally:
         ws.close()
+
+
+def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progress,
+                    executor_factory: ExecutorFactory | None, check_reused: bool) -> Result:
+    """--all-commits: the first-parent search, then down each merge it names
+    into the side branch that merge brought in (its second parent's
+    first-parent line, from where it forked), until the answer is no merge,
+    or a merge whose side branch reads like where it forked (the merge
+    itself did it). Each line is in order, so every commit after the
+    culprit on it contains the culprit, as the search assumes; one
+    topological order of all commits put a branch forked before the culprit
+    after it, and a tester's long-lived branch was named at 0.99."""
+    def stage(good: str, bad: str) -> Result:
+        return run_bisect(path, dataclasses.replace(cfg, good=good, bad=bad, first_parent=True), progress,
+                          executor_factory, check_reused)
+
+    res = stage(cfg.good, cfg.bad)
+    repo = gitrepo.open_repo(path)
+    runs, merges = res.probe_runs, []
+    while res.complete and res.culprit and gitrepo.side_commits(repo, res.culprit, res.good):
+        merge, (first, side) = res, gitrepo.parents(repo, res.culprit)[:2]
+        fork = gitrepo.merge_base(repo, first, side)
+        progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, from "
+                 f"where it forked ({fork[:12]}) to its head ({side[:12]})")
+        try:
+            res = stage(fork, side)
+        except NoDifference as e:
+            progress(f"--all-commits: the side branch's head reads like where it forked ({e.message}): the merge "
+                     f"{merge.culprit[:12]} itself is the first bad commit")
+            res = dataclasses.replace(merge, notes=[n for n in merge.notes if "--all-commits" not in n] + [
+                f"--all-commits: the side branch this merge brings in ({fork[:12]}..{side[:12]}) reads like where it "
+                "forked: the merge itself (how it combined the two lines) is the first bad commit"])
+            break
+        merges.append(merge)
+        runs += res.probe_runs
+    if not merges:
+        return res
+    outer = merges[0]
+    path_taken = " then ".join(f"{m.culprit[:12]}{f' (PR #{m.pr})' if m.pr else ''}" for m in merges)
+    return dataclasses.replace(
+        res, pr=res.pr or merges[-1].pr, probe_runs=runs,
+        notes=[f"--all-commits: found through the merge {path_taken} on the first-parent line from "
+               f"{outer.good[:12]} to {outer.bad[:12]}, then its side branch; runs counts every stage"] + res.notes)
 
 
 def _fresh_origin(st: Store, good: str, bad: str, probe_key: str, cfg: BisectConfig) -> SessionRow | None:
@@ -73,7 +120,6 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
     shas = [c[0] for c in cands]
     probe, builder = make_probe(cfg), make_builder(cfg)
     probe_key, build_key = probe.key, (builder.key if builder else None)
-    st = ws.store
     dirty = gitrepo.dirty_files(ws.repo)
     if dirty:
         # a probe edited in place and never committed: its edit is in no worktree
@@ -97,45 +143,109 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
     log_dir = ws.logs / f"s{sid}"
     hold_env(ws, sid, builder, log_dir)
     warn_build_paths(ws.repo, builder, good, bad, progress)
+    warn_probe_python(cfg, builder, progress)
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
                         on_build=say_building(progress, probe))
     ex = (executor_factory(cfg, slots, measurer, ws) if executor_factory
           else default_executor(cfg, slots, measurer, ws, take_turns=bool(moved)))
-    slot_by_index = {s.index: s for s in slots}
-    failures: dict[str, int] = {}
-    streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
-    label_sets: dict[frozenset, list[int]] = {}   # the label sets runs printed: usual_labels, as they come
-    searching = False   # set once the endpoints are calibrated (handle reads it when called)
+    search = _Search(ws, cfg, sid, cands, probe_key, build_key, builder, ex, slots, progress)
+    st = ws.store
+    try:
+        resumed = st.session(sid)     # a new session has no model yet
+        if resumed.model and resumed.state == "bisecting":
+            model = Model.from_dict(resumed.model)
+        else:
+            model = calibrate_endpoints(ws, cfg, sid, good, bad, search.execute, probe_key, build_key, progress,
+                                        width=ex.slots)
+            st.update_session(sid, model=model.to_dict(), state="bisecting")
+        return search.search(model, first_build, check_reused)
+    except KeyboardInterrupt as e:
+        ex.close()
+        note_stop(st, sid, "interrupted; rerun the same command to resume")
+        if isinstance(e, Interrupted):
+            raise
+        # a session that reuses earlier runs (a resumed nightly's, another command's) resumes from all of them
+        kept = len(st.session_runs(sid)) if cfg.fresh else len(st.runs(probe_key, shas))
+        # the resume counts the session's own: a tester read 15 saved against "6 already recorded"
+        own = len(st.session_runs(sid))
+        raise Interrupted(f"interrupted: {fmt_count(kept, 'finished run')} of this range saved"
+                          + (f" ({own} of this session's)" if own != kept else "")
+                          + "; rerun the same command to resume") from None
+    except KlbisectError as e:
+        note_stop(st, sid, e.message)
+        raise
+    finally:
+        close_session(ws, ex, probe, builder, slots, progress, sid)
 
-    def handle(results) -> None:
+
+def close_session(ws: Workspace, ex: Executor, probe, builder, slots: list[Slot], progress: Progress,
+                  sid: int) -> None:
+    """A session's end, however it ends: its executor, its probe (a server it
+    keeps), its worktrees, then the interpreter --build sglang changed put
+    back, even when a second Ctrl-C stops the worktrees' removal."""
+    try:
+        ex.close()
+        close = getattr(probe, "close", None)
+        if close:
+            close()
+        # a killed run of more slots left more of the pool behind (each may hold a build)
+        stale = sorted(ws.worktrees.glob("slot-*")) if ws.worktrees.exists() else []
+        for checkout in dict.fromkeys([s.checkout for s in slots] + list(getattr(ex, "checkouts", list)()) + stale):
+            if checkout.exists():
+                gitrepo.worktree_remove(ws.repo, checkout)
+    finally:
+        close_builder(builder, progress, ws, sid)
+
+
+class _Search:
+    """One command's search over a session's commits: each run recorded and
+    said as it lands, the search asked where to probe next until it answers
+    or cannot, and the checks that stop it early: a commit whose probe the
+    infrastructure failed three times, and runs crashing commit after
+    commit (the canary)."""
+
+    def __init__(self, ws: Workspace, cfg: BisectConfig, sid: int, cands: list, probe_key: str,
+                 build_key: str | None, builder, ex: Executor, slots: list[Slot], progress: Progress):
+        self.ws, self.cfg, self.sid, self.cands = ws, cfg, sid, cands
+        self.shas = [c[0] for c in cands]
+        self.probe_key, self.build_key, self.builder = probe_key, build_key, builder
+        self.ex, self.progress = ex, progress
+        self.slot_by_index = {s.index: s for s in slots}
+        self.failures: dict[str, int] = {}
+        self.streak: list[str] = []    # the commits of the runs that crashed in a row, latest last
+        self.label_sets: dict[frozenset, list[int]] = {}   # the label sets runs printed: usual_labels, as they come
+        self.searching = False   # set once the endpoints are calibrated
+
+    def handle(self, results) -> None:
+        ws, shas, progress = self.ws, self.shas, self.progress
         for r in results:
             if isinstance(r, Failure):
-                failures[r.sha] = failures.get(r.sha, 0) + 1
+                self.failures[r.sha] = self.failures.get(r.sha, 0) + 1
                 progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
-                if failures[r.sha] >= 3 and r.outcome is not None:
+                if self.failures[r.sha] >= 3 and r.outcome is not None:
                     # killed by a signal at this commit every time: its own doing (the OOM
                     # killer, a `timeout -s KILL` wrapper), so a crash of the commit, not a
                     # reason to stop the search for good
-                    progress(f"  {r.sha[:12]}: killed {failures[r.sha]} times: counted as this commit's crash")
+                    progress(f"  {r.sha[:12]}: killed {self.failures[r.sha]} times: counted as this commit's crash")
                     r = r.outcome
                 else:
-                    if failures[r.sha] >= 3:
+                    if self.failures[r.sha] >= 3:
                         raise infrastructure_error(r)
                     continue
-            run = record(ws, sid, probe_key, build_key, r, Path(r.checkout) if r.checkout
-                         else slot_by_index[r.slot].checkout if r.slot in slot_by_index else Path("?"))
+            run = record(ws, self.sid, self.probe_key, self.build_key, r, Path(r.checkout) if r.checkout
+                         else self.slot_by_index[r.slot].checkout if r.slot in self.slot_by_index else Path("?"))
             if r.build is not None:
-                keep_env(ws, sid, builder)   # the pinned wheels this build changed, for a restore after a kill
+                keep_env(ws, self.sid, self.builder)   # the pinned wheels this build changed, for a restore after a kill
             i = shas.index(r.sha)
             if r.build_failed:
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} build failed: untestable ({r.build.log_path})")
                 # builds failing commit after commit look like crashes: a broken environment
                 # (the canary rebuilds the good endpoint, and one that no longer builds stops it)
-                streak.append(r.sha)
-                err = never_built(ws, build_key, r.build.log_path)
+                self.streak.append(r.sha)
+                err = never_built(ws, self.build_key, r.build.log_path)
                 if err:
                     raise err
-                if searching and i in (0, len(shas) - 1):
+                if self.searching and i in (0, len(shas) - 1):
                     # its runs are from before; the search would ask it again and again (a
                     # tester's resumed nightly rebuilt one 3,000 times with a broken PATH)
                     which = "good" if i == 0 else "bad"
@@ -145,17 +255,19 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
                                         f"{r.build.log_path}", EXIT_NO_SIGNAL,
                                         detail=log_tail(r.build.log_path or ""))
             elif run is not None:
-                usual = usual_labels([run], label_sets)
+                usual = usual_labels([run], self.label_sets)
                 # only a run its own assertion stopped short is judged by the others' typical values
                 short = ws.metric is None and run.status == STATUS_FAILED and frozenset(run.values) < usual
-                typical = typical_values(st.runs(probe_key, [good, bad, run.sha]), usual) if short else None
+                typical = (typical_values(ws.store.runs(self.probe_key, [shas[0], shas[-1], run.sha]), usual)
+                           if short else None)
                 shown, crashed = run_shown(run, usual, ws.metric, typical, ws.worse)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
-                streak[:] = streak + [r.sha] if crashed else []
+                self.streak[:] = self.streak + [r.sha] if crashed else []
 
-    def execute(batch: list[str], stop=None) -> None:
+    def execute(self, batch: list[str], stop=None) -> None:
         """Run one measurement for each sha in batch, as slots allow; when
         ``stop()`` turns true, submit no more (runs in flight finish)."""
+        ex = self.ex
         todo = list(batch)
         warm = getattr(ex, "warm", None)
         while todo or ex.in_flight():
@@ -166,37 +278,37 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
                 # cannot run ahead of the other (the early stops compare both sides).
                 j = next((k for k, s in enumerate(todo[:ex.slots]) if warm(s)), 0) if warm else 0
                 ex.submit(todo.pop(j))
-            handle(ex.wait())
+            self.handle(ex.wait())
             if stop is not None and todo and stop():
                 todo.clear()
 
-    def canary(sha: str) -> None:
+    def canary(self, sha: str) -> None:
         """Many crashes in a row across commits: untestable commits, or the
         environment broke (a lost GPU, a full disk) and every run from now on
         will crash. One run of the good endpoint, which printed values, tells
         them apart before the search spends its budget on crashes."""
-        n = len(streak)
-        progress(f"the last {n} runs crashed (or builds failed) at {len(set(streak))} commits: running the good "
-                 f"endpoint {sha[:12]} once to check the environment")
-        execute([sha])
-        last = ws.store.runs(probe_key, [sha])[-1:]
+        n = len(self.streak)
+        self.progress(f"the last {n} runs crashed (or builds failed) at {len(set(self.streak))} commits: running "
+                      f"the good endpoint {sha[:12]} once to check the environment")
+        self.execute([sha])
+        last = self.ws.store.runs(self.probe_key, [sha])[-1:]
         if last and (last[0].value is None or last[0].status == STATUS_TIMEOUT):
             raise KlbisectError(
                 f"the environment broke mid-search: the last {n} runs crashed, and so did the good endpoint "
                 f"{sha[:12]}, which printed values before (see {last[0].log_path}); fix it and rerun the "
                 "same command: finished runs are kept and crashed commits get fresh runs", EXIT_NO_SIGNAL)
-        streak.clear()
+        self.streak.clear()
 
-    try:
-        resumed = st.session(sid)     # a new session has no model yet
-        if resumed.model and resumed.state == "bisecting":
-            model = Model.from_dict(resumed.model)
-        else:
-            model = calibrate_endpoints(ws, cfg, sid, good, bad, execute, probe_key, build_key, progress,
-                                        width=ex.slots)
-            st.update_session(sid, model=model.to_dict(), state="bisecting")
+    def search(self, model, first_build: int, check_reused: bool) -> Result:
+        """Probe where the search asks until it answers (or cannot), from the
+        endpoints' ``model``; builds after id ``first_build`` are this
+        command's."""
+        ws, cfg, sid, cands, shas, ex, progress = (self.ws, self.cfg, self.sid, self.cands, self.shas, self.ex,
+                                                   self.progress)
+        st, probe_key, build_key = ws.store, self.probe_key, self.build_key
+        good, bad = shas[0], shas[-1]
         before = commit_runs(ws, probe_key, build_key, shas, cfg.timeout)
-        searching = True
+        self.searching = True
         look_at = CLEARER_LOOK      # session runs at which an overlapping search looks at the labels again
         # builds that failed in an earlier command stand until the answer is a block they make:
         # then each is built once more (a resumed run rebuilt every one first, a tester's minutes each)
@@ -250,7 +362,7 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
                              "from earlier sessions; measuring it in this one")
                 for i in recheck[:min(ex.free(), room)]:
                     ex.submit(shas[i])
-                handle(ex.wait())
+                self.handle(ex.wait())
                 continue
             if pl.lost is not None and not pl.done and not ex.in_flight():
                 sep = pl.lost
@@ -271,37 +383,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
                     progress(f"probing {shas[i][:12]} ({i}/{len(shas) - 1}, P(bad)={pl.posterior.p_bad[i]:.3f}; "
                              f"best guess {shas[top.last][:12]} at {top.mass:.3f})")
                     ex.submit(shas[i])
-            handle(ex.wait())
-            if len(streak) >= CANARY_STREAK and len(set(streak)) >= CANARY_COMMITS:
-                canary(good)
+            self.handle(ex.wait())
+            if len(self.streak) >= CANARY_STREAK and len(set(self.streak)) >= CANARY_COMMITS:
+                self.canary(good)
         reason = "confidence reached"
         return finish_result(ws, sid, cands, pl, True, reason, probe_key, build_key, progress)
-    except KeyboardInterrupt as e:
-        ex.close()
-        note_stop(st, sid, "interrupted; rerun the same command to resume")
-        if isinstance(e, Interrupted):
-            raise
-        # a session that reuses earlier runs (a resumed nightly's, another command's) resumes from all of them
-        kept = len(st.session_runs(sid)) if cfg.fresh else len(st.runs(probe_key, shas))
-        # the resume counts the session's own: a tester read 15 saved against "6 already recorded"
-        own = len(st.session_runs(sid))
-        raise Interrupted(f"interrupted: {fmt_count(kept, 'finished run')} of this range saved"
-                          + (f" ({own} of this session's)" if own != kept else "")
-                          + "; rerun the same command to resume") from None
-    except KlbisectError as e:
-        note_stop(st, sid, e.message)
-        raise
-    finally:
-        ex.close()
-        close = getattr(probe, "close", None)
-        if close:
-            close()
-        # a killed run of more slots left more of the pool behind (each may hold a build)
-        stale = sorted(ws.worktrees.glob("slot-*")) if ws.worktrees.exists() else []
-        for checkout in dict.fromkeys([s.checkout for s in slots] + list(getattr(ex, "checkouts", list)()) + stale):
-            if checkout.exists():
-                gitrepo.worktree_remove(ws.repo, checkout)
-        close_builder(builder, progress, ws, sid)
 
 
 def _no_answer(pl, cfg: BisectConfig, shas: list[str], total: int) -> str | None:

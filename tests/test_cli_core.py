@@ -345,8 +345,8 @@ def test_classic_all_commits_metric_regex_build_paths(history, tmp_path):
     assert p.returncode == 0, p.stderr
     res = json_tail(p.stdout)
     assert res["culprit"] == h.culprit
-    every = gitrepo.candidates(gitrepo.open_repo(h.path), h.good, h.bad, first_parent=False)
-    assert res["n_commits"] == len(every) - 1 > len(h.shas) - 1
+    # the culprit is on the first-parent line: no merge to go down into
+    assert res["n_commits"] == len(h.shas) - 1
     assert res["model"]["kind"] == "threshold" and res["model"]["votes"] == 3
     runs = session_runs(h.path)
     for r in runs:
@@ -739,6 +739,67 @@ def test_all_commits_says_when_a_side_branch_breaks_the_order(tmp_path):
     # the default, first parent only, is not misled
     p = klb(*args, cwd=repo)
     assert json_tail(p.stdout)["culprit"] == culprit, p.stderr
+
+
+def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path):
+    """A tester's: a long-lived branch forked before the culprit's PR and
+    merged after it. In one topological order of all commits its good
+    commits came after the culprit, and --all-commits named that branch's
+    merge at 0.99, exit 0. Now the first-parent line names the PR's merge,
+    and the search goes down that merge's own branch to the commit."""
+    repo, commit = small_repo(tmp_path / "long")
+    root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
+    for i in (2, 3, 4):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    git(repo, "checkout", "-q", "-b", "long-lived", "HEAD~2")
+    for i in range(1, 9):
+        commit(f"Spec decode step {i}", f"s{i}.txt")
+    git(repo, "checkout", "-q", "-b", "fp8", "main")
+    commit("wip: fp8 hook", "f1.txt")
+    culprit = commit("quantize the prefill path", "regressed")
+    commit("address review", "f2.txt")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--no-ff", "fp8", "-m", "Merge pull request #77 from carol/fp8")
+    for i in (6, 7):
+        commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
+    git(repo, "merge", "-q", "--no-ff", "long-lived", "-m", "Merge pull request #90 from bob/spec-decode")
+    commit("Tidy module 8 (#8)", "m8.txt")
+    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits"]
+    p = klb(*args, cwd=repo)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    assert (res["culprit"], res["pr"]) == (culprit, 77), res
+    assert "found through the merge" in res["notes"][0] and "(PR #77)" in res["notes"][0], res["notes"]
+    assert "searching the side branch it brings in" in p.stderr
+    # the same command again: every stage answers from its runs
+    again = klb(*args, cwd=repo)
+    assert json_tail(again.stdout)["culprit"] == culprit and "already finished" in again.stderr, again.stderr
+
+
+def test_all_commits_names_a_merge_whose_side_branch_reads_good(tmp_path):
+    """The merge itself did it (how it combined the two lines): its side
+    branch reads like where it forked, and the merge stands."""
+    repo, commit = small_repo(tmp_path / "merge")
+    root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
+    commit("Tidy module 2 (#2)", "m2.txt")
+    git(repo, "checkout", "-q", "-b", "side")
+    for i in (1, 2):
+        commit(f"Side step {i}", f"s{i}.txt")
+    git(repo, "checkout", "-q", "main")
+    commit("Tidy module 3 (#3)", "m3.txt")
+    git(repo, "merge", "-q", "--no-ff", "--no-commit", "side")
+    (repo / "regressed").write_text("x")
+    git(repo, "add", "regressed")
+    git(repo, "commit", "-q", "-m", "Merge pull request #40 from dan/side")
+    merge = git(repo, "rev-parse", "HEAD").strip()
+    commit("Tidy module 4 (#4)", "m4.txt")
+    p = klb("run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
+            cwd=repo, timeout=600)
+    assert p.returncode == 0, p.stderr
+    res = json_tail(p.stdout)
+    assert (res["culprit"], res["pr"]) == (merge, 40), res
+    assert any("the merge itself" in n for n in res["notes"]) and not any("rerun with --all-commits" in n
+                                                                       for n in res["notes"]), res["notes"]
 
 
 # ---- item 3: the probe command itself ----------------------------------------------------------------

@@ -231,6 +231,43 @@ def test_worker_dying_mid_probe_loses_and_doubles_nothing(history, state, monkey
     assert 3 not in {r["n"] for r in recs}
 
 
+def test_a_second_ctrl_c_while_worktrees_go_still_puts_the_interpreter_back(tmp_path, monkeypatch):
+    """Ctrl-C, then another while the session removed its worktrees: the
+    second one skipped what came after, the --build sglang interpreter's
+    restore, and left the venv on a deleted worktree."""
+    from klbisect import nightly, session
+    h = make_history(tmp_path / "repo", n_commits=12, merges=0, culprit_index=6, seed=5)
+    closed = []
+    monkeypatch.setattr(session, "close_builder", lambda *a, **kw: closed.append("run"))
+    monkeypatch.setattr(nightly, "close_builder", lambda *a, **kw: closed.append("nightly"))
+
+    def second_ctrl_c(repo, path):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(session.gitrepo, "worktree_remove", second_ctrl_c)
+    calls = itertools.count()
+
+    def first_ctrl_c(cfg, slots, measurer, ws):
+        def measure(sha, slot):
+            if next(calls) == 2:
+                raise KeyboardInterrupt
+            return measurer.measure(sha, slot)
+        return LocalExecutor(slots, measure)
+
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=f"{sys.executable} probe.py")
+    with pytest.raises(KeyboardInterrupt):
+        run_bisect(h.path, cfg, progress=lambda m: None, executor_factory=first_ctrl_c)
+    assert closed == ["run"]
+    meter = nightly._Meter(Workspace(h.path), 1, probe=None, builder=None, progress=lambda m: None)
+    meter.slot = Slot(0, h.path / ".git" / "klbisect" / "worktrees" / "gone")
+    meter.slot.checkout.mkdir(parents=True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            meter.close()
+    finally:
+        meter.ws.close()
+    assert closed == ["run", "nightly"]
+
+
 # ---- Ray ---------------------------------------------------------------------------
 
 @pytest.fixture

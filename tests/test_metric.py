@@ -44,9 +44,41 @@ def test_value_without_label_and_number_forms():
     assert parse_values("[a.b:c/d-e_f] x\navg_kl_div=2E-2") == {"a.b:c/d-e_f": 0.02}
 
 
-def test_label_printed_twice_keeps_last_value():
-    text = "[x]\navg_kl_div=0.1\n[x]\navg_kl_div=0.2\n"
-    assert parse_values(text) == {"x": 0.2}
+def test_a_label_printed_again_keeps_every_value():
+    """A reviewer's: SGLang's Mamba KL file runs the multi-turn kit in three
+    test classes (HiCache before RadixCache), each printing the same labels;
+    the last class's values replaced the others', and a regression on the
+    HiCache path was invisible in the run's max."""
+    classes = "".join(f"[decode_cache_hit] 9 samples, 3 turns\navg_kl_div={d}\n"
+                      f"[prefill_cache_hit] 9 samples, 3 turns\navg_kl_div={p}\n"
+                      for d, p in ((0.0042, 0.0047), (0.0012, 0.0013)))
+    got = parse_values(classes)
+    assert got == {"decode_cache_hit": 0.0042, "prefill_cache_hit": 0.0047,
+                   "decode_cache_hit#2": 0.0012, "prefill_cache_hit#2": 0.0013}
+    assert scalar(got) == 0.0047 and scalar(got, "decode_cache_hit#2") == 0.0012
+    # so do a regex's label group and the JSON lines
+    assert parse_values("x=0.1 x=0.2", r"(?P<label>x)=(?P<value>[0-9.]+)") == {"x": 0.1, "x#2": 0.2}
+    assert parse_values(f'{JSON_PREFIX}{{"label": "x", "value": 0.1}}\n{JSON_PREFIX}{{"label": "x", "value": 0.3}}\n') \
+        == {"x": 0.1, "x#2": 0.3}
+
+
+def test_a_label_line_names_only_the_value_after_it():
+    """A reviewer's: SGLang's bit-exact KL file runs one multi-turn class
+    (labelled) and then single-turn classes, whose helpers print no label:
+    their values all went to decode_cache_hit, the last replacing the rest,
+    and a failing single-turn KL of 5.6e-06 (threshold 1e-9) read as 0."""
+    text = ("[decode_cache_hit] 9 samples, 3 turns\navg_kl_div=0.0\n"
+            "Running test_input_output_logprobs_match with 32 prompts\navg_kl_div=5.56e-06\n"
+            "Running test_prefill_cache_hit with 32 prompts\navg_kl_div=0.0\n")
+    got = parse_values(text)
+    assert got == {"decode_cache_hit": 0.0, DEFAULT_LABEL: 5.56e-06, f"{DEFAULT_LABEL}2": 0.0}
+    assert scalar(got) == 5.56e-06
+
+
+def test_the_dp_attention_tests_avg_kl_line():
+    """SGLang's DP-attention CUDA-graph KL tests print "avg KL: 0.003100"."""
+    out = "per-sample KL: [0.0021, 0.0041]\navg KL: 0.003100\nKL threshold: 0.0025\n"
+    assert parse_values(out) == {DEFAULT_LABEL: 0.0031}
 
 
 def test_older_tests_without_labels_keep_every_value():
@@ -56,8 +88,8 @@ def test_older_tests_without_labels_keep_every_value():
     got = parse_values(text)
     assert got == {DEFAULT_LABEL: 0.004, f"{DEFAULT_LABEL}2": 0.012, f"{DEFAULT_LABEL}3": 0.005}
     assert scalar(got) == 0.012
-    # once labels appear, an unlabelled line belongs to the label before it, as always
-    assert parse_values("[a]\navg_kl_div=0.1\navg_kl_div=0.2\n") == {"a": 0.2}
+    # a label names the one value after it: a second is unlabelled
+    assert parse_values("[a]\navg_kl_div=0.1\navg_kl_div=0.2\n") == {"a": 0.1, DEFAULT_LABEL: 0.2}
 
 
 def test_nan_and_inf_are_the_worst_value_whichever_way_is_worse():
@@ -228,8 +260,8 @@ def test_brackets_mid_line_are_not_labels():
            "server| [2026-01-01 10:00:02 TP0] [prefill_cache_hit] 18 samples\n"
            "test_x (x.T.test_x) ... [done] all samples\n"
            "avg_kl_div=0.0031\n")
-    # none of the later lines switched the label: the second value is still decode_cache_hit's
-    assert parse_values(out) == {"decode_cache_hit": 0.0031}
+    # none of the later lines named a label: the second value has none
+    assert parse_values(out) == {"decode_cache_hit": 0.0098, DEFAULT_LABEL: 0.0031}
 
 
 def test_a_run_that_failed_its_own_assertion_is_told_from_a_crash():

@@ -126,6 +126,25 @@ def test_the_command_a_report_says_to_run_is_whole(bisected):
                       "reason": f"git bisect stopped short of the mark; to finish it: `{cmd}`"}
     from klbisect.report import render_markdown
     assert f"`{cmd}`" in render_markdown(data)
+    # inside the backticks every character as it is: a tester's pasted regex read (?P&lt;value&gt;...)
+    cmd += r" --metric-regex 'accuracy: (?P<value>[0-9.]+)|x\d' --worse lower"
+    data["result"]["reason"] = f"stopped <early>; to finish it: `{cmd}`"
+    text = render_markdown(data)
+    assert f"stopped &lt;early&gt;; to finish it: `{cmd}`" in text, text
+
+
+def test_a_report_says_how_values_were_read(tmp_path):
+    """A tester's accuracy bisect (--metric-regex, --worse lower): the
+    report named the probe command alone, so a reader could neither measure
+    it again nor tell that lower was worse."""
+    h = make_history(tmp_path / "repo", n_commits=12, culprit_index=6, seed=4, merges=0)
+    regex = r"\[(?P<label>\w+)\][^\n]*\n[^\n]*\navg_kl_div=(?P<value>[0-9.eE+-]+)"
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=f"{PY} probe.py", metric_regex=regex,
+                       metric="prefill_cache_hit")
+    assert run_bisect(h.path, cfg, progress=lambda m: None).complete
+    text = (tmp_path / "r.md")
+    write_report(h.path, fmt="md", out=str(text), offline=True)
+    assert f"**Values read with:** `--metric-regex '{regex}' --metric prefill_cache_hit`" in text.read_text()
 
 
 def test_html_is_self_contained_with_the_plot(bisected, tmp_path):

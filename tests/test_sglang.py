@@ -1521,6 +1521,33 @@ def test_a_probe_commands_python3_under_build_sglang_is_the_sglang_python(venv, 
     assert probe.key != make_probe(BisectConfig(probe_cmd=cmd, build="sglang")).key
 
 
+def test_build_sglang_says_when_the_probes_python3_is_not_the_one_it_builds_into(venv, tmp_path, monkeypatch):
+    """--build sglang with no --sglang-python installs each commit into
+    klbisect's own Python: a probe command whose python3 is a venv's (not
+    activated for klbisect, or klbisect from pipx) ran on what that venv
+    has, and nothing said so."""
+    from klbisect.buildenv import warn_probe_python
+    from klbisect.config import BisectConfig, make_builder
+    path = os.environ["PATH"]
+
+    def said(cmd: str, first: Path, **sglang) -> list[str]:
+        monkeypatch.setenv("PATH", os.pathsep.join([str(first), path]))
+        cfg = BisectConfig(probe_cmd=cmd, build="sglang", sglang=sglang)
+        out: list[str] = []
+        warn_probe_python(cfg, make_builder(cfg), out.append)
+        return out
+
+    warned = said("cd test && python3 test_kl.py", venv.parent)
+    assert len(warned) == 1 and f"--sglang-python {venv.parent / 'python3'}" in warned[0], warned
+    assert not said("cd test && python3 test_kl.py", venv.parent, python=str(venv))
+    assert not said("cd test && .venv/bin/python3 test_kl.py", venv.parent)
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (ours / "python3").chmod(0o755)
+    assert not said("python3 test_kl.py", ours)
+
+
 def test_parallel_slots_share_one_python_so_a_pin_change_runs_one_slot(tmp_path):
     """--parallel with --build sglang: the pinned kernel wheel goes into the
     Python every slot shares, and a slot whose own checkout needed no build
