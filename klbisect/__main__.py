@@ -3,7 +3,6 @@ SIGTERM or SIGHUP at any moment is one line and exit 130 (and, with
 ``--json``, the failure object), not a Python traceback or a silent death:
 while the modules load (numpy, click: about half a second) and from then
 on, not only once a command opens its session."""
-import json
 import signal
 import sys
 
@@ -17,6 +16,7 @@ def _interrupted(said: str) -> None:
         signal.signal(s, signal.SIG_IGN)    # said and exiting 130: a second stop changes nothing
     print(f"klbisect: {said}", file=sys.stderr)
     if "--json" in sys.argv[1:]:
+        import json
         from .errors import EXIT_INTERRUPTED, json_failure
         print(json.dumps(json_failure(sys.argv[1:2] == ["nightly"], said, EXIT_INTERRUPTED)), flush=True)
     sys.exit(130)
@@ -40,16 +40,18 @@ def _closed_to_devnull() -> None:
 
 
 def run() -> None:
-    _closed_to_devnull()
-    from .redact import RedactingStream
-    # every line any command prints, tokens out (a probe command's HF_TOKEN=..., an --api-key)
-    sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
+    # first thing: a stop in the next instants is one line and 130 too (a tester's Ctrl-C
+    # 30 ms into `klbisect probe` was a traceback, and before this function, exit 1: "bad")
     early = (signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.getsignal(s) for s in early}
     try:
         for s in early:
             if old[s] is not signal.SIG_IGN:   # nohup's SIGHUP stays ignored
                 signal.signal(s, _stop)
+        _closed_to_devnull()
+        from .redact import RedactingStream
+        # every line any command prints, tokens out (a probe command's HF_TOKEN=..., an --api-key)
+        sys.stdout, sys.stderr = RedactingStream(sys.stdout), RedactingStream(sys.stderr)
         from .cli import main
         from .proc import interrupt_on_stop_signals, settle
     except KeyboardInterrupt:
@@ -64,6 +66,7 @@ def run() -> None:
                 "dependencies there, or give the build its own environment")
         print(f"klbisect: error: {said}", file=sys.stderr)
         if "--json" in sys.argv[1:]:
+            import json
             print(json.dumps(json_failure(sys.argv[1:2] == ["nightly"], said, EXIT_INTERNAL)), flush=True)
         sys.exit(EXIT_INTERNAL)
     try:

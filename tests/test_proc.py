@@ -659,9 +659,10 @@ def test_a_run_started_as_klbisect_was_killed_is_reaped_without_a_pid_file(tmp_p
 
 SLOW_IMPORT = """
 import builtins, sys, time
+MODULE = sys.argv[1] if len(sys.argv) > 1 else "cli"
 real = builtins.__import__
 def slow(name, *a, **k):
-    if name == "cli" or name.endswith(".cli"):
+    if name == MODULE or name.endswith("." + MODULE):
         print("loading", flush=True)
         time.sleep(30)
     return real(name, *a, **k)
@@ -672,10 +673,10 @@ run()
 """
 
 
-def _stopped_at(script: str, cwd: Path, ready: str, sig: int) -> tuple[int, str, str]:
-    """Run a klbisect entry-point script, send ``sig`` once it prints
-    ``ready``: its exit status, stdout and stderr."""
-    p = subprocess.Popen([sys.executable, "-c", script], cwd=cwd, env=child_env(),
+def _stopped_at(script: str, cwd: Path, ready: str, sig: int, *args: str) -> tuple[int, str, str]:
+    """Run a klbisect entry-point script (with ``args``), send ``sig`` once
+    it prints ``ready``: its exit status, stdout and stderr."""
+    p = subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd, env=child_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_hup_default)
     try:
         assert p.stdout.readline().strip() == ready
@@ -687,10 +688,13 @@ def _stopped_at(script: str, cwd: Path, ready: str, sig: int) -> tuple[int, str,
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
-def test_a_signal_while_the_modules_load_is_one_line(tmp_path, sig):
+@pytest.mark.parametrize("module", ["cli", "redact"])
+def test_a_signal_while_the_modules_load_is_one_line(tmp_path, sig, module):
     """The first half second of every command is numpy's and click's import:
-    a stop there was a traceback (Ctrl-C) or a silent exit 143 (SIGTERM)."""
-    code, _, err = _stopped_at(SLOW_IMPORT, tmp_path, "loading", sig)
+    a stop there was a traceback (Ctrl-C) or a silent exit 143 (SIGTERM).
+    A tester's Ctrl-C 30 ms into `klbisect probe`, while the output's
+    redaction loaded, was a traceback too."""
+    code, _, err = _stopped_at(SLOW_IMPORT, tmp_path, "loading", sig, module)
     assert code == 130, err
     assert err.strip() == "klbisect: interrupted before it started; nothing was recorded"
 
