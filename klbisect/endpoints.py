@@ -422,14 +422,14 @@ def _learned_step(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: st
                 f"{cfg.max_endpoint_runs}, since one label shows what more runs would "
                 f"not): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}" + hint)
     if step.action == "fail":
+        caveats = (spikes_note(g.values, b.values, cfg.worse) + hint_of_labels(weak=True) + unbuilt_sglang_hint(ws, cfg)
+                   + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
+                                                for sha, end in ((good, "good"), (bad, "bad"))) if n))
         raise NoDifference(
             f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
             f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
             "the regression does not reproduce at these endpoints, or needs more runs "
-            "(--max-endpoint-runs)" + spikes_note(g.values, b.values, cfg.worse) + hint_of_labels(weak=True)
-            + unbuilt_sglang_hint(ws, cfg)
-            + "".join(f"; {n}" for n in (ended_on_errors(ws.store.runs(probe_key, [sha]), f"the {end} endpoint")
-                                         for sha, end in ((good, "good"), (bad, "bad"))) if n))
+            "(--max-endpoint-runs)" + caveats, alike=not caveats)
     # Spare slots measure the endpoints in parallel; alternate them so an
     # interrupted calibration leaves both sides measured alike. One slot
     # takes each endpoint's runs together: alternating there would check out

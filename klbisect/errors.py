@@ -57,8 +57,10 @@ class NoDifference(KlbisectError):
     no regression, one too small to bisect, or a fix. A nightly check that
     called the head regressed takes this as "not confirmed", not a failure."""
 
-    def __init__(self, message: str, detail: str | None = None):
+    def __init__(self, message: str, detail: str | None = None, alike: bool = False):
         super().__init__(message, EXIT_NO_SIGNAL, detail)
+        # measured to the end and alike (not a fix, not broken numerics, not one label's hint)
+        self.alike = alike
 
 
 class Interrupted(KeyboardInterrupt):

@@ -66,27 +66,52 @@ def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progre
     itself did it). Each line is in order, so every commit after the
     culprit on it contains the culprit, as the search assumes; one
     topological order of all commits put a branch forked before the culprit
-    after it, and a tester's long-lived branch was named at 0.99."""
+    after it, and a tester's long-lived branch was named at 0.99. A side
+    branch that cannot be searched (an octopus merge, a fork where the probe
+    fails) leaves the merge named, not sure."""
+    repo = gitrepo.open_repo(path)
+    path = repo.working_tree_dir     # GIT_DIR and GIT_WORK_TREE are read once, by the line above
+
     def stage(good: str, bad: str) -> Result:
         return run_bisect(path, dataclasses.replace(cfg, good=good, bad=bad, first_parent=True), progress,
                           executor_factory, check_reused)
 
+    def merge_stands(merge: Result, why: str, sure: bool) -> Result:
+        notes = [n for n in merge.notes if "--all-commits" not in n] + [f"--all-commits: {why}"]
+        return dataclasses.replace(merge, notes=notes, complete=merge.complete and sure,
+                                   reason=merge.reason if sure else f"--all-commits: {why}")
+
     res = stage(cfg.good, cfg.bad)
-    repo = gitrepo.open_repo(path)
     runs, merges = res.probe_runs, []
     while res.complete and res.culprit and gitrepo.side_commits(repo, res.culprit, res.good):
-        merge, (first, side) = res, gitrepo.parents(repo, res.culprit)[:2]
+        merge, parents = res, gitrepo.parents(repo, res.culprit)
+        if len(parents) > 2:
+            res = merge_stands(merge, f"{merge.culprit[:12]} merges {len(parents) - 1} branches into its first "
+                                      "parent's line, which this search does not go down: bisect each with --good "
+                                      "at its fork point and --bad at its head", sure=False)
+            break
+        first, side = parents
         fork = gitrepo.merge_base(repo, first, side)
         progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, from "
                  f"where it forked ({fork[:12]}) to its head ({side[:12]})")
         try:
             res = stage(fork, side)
         except NoDifference as e:
-            progress(f"--all-commits: the side branch's head reads like where it forked ({e.message}): the merge "
-                     f"{merge.culprit[:12]} itself is the first bad commit")
-            res = dataclasses.replace(merge, notes=[n for n in merge.notes if "--all-commits" not in n] + [
-                f"--all-commits: the side branch this merge brings in ({fork[:12]}..{side[:12]}) reads like where it "
-                "forked: the merge itself (how it combined the two lines) is the first bad commit"])
+            if e.alike:
+                progress(f"--all-commits: the side branch's head reads like where it forked: the merge "
+                         f"{merge.culprit[:12]} itself is the first bad commit")
+                res = merge_stands(merge, f"the side branch this merge brings in ({fork[:12]}..{side[:12]}) reads "
+                                          "like where it forked: the merge itself (how it combined the two lines) "
+                                          "is the first bad commit", sure=True)
+            else:
+                res = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
+                                          f"{e.message}", sure=False)
+            break
+        except Interrupted:
+            raise
+        except KlbisectError as e:
+            res = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
+                                      f"{e.message}", sure=False)
             break
         merges.append(merge)
         runs += res.probe_runs
@@ -95,7 +120,7 @@ def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progre
     outer = merges[0]
     path_taken = " then ".join(f"{m.culprit[:12]}{f' (PR #{m.pr})' if m.pr else ''}" for m in merges)
     return dataclasses.replace(
-        res, pr=res.pr or merges[-1].pr, probe_runs=runs,
+        res, pr=res.pr or outer.pr, probe_runs=runs,
         notes=[f"--all-commits: found through the merge {path_taken} on the first-parent line from "
                f"{outer.good[:12]} to {outer.bad[:12]}, then its side branch; runs counts every stage"] + res.notes)
 
@@ -366,13 +391,13 @@ class _Search:
                 continue
             if pl.lost is not None and not pl.done and not ex.in_flight():
                 sep = pl.lost
+                caveats = label_hint(ws, probe_key, good, bad, cfg, weak=True) + unbuilt_sglang_hint(ws, cfg)
                 raise NoDifference(
                     f"good and bad no longer differ after {sep.good['n']}+{sep.bad['n']} endpoint runs "
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
-                    "these endpoints to find, or it is too small to bisect; runs are kept"
-                    + label_hint(ws, probe_key, good, bad, cfg, weak=True)
-                    + unbuilt_sglang_hint(ws, cfg))
+                    "these endpoints to find, or it is too small to bisect; runs are kept" + caveats,
+                    alike=not caveats)
             why = None if ex.in_flight() else _no_answer(pl, cfg, shas, total)
             if why:
                 return finish_result(ws, sid, cands, pl, False, why, probe_key, build_key, progress)

@@ -802,6 +802,27 @@ def test_all_commits_names_a_merge_whose_side_branch_reads_good(tmp_path):
                                                                        for n in res["notes"]), res["notes"]
 
 
+def test_all_commits_does_not_pass_an_octopus_merge_off_as_the_culprit(tmp_path):
+    """A reviewer's: the culprit on an octopus merge's third parent; the
+    search went down the second only, found it clean, and named the merge
+    at > 0.9999, exit 0."""
+    repo, commit = small_repo(tmp_path / "octopus")
+    root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
+    commit("Tidy module 2 (#2)", "m2.txt")
+    for branch, path in (("b2", "s2.txt"), ("b3", "regressed")):
+        git(repo, "checkout", "-q", "-b", branch, "main")
+        commit(f"work on {branch}", path)
+    git(repo, "checkout", "-q", "main")
+    commit("Tidy module 3 (#3)", "m3.txt")
+    git(repo, "merge", "-q", "--no-ff", "b2", "b3", "-m", "Octopus (#50)")
+    merge = git(repo, "rev-parse", "HEAD").strip()
+    p = klb("run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
+            cwd=repo)
+    res = json_tail(p.stdout)
+    assert p.returncode == 157 and res["culprit"] == merge and not res["complete"], res
+    assert any("merges 2 branches" in n for n in res["notes"]), res["notes"]
+
+
 # ---- item 3: the probe command itself ----------------------------------------------------------------
 
 def _slot(tmp_path) -> Slot:
