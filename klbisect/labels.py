@@ -57,7 +57,7 @@ def check_direction(cfg: BisectConfig, sep, finding: Callable[[], LabelHint | No
             f"good and bad barely differ (p={sep.p_value:.2g}; good {fmt_summary(sep.good)}, bad "
             f"{fmt_summary(sep.bad)}), and the little difference there is goes the better way ({moved}): most "
             f"likely there is no regression between these endpoints; check that --bad fails the test (pass "
-            f"--worse {moved} if {moved} values are worse for this metric)" + hint)
+            f"--worse {moved} if {moved} values are worse for this metric)" + hint, alike=not hint)
     if label and label.kind == "moved worse":
         # a label that moved the worse way under a max that moved the better way, by chance
         # or with another label's fix: that label is the question (a test's draw had the

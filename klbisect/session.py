@@ -72,16 +72,28 @@ def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progre
     repo = gitrepo.open_repo(path)
     path = repo.working_tree_dir     # GIT_DIR and GIT_WORK_TREE are read once, by the line above
 
-    def stage(good: str, bad: str) -> Result:
-        return run_bisect(path, dataclasses.replace(cfg, good=good, bad=bad, first_parent=True), progress,
-                          executor_factory, check_reused)
+    def stage(good: str, bad: str, side_of: int = 0) -> Result:
+        return run_bisect(path, dataclasses.replace(cfg, good=good, bad=bad, first_parent=True, side_of=side_of),
+                          progress, executor_factory, check_reused)
 
     def merge_stands(merge: Result, why: str, sure: bool) -> Result:
         notes = [n for n in merge.notes if "--all-commits" not in n] + [f"--all-commits: {why}"]
+        # the side branch's search, stopped short, is the latest session: `status` says where the answer is
+        ws = Workspace(path)
+        try:
+            sides = [int(k.rsplit(":", 1)[1]) for k in ws.store.keys("side_of:")
+                     if ws.store.get(k) == str(merge.session)]
+            if sides:
+                note_stop(ws.store, max(sides), f"searched by `run --all-commits` as the side branch of the merge "
+                                                f"{merge.culprit[:12]}: {why}; the answer: `klbisect status "
+                                                f"--session {merge.session}`")
+        finally:
+            ws.close()
         return dataclasses.replace(merge, notes=notes, complete=merge.complete and sure,
                                    reason=merge.reason if sure else f"--all-commits: {why}")
 
     res = stage(cfg.good, cfg.bad)
+    outer_good = res.good
     runs, merges = res.probe_runs, []
     while res.complete and res.culprit and gitrepo.side_commits(repo, res.culprit, res.good):
         merge, parents = res, gitrepo.parents(repo, res.culprit)
@@ -91,11 +103,15 @@ def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progre
                                       "at its fork point and --bad at its head", sure=False)
             break
         first, side = parents
-        fork = gitrepo.merge_base(repo, first, side)
+        fork, where = gitrepo.merge_base(repo, first, side), "where it forked"
+        if gitrepo.is_ancestor(repo, fork, outer_good) and gitrepo.is_ancestor(repo, outer_good, side) \
+                and outer_good != side:
+            # --good on the side branch: the commits before it are good by the user's word
+            fork, where = outer_good, "--good"
         progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, from "
-                 f"where it forked ({fork[:12]}) to its head ({side[:12]})")
+                 f"{fork[:12]} ({where}) to its head {side[:12]}")
         try:
-            res = stage(fork, side)
+            res = stage(fork, side, side_of=merge.session)
         except NoDifference as e:
             if e.alike:
                 progress(f"--all-commits: the side branch's head reads like where it forked: the merge "
@@ -123,6 +139,23 @@ def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progre
         res, pr=res.pr or outer.pr, probe_runs=runs,
         notes=[f"--all-commits: found through the merge {path_taken} on the first-parent line from "
                f"{outer.good[:12]} to {outer.bad[:12]}, then its side branch; runs counts every stage"] + res.notes)
+
+
+def chain_sessions(st: Store, sid: int) -> set[int]:
+    """The sessions one `run --all-commits` made of ``sid``'s, it included:
+    the first-parent search and the side-branch searches under it. Runs one
+    of them made are no news to another (a finished stage was reopened on
+    every rerun for "runs since", and its runs rechecked as another
+    command's)."""
+    links = {int(k.rsplit(":", 1)[1]): int(v) for k in st.keys("side_of:") if (v := st.get(k))}
+    group, grew = {sid}, True
+    while grew:
+        grew = False
+        for child, parent in links.items():
+            if (child in group) != (parent in group):
+                group |= {child, parent}
+                grew = True
+    return group
 
 
 def _fresh_origin(st: Store, good: str, bad: str, probe_key: str, cfg: BisectConfig) -> SessionRow | None:
@@ -467,7 +500,8 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
         # status doubted and sent the user here) are weighed with its own
         # (a finished run keeps no end time: its last run's start stands for it)
         finished_at = max(prev.ended or 0.0, st.last_touched(prev))
-        newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id != prev.id and r.started > finished_at)
+        ours = chain_sessions(st, prev.id)
+        newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id not in ours and r.started > finished_at)
         # (with no room left under --max-total-runs a reopened block could only fall apart unmeasured)
         room = len(st.session_runs(prev.id)) < cfg.max_total_runs
         if not (build_key and len(done.candidates) > 1 and unbuilt and room) and not newer:
@@ -502,6 +536,8 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
             progress(f"--fresh: counting the runs since session {fresh_from.id} (a --fresh git bisect of this "
                      f"range) began: {fmt_count(len(st.session_runs(fresh_from.id)), 'run')} of its own")
         say_reused(ws, probe_key, shas, cfg.timeout, progress)
+    if cfg.side_of and cfg.side_of != sid:
+        st.put(f"side_of:{sid}", str(cfg.side_of))
     return sid
 
 
@@ -530,12 +566,13 @@ def reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], bl
     # short by a lower --timeout than this one's are run again: not counted)
     mine: dict[int, list] = {}
     at = {s: i for i, s in enumerate(shas)}
+    ours = chain_sessions(ws.store, sid)     # --all-commits: its stages' runs are this command's too
     for r in ws.store.runs(probe_key, shas):
-        if r.session_id == sid and not cut_short(r, timeout):
+        if r.session_id in ours and not cut_short(r, timeout):
             mine.setdefault(at[r.sha], []).append(r)
         if r.value is not None:
             by_index.setdefault(at[r.sha], []).append(r)
-    reused = [i for i, runs in by_index.items() if any(r.session_id != sid for r in runs)]
+    reused = [i for i, runs in by_index.items() if any(r.session_id not in ours for r in runs)]
     below = [i for i in reused if i < block.first]
     above = [i for i in reused if i >= block.last]
     need = []

@@ -771,16 +771,34 @@ def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path)
     assert (res["culprit"], res["pr"]) == (culprit, 77), res
     assert "found through the merge" in res["notes"][0] and "(PR #77)" in res["notes"][0], res["notes"]
     assert "searching the side branch it brings in" in p.stderr
-    # the same command again: every stage answers from its runs
+    # the same command again: every stage answers from its runs, none reopened by the others' runs
+    # or rechecking them as another command's (a reviewer's: the first-parent stage was reopened
+    # on every rerun)
     again = klb(*args, cwd=repo)
     assert json_tail(again.stdout)["culprit"] == culprit and "already finished" in again.stderr, again.stderr
+    assert "reopening" not in again.stderr and "checking" not in again.stderr, again.stderr
+    # a --good on the side branch: the commits before it are good by the user's word
+    wip = git(repo, "rev-parse", f"{culprit}^").strip()
+    p = klb(*args[:2], wip, *args[3:], cwd=repo)
+    assert json_tail(p.stdout)["culprit"] == culprit, p.stderr
+    assert f"from {wip[:12]} (--good)" in p.stderr, p.stderr
+
+
+# SIDE_PROBE drawing the same numbers for the nth run of every commit: two good commits read alike
+SEEDED_SIDE_PROBE = """import os, pathlib, random, subprocess
+sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+count = pathlib.Path(os.environ["KLB_DRAWS"]) / sha
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+random.seed(n)
+""" + SIDE_PROBE
 
 
 def test_all_commits_names_a_merge_whose_side_branch_reads_good(tmp_path):
     """The merge itself did it (how it combined the two lines): its side
     branch reads like where it forked, and the merge stands."""
     repo, commit = small_repo(tmp_path / "merge")
-    root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
+    root = commit("Add the KL probe (#1)", "probe.py", SEEDED_SIDE_PROBE)
     commit("Tidy module 2 (#2)", "m2.txt")
     git(repo, "checkout", "-q", "-b", "side")
     for i in (1, 2):
@@ -793,13 +811,18 @@ def test_all_commits_names_a_merge_whose_side_branch_reads_good(tmp_path):
     git(repo, "commit", "-q", "-m", "Merge pull request #40 from dan/side")
     merge = git(repo, "rev-parse", "HEAD").strip()
     commit("Tidy module 4 (#4)", "m4.txt")
+    draws = tmp_path / "draws"
+    draws.mkdir()
     p = klb("run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
-            cwd=repo, timeout=600)
+            cwd=repo, timeout=600, env={"KLB_DRAWS": str(draws)})
     assert p.returncode == 0, p.stderr
     res = json_tail(p.stdout)
     assert (res["culprit"], res["pr"]) == (merge, 40), res
     assert any("the merge itself" in n for n in res["notes"]) and not any("rerun with --all-commits" in n
                                                                        for n in res["notes"]), res["notes"]
+    # status shows the side branch's search, stopped short: it says where the answer is
+    shown = klb("status", cwd=repo, env={"KLB_DRAWS": str(draws)}).stdout
+    assert f"`klbisect status --session {res['session']}`" in shown, shown
 
 
 def test_all_commits_does_not_pass_an_octopus_merge_off_as_the_culprit(tmp_path):
