@@ -161,6 +161,13 @@ def resolve(repo: git.Repo, rev: str, what: str = "revision") -> str:
                                                       "is too short for a sha (git needs 4 characters or more)")
                                 + "; give more characters of the sha (12 is plenty)", EXIT_REVISION)
     hint = (_SHALLOW_HINT if is_shallow(repo) else "check the name or fetch it first")
+    back = re.fullmatch(r"(.+?)~(\d+)", rev)
+    base = _rev_parse(repo, f"{back.group(1)}^{{commit}}") if back else None
+    if base is not None:
+        # HEAD~300 where HEAD has fewer first-parent ancestors: say how far it reaches
+        depth = int(_git(repo, "rev-list", "--first-parent", "--count", base[1])) - 1
+        hint = (f"{back.group(1)} has {depth} first-parent ancestors, so {back.group(1)}~{depth} is the oldest; "
+                + hint)
     raise KlbisectError(f"unknown {what} {rev!r}: no such commit in {toplevel(repo)}; {hint}", EXIT_REVISION)
 
 

@@ -226,8 +226,12 @@ def finish_result(ws, sid, cands, pl, complete, reason, probe_key, build_key, pr
     return res
 
 
-def explain_commit(entry: dict, model) -> str:
-    """The evidence on one commit in plain words, for `klbisect status`."""
+def explain_commit(entry: dict, model, told: set[str] | None = None) -> str:
+    """The evidence on one commit in plain words, for `klbisect status`.
+    ``told``: the explanations given for an earlier commit of the list,
+    which this one only points back to (a tester read the same four lines
+    under eleven commits)."""
+    told = set() if told is None else told
     vals = entry["values"]
     parts = []
     if entry.get("build_failed"):
@@ -259,19 +263,22 @@ def explain_commit(entry: dict, model) -> str:
     if vals and entry.get("integrated") and entry.get("verdict") in (GOOD, BAD) and not entry.get("reason") \
             and entry.get("p_bad") is not None and 0 < entry["index"]:
         # a tester's: "BAD P(bad)=1.000 / 1 run [0.00228]" below the good side's median, unexplained
-        parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs alone: P(bad) = "
-                     f"{entry['p_bad']:.3f} weighs every commit's runs at once, and where good and bad runs "
-                     "overlap a commit's few runs say little alone; the commits on either side of the answer "
-                     "decide it")
+        parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs alone"
+                     + (" (as above)" if "sits" in told else
+                        f": P(bad) = {entry['p_bad']:.3f} weighs every commit's runs at once, and where good and "
+                        "bad runs overlap a commit's few runs say little alone; the commits on either side of the "
+                        "answer decide it"))
+        told.add("sits")
     if entry.get("verdict") and entry.get("reason"):
         # the runs and the model as they stood then: its ratio differs from the one above
         parts.append(f"verdict {entry['verdict']}, when it was given: {entry['reason']}")
         p_bad = entry.get("p_bad")
         if p_bad is not None and 0.01 < p_bad < 0.99 and entry["verdict"] in (GOOD, BAD) and 0 < entry["index"]:
             # a tester read "1.6e+03:1 for good" beside P(bad)=0.28 as a contradiction
-            parts.append("P(bad) is less sure than that verdict: it weighs every commit's runs at once, over "
-                         "every place the first bad commit could be, and one commit's odds move it less "
-                         "where many places are left")
+            parts.append("P(bad) is less sure than that verdict" + (" (as above)" if "less sure" in told else
+                         ": it weighs every commit's runs at once, over every place the first bad commit could "
+                         "be, and one commit's odds move it less where many places are left"))
+            told.add("less sure")
     return "; ".join(parts)
 
 
@@ -307,6 +314,7 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     verdicts = ws.store.verdicts(sess.id)
     n = len(cands) - 1
     out = []
+    told: set[str] = set()      # explanations given once, for the first commit they fit
     no_server: dict[str, int] = {}
     for r in ws.store.runs(sess.probe_key, [c[0] for c in cands if runs[c[0]].crashes]):
         no_server[r.sha] = no_server.get(r.sha, 0) + (r.status == STATUS_NOSERVER)
@@ -343,7 +351,7 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
                 # --max-runs without a verdict is a skip to git bisect; `run` skips nothing,
                 # and the search may still place it from its neighbours (good*/bad*)
                 entry["verdict"] = UNDECIDED
-        entry["explain"] = explain_commit(entry, pl.model if pl else None)
+        entry["explain"] = explain_commit(entry, pl.model if pl else None, told)
         out.append(entry)
     return out
 

@@ -196,7 +196,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
     if isinstance(opened, Result):
         return opened
     sid = opened
-    progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {good[:12]} and {bad[:12]}; probe: {probe.describe()}")
+    progress(f"{fmt_count(len(shas) - 1, 'candidate commit')} between {_named(cfg.good, good)} and "
+             f"{_named(cfg.bad, bad)}; probe: {probe.describe()}")
 
     log_dir = ws.logs / f"s{sid}"
     hold_env(ws, sid, builder, log_dir)
@@ -234,6 +235,11 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
         raise
     finally:
         close_session(ws, ex, probe, builder, slots, progress, sid)
+
+
+def _named(given: str, sha: str) -> str:
+    """A revision as the user gave it (a tag, a branch) with its commit."""
+    return sha[:12] if sha.startswith(given.lower()) else f"{given} ({sha[:12]})"
 
 
 def close_session(ws: Workspace, ex: Executor, probe, builder, slots: list[Slot], progress: Progress,

@@ -771,6 +771,9 @@ def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path)
     assert (res["culprit"], res["pr"]) == (culprit, 77), res
     assert "found through the merge" in res["notes"][0] and "(PR #77)" in res["notes"][0], res["notes"]
     assert "searching the side branch it brings in" in p.stderr
+    # a tester's tag and branch names were lost: the range says them
+    main = git(repo, "rev-parse", "main").strip()
+    assert f"between {root[:12]} and main ({main[:12]})" in p.stderr, p.stderr
     # the same command again: every stage answers from its runs, none reopened by the others' runs
     # or rechecking them as another command's (a reviewer's: the first-parent stage was reopened
     # on every rerun)
@@ -2695,6 +2698,10 @@ def test_an_ambiguous_short_sha_is_called_ambiguous_not_unknown(tmp_path):
     assert f"good revision '{prefix}' is ambiguous" in line and "give more characters" in line, line
     assert "is too short for a sha" in error_line(klb("run", "--good", "abc", "--bad", "HEAD", "--probe-cmd",
                                                       "true", cwd=tmp_path), 151)
+    # a tester's HEAD~300 on a shorter history: how far HEAD~N reaches
+    depth = int(git(tmp_path, "rev-list", "--count", "HEAD")) - 1
+    line = error_line(klb("run", "--good", "HEAD~5000", "--bad", "HEAD", "--probe-cmd", "true", cwd=tmp_path), 151)
+    assert f"HEAD has {depth} first-parent ancestors, so HEAD~{depth} is the oldest" in line, line
 
 
 def test_revisions_git_names_other_ways(small):

@@ -81,6 +81,11 @@ def test_a_commit_placed_by_the_integrated_search_says_its_place_decided_it():
                            "runs alone: P(bad) = 1.000"), said
     # one judged on its own runs keeps the verdict it was given, and no such line
     assert "from where it sits" not in explain_commit({**entry, "reason": "3 runs, 40:1"}, model)
+    # said once in a list: the next commits point back to it (a tester read it under eleven commits)
+    told: set[str] = set()
+    first, second = (explain_commit({**entry, "index": i}, model, told) for i in (96, 97))
+    assert "weighs every commit's runs" in first and second.endswith("from where it sits, not from its own runs "
+                                                                      "alone (as above)"), second
 
 
 def test_the_pure_core_loads_no_git_process_or_network_module():
