@@ -13,6 +13,7 @@ from .plots import write_out
 from .redact import redact_json, redact_text
 from .result import Result
 from .search import POOL_P, PROVISIONAL_POOL_P
+from .workspace import answered as answer_of, shown_session
 
 
 def _no_values(s: dict) -> str:
@@ -389,7 +390,7 @@ def _find_session(ws, session_id: int | None):
             raise KlbisectError(f"session {session_id} is not a bisect session", EXIT_USAGE)
         return sess, None
     # the newest bisect: an interrupted session of an older question must not hide it
-    sess = st.latest_session(("run", "gitbisect"), touched=True)
+    sess = shown_session(st, st.latest_session(("run", "gitbisect"), touched=True))
     if sess is None:
         raise KlbisectError(f"no bisect session in {ws.top}: run `klbisect run ...` first", EXIT_USAGE)
     return sess, None
@@ -432,7 +433,7 @@ def report_data(path, session_id: int | None = None, offline: bool = False) -> d
             res_obj = gitbisect_result(ws, sess, analysis)
             result = res_obj.to_json() if res_obj else None
         elif sess.result:
-            result = dict(sess.result)
+            result = dict(answer_of(st, sess))
         else:
             result = build_result(ws, sess.id, cands, pl, False, f"stopped: {why}" if why else "bisect in progress",
                                   probe_key, build_key).to_json()

@@ -15,7 +15,7 @@ from .metric import fmt_count, fmt_subject, fmt_value, over_labels
 from .runs import STATUS_NOSERVER, valued_runs
 from .search import plan
 from .store import SessionRow
-from .workspace import Workspace, commit_runs
+from .workspace import Workspace, all_commits_key, commit_runs
 
 
 @dataclass
@@ -223,6 +223,8 @@ def finish_result(ws, sid, cands, pl, complete, reason, probe_key, build_key, pr
     res = build_result(ws, sid, cands, pl, complete, reason, probe_key, build_key)
     ws.store.update_session(sid, result=res.to_json(), state="done" if complete else "bisecting",
                             model=pl.model.to_dict())
+    if ws.store.get(all_commits_key(sid)):
+        ws.store.put(all_commits_key(sid), "")   # answered by itself now
     return res
 
 

@@ -6,6 +6,7 @@ same command resumes an interrupted one."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 from typing import Callable
@@ -27,8 +28,8 @@ from .result import Result, capped_note, finish_result
 from .runs import STATUS_FAILED, STATUS_TIMEOUT, cut_short, run_shown, typical_values, usual_labels
 from .search import CommitRuns, plan
 from .store import SessionRow, Store
-from .workspace import (Progress, Workspace, commit_runs, note_stop, own_runs_wanted, record, say_building, say_reused,
-                        since, stop_key, to_stderr)
+from .workspace import (Progress, Workspace, all_commits_key, commit_runs, note_stop, own_runs_wanted, record,
+                        say_building, say_reused, side_done_key, since, stop_key, to_stderr)
 
 
 CANARY_STREAK = 6     # runs crashed in a row ...
@@ -57,6 +58,9 @@ def run_bisect(path: str | Path | None, cfg: BisectConfig, progress: Progress = 
         ws.close()
 
 
+SIDE_ENDPOINT_RUNS = 12   # a side branch's endpoint runs, when the first-parent line's regression separated
+
+
 def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progress,
                     executor_factory: ExecutorFactory | None, check_reused: bool) -> Result:
     """--all-commits: the first-parent search, then down each merge it names
@@ -68,77 +72,98 @@ def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progre
     topological order of all commits put a branch forked before the culprit
     after it, and a tester's long-lived branch was named at 0.99. A side
     branch that cannot be searched (an octopus merge, a fork where the probe
-    fails) leaves the merge named, not sure."""
+    fails) leaves the merge named, not sure. The answer is kept with the
+    session it rests on (``all_commits_key``), for `status` and `report`."""
     repo = gitrepo.open_repo(path)
     path = repo.working_tree_dir     # GIT_DIR and GIT_WORK_TREE are read once, by the line above
 
-    def stage(good: str, bad: str, side_of: int = 0) -> Result:
-        return run_bisect(path, dataclasses.replace(cfg, good=good, bad=bad, first_parent=True, side_of=side_of),
-                          progress, executor_factory, check_reused)
+    def stage(good: str, bad: str, side_of: int = 0, model: dict | None = None) -> Result:
+        side = {}
+        if side_of and model and model.get("kind") != "threshold" and Model.from_dict(model).separates:
+            # the same regression, if the side branch holds it, separates its ends as it did the
+            # line's: measuring them to --max-endpoint-runs only to call them alike took 80 runs
+            side = {"max_endpoint_runs": min(cfg.max_endpoint_runs, max(SIDE_ENDPOINT_RUNS, cfg.endpoint_runs))}
+        return run_bisect(path, dataclasses.replace(cfg, good=good, bad=bad, first_parent=True, side_of=side_of,
+                                                    **side), progress, executor_factory, check_reused)
 
-    def merge_stands(merge: Result, why: str, sure: bool) -> Result:
-        notes = [n for n in merge.notes if "--all-commits" not in n] + [f"--all-commits: {why}"]
-        # the side branch's search, stopped short, is the latest session: `status` says where the answer is
-        ws = Workspace(path)
-        try:
-            sides = [int(k.rsplit(":", 1)[1]) for k in ws.store.keys("side_of:")
-                     if ws.store.get(k) == str(merge.session)]
-            if sides:
-                note_stop(ws.store, max(sides), f"searched by `run --all-commits` as the side branch of the merge "
-                                                f"{merge.culprit[:12]}: {why}; the answer: `klbisect status "
-                                                f"--session {merge.session}`")
-        finally:
-            ws.close()
-        return dataclasses.replace(merge, notes=notes, complete=merge.complete and sure,
-                                   reason=merge.reason if sure else f"--all-commits: {why}")
+    def merge_stands(merge: Result, why: str, sure: bool, spent: int) -> Result:
+        notes = [n for n in merge.notes if "--all-commits" not in n and "any of them may be the cause" not in n]
+        sides = [int(k.rsplit(":", 1)[1]) for k in ws.store.keys("side_of:") if ws.store.get(k) == str(merge.session)]
+        side_runs = 0
+        if sides:
+            # the side branch's search, stopped short, is the latest session: `status` and `report`
+            # show the merge's, which holds the answer
+            side_runs = len(ws.store.session_runs(max(sides)))
+            note_stop(ws.store, max(sides), f"searched by `run --all-commits` as the side branch of the merge "
+                                            f"{merge.culprit[:12]}: {why}")
+            ws.store.put(side_done_key(max(sides)), str(merge.session))
+        return dataclasses.replace(merge, notes=notes + [f"--all-commits: {why}"], complete=merge.complete and sure,
+                                   reason=merge.reason if sure else f"--all-commits: {why}",
+                                   probe_runs=spent + side_runs)
 
     res = stage(cfg.good, cfg.bad)
     outer_good = res.good
-    runs, merges = res.probe_runs, []
-    while res.complete and res.culprit and gitrepo.side_commits(repo, res.culprit, res.good):
-        merge, parents = res, gitrepo.parents(repo, res.culprit)
-        if len(parents) > 2:
-            res = merge_stands(merge, f"{merge.culprit[:12]} merges {len(parents) - 1} branches into its first "
-                                      "parent's line, which this search does not go down: bisect each with --good "
-                                      "at its fork point and --bad at its head", sure=False)
-            break
-        first, side = parents
-        fork, where = gitrepo.merge_base(repo, first, side), "where it forked"
-        if gitrepo.is_ancestor(repo, fork, outer_good) and gitrepo.is_ancestor(repo, outer_good, side) \
-                and outer_good != side:
-            # --good on the side branch: the commits before it are good by the user's word
-            fork, where = outer_good, "--good"
-        progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, from "
-                 f"{fork[:12]} ({where}) to its head {side[:12]}")
-        try:
-            res = stage(fork, side, side_of=merge.session)
-        except NoDifference as e:
-            if e.alike:
-                progress(f"--all-commits: the side branch's head reads like where it forked: the merge "
-                         f"{merge.culprit[:12]} itself is the first bad commit")
-                res = merge_stands(merge, f"the side branch this merge brings in ({fork[:12]}..{side[:12]}) reads "
-                                          "like where it forked: the merge itself (how it combined the two lines) "
-                                          "is the first bad commit", sure=True)
-            else:
+    runs, merges, stood = res.probe_runs, [], False   # stood: the answer is a merge whose side branch was not it
+    ws = Workspace(path)
+    try:
+        while res.complete and res.culprit and gitrepo.side_commits(repo, res.culprit, res.good):
+            merge, parents = res, gitrepo.parents(repo, res.culprit)
+            if len(parents) > 2:
+                forks = ", ".join(f"--good {gitrepo.merge_base(repo, parents[0], p)[:12]} --bad {p[:12]}"
+                                  for p in parents[1:])
+                res = merge_stands(merge, f"{merge.culprit[:12]} merges {len(parents) - 1} branches into its "
+                                          "first parent's line, which this search does not go down: run each "
+                                          f"branch on its own ({forks})", sure=False, spent=runs)
+                stood = True
+                break
+            first, side = parents
+            fork, where = gitrepo.merge_base(repo, first, side), "where it forked"
+            if gitrepo.is_ancestor(repo, fork, outer_good) and gitrepo.is_ancestor(repo, outer_good, side) \
+                    and outer_good != side:
+                # --good on the side branch: the commits before it are good by the user's word
+                fork, where = outer_good, "--good"
+            progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, "
+                     f"from {fork[:12]} ({where}) to its head {side[:12]}")
+            try:
+                res = stage(fork, side, side_of=merge.session, model=merge.model)
+            except NoDifference as e:
+                if e.alike:
+                    progress(f"--all-commits: the side branch's head reads like where it forked: the merge "
+                             f"{merge.culprit[:12]} itself is the first bad commit")
+                    res = merge_stands(merge, f"the side branch this merge brings in ({fork[:12]}..{side[:12]}) "
+                                              "reads like where it forked: the merge itself (how it combined the "
+                                              "two lines) is the first bad commit", sure=True, spent=runs)
+                else:
+                    res = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
+                                              f"{e.message}", sure=False, spent=runs)
+                stood = True
+                break
+            except Interrupted:
+                raise
+            except KlbisectError as e:
                 res = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
-                                          f"{e.message}", sure=False)
-            break
-        except Interrupted:
-            raise
-        except KlbisectError as e:
-            res = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
-                                      f"{e.message}", sure=False)
-            break
-        merges.append(merge)
-        runs += res.probe_runs
-    if not merges:
-        return res
-    outer = merges[0]
-    path_taken = " then ".join(f"{m.culprit[:12]}{f' (PR #{m.pr})' if m.pr else ''}" for m in merges)
-    return dataclasses.replace(
-        res, pr=res.pr or outer.pr, probe_runs=runs,
-        notes=[f"--all-commits: found through the merge {path_taken} on the first-parent line from "
-               f"{outer.good[:12]} to {outer.bad[:12]}, then its side branch; runs counts every stage"] + res.notes)
+                                          f"{e.message}", sure=False, spent=runs)
+                stood = True
+                break
+            merges.append(merge)
+            runs += res.probe_runs
+        if merges:
+            outer, inner = merges[0], merges[1:]
+            pr = res.pr or outer.pr
+            res = dataclasses.replace(
+                res, pr=pr, probe_runs=res.probe_runs if stood else runs,
+                candidate_info=[{**c, "pr": c.get("pr") or (pr if c.get("sha") == res.culprit else None)}
+                                for c in res.candidate_info],
+                notes=[f"--all-commits: found through the merge {outer.culprit[:12]}"
+                       f"{f' (PR #{outer.pr})' if outer.pr else ''} on the first-parent line from "
+                       f"{outer.good[:12]} to {outer.bad[:12]}, then down its side branch"
+                       + "".join(f" and the merge {m.culprit[:12]} in it" for m in inner)
+                       + "; runs counts every stage"] + res.notes)
+        if merges or stood:
+            ws.store.put(all_commits_key(res.session), json.dumps(res.to_json()))
+    finally:
+        ws.close()
+    return res
 
 
 def chain_sessions(st: Store, sid: int) -> set[int]:
@@ -534,6 +559,8 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
         ws.use_session(st.session(sid))
         if st.get(stop_key(sid)):
             st.put(stop_key(sid), "")
+        if st.get(side_done_key(sid)):
+            st.put(side_done_key(sid), "")    # going on: `status` shows this session again
     else:
         sid = st.create_session("run", good, bad, probe_key,
                                 {**cfg.stored(), **({"fresh_from": fresh_from.id} if fresh_from else {})}, cands)

@@ -15,7 +15,7 @@ from .errors import EXIT_USAGE, KlbisectError
 from .gitbisect import bisect_checkout, gitbisect_result, own_bisect
 from .result import boundary_evidence, current_analysis, probed_commits
 from .runs import valued_runs
-from .workspace import Workspace, note_stop, stop_reason
+from .workspace import Workspace, answered, note_stop, shown_session, stop_reason
 
 
 def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool = False):
@@ -37,7 +37,7 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
             # older session is the one just looked at, not a calibration begun before it
             found = [x for x in (st.active_session(), st.latest_session(
                 ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True)) if x]
-            sess = max(found, key=lambda x: (st.last_touched(x), x.id), default=None)
+            sess = shown_session(st, max(found, key=lambda x: (st.last_touched(x), x.id), default=None))
             live = st.active_session("gitbisect")
             if live is not None and sess is not None and sess.id != live.id and own_bisect(ws, live):
                 # the checkout is mid `git bisect run`: that session is the one being
@@ -139,7 +139,7 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             res = gitbisect_result(ws, sess, analysis)
             out["result"] = res.to_json() if res else None
         else:
-            out["result"] = sess.result     # an ended git bisect's: as `reset` found it
+            out["result"] = answered(st, sess)     # an ended git bisect's: as `reset` found it
         res = out["result"] or {}
         # the same top-level keys as `run --json`, so one parser reads both
         out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},

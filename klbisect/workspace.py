@@ -7,6 +7,7 @@ and the next one resumes."""
 from __future__ import annotations
 
 import errno
+import json
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -317,6 +318,35 @@ def since(now: CommitRuns, before: CommitRuns) -> CommitRuns:
 
 def stop_key(sid: int) -> str:
     return f"stopped:{sid}"
+
+
+def all_commits_key(sid: int) -> str:
+    """The answer `run --all-commits` gave, kept with the session it rests
+    on: a merge found on the first-parent line and named in the end (its
+    side branch alike, or not searched), or a side branch's commit with the
+    merge's PR and every stage's runs. Cleared when the session answers
+    again by itself."""
+    return f"all_commits:{sid}"
+
+
+def side_done_key(sid: int) -> str:
+    """A side-branch search of `run --all-commits` that ended short (its
+    branch alike to its fork, or unsearchable): `status` and `report` show
+    the session of the merge it searched under, which holds the answer."""
+    return f"side_done:{sid}"
+
+
+def answered(st: Store, sess) -> dict | None:
+    """A session's result as the last command that answered from it gave it."""
+    raw = st.get(all_commits_key(sess.id)) if sess.result else None
+    return json.loads(raw) if raw else sess.result
+
+
+def shown_session(st: Store, sess):
+    """The session `status` and `report` show for ``sess``: itself, or the
+    merge's that a side-branch search which ended short answered under."""
+    parent = st.get(side_done_key(sess.id)) if sess is not None else None
+    return st.session(int(parent)) or sess if parent else sess
 
 
 def checkout_key(sid: int) -> str:

@@ -770,6 +770,10 @@ def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path)
     res = json_tail(p.stdout)
     assert (res["culprit"], res["pr"]) == (culprit, 77), res
     assert "found through the merge" in res["notes"][0] and "(PR #77)" in res["notes"][0], res["notes"]
+    assert res["candidate_info"][0]["pr"] == 77 and res["probe_runs"] == len(db_query(repo, "SELECT id FROM runs"))
+    # status and the report give the PR and every stage's runs too (a tester's had none)
+    shown = json_tail(klb("status", "--json", cwd=repo).stdout)
+    assert (shown["culprit"], shown["pr"], shown["result"]["probe_runs"]) == (culprit, 77, res["probe_runs"]), shown
     assert "searching the side branch it brings in" in p.stderr
     # a tester's tag and branch names were lost: the range says them
     main = git(repo, "rev-parse", "main").strip()
@@ -823,9 +827,14 @@ def test_all_commits_names_a_merge_whose_side_branch_reads_good(tmp_path):
     assert (res["culprit"], res["pr"]) == (merge, 40), res
     assert any("the merge itself" in n for n in res["notes"]) and not any("rerun with --all-commits" in n
                                                                        for n in res["notes"]), res["notes"]
-    # status shows the side branch's search, stopped short: it says where the answer is
-    shown = klb("status", cwd=repo, env={"KLB_DRAWS": str(draws)}).stdout
-    assert f"`klbisect status --session {res['session']}`" in shown, shown
+    # status and report show the answer, not the side branch's search that stopped short (a tester's
+    # report exited 150 on it, and runs left out its 80 runs)
+    shown = klb("status", "--json", cwd=repo, env={"KLB_DRAWS": str(draws)}).stdout
+    assert (json_tail(shown)["culprit"], json_tail(shown)["pr"]) == (merge, 40), shown
+    assert any("the merge itself" in n for n in json_tail(shown)["result"]["notes"]), shown
+    report = klb("report", "-o", tmp_path / "r.md", "--offline", cwd=repo, env={"KLB_DRAWS": str(draws)})
+    assert report.returncode == 0 and "the merge itself" in (tmp_path / "r.md").read_text(), report.stderr
+    assert res["probe_runs"] == len(db_query(repo, "SELECT id FROM runs")), res
 
 
 def test_all_commits_does_not_pass_an_octopus_merge_off_as_the_culprit(tmp_path):
@@ -847,6 +856,10 @@ def test_all_commits_does_not_pass_an_octopus_merge_off_as_the_culprit(tmp_path)
     res = json_tail(p.stdout)
     assert p.returncode == 157 and res["culprit"] == merge and not res["complete"], res
     assert any("merges 2 branches" in n for n in res["notes"]), res["notes"]
+    # status and the report say so too, without the first-parent line's "rerun with --all-commits"
+    shown = json_tail(klb("status", "--json", cwd=repo).stdout)
+    assert shown["result"]["complete"] is False and any("merges 2 branches" in n for n in shown["result"]["notes"])
+    assert not any("rerun with --all-commits" in n for n in shown["result"]["notes"]), shown["result"]["notes"]
 
 
 # ---- item 3: the probe command itself ----------------------------------------------------------------
