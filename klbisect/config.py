@@ -62,13 +62,16 @@ class BisectConfig:
     ray_address: str | None = None
     sglang: dict = field(default_factory=dict)   # model_path, server_args, prompts, ...
     fresh: bool = False                   # count only runs recorded since the session began
-    # --all-commits: the session whose answer, a merge, this search's range is the side branch of
+    # --all-commits: the session whose answer, a merge, this search's range is the side branch of,
+    # and the last run id before the command began (its stages' runs after it are the command's own)
     side_of: int = 0
+    command_after_run: int = 0
 
     def question(self) -> dict:
         d = asdict(self)
         for k in ("good", "bad", "parallel", "gpus_per_probe", "executor", "ray_address",
-                  "max_total_runs", "timeout", "build_timeout", "fresh", "side_of"):
+                  "max_total_runs", "timeout", "build_timeout", "fresh", "side_of",
+                  "command_after_run"):
             d.pop(k)
         d["build_paths"] = list(self.build_paths)
         return d

@@ -429,7 +429,10 @@ def _learned_step(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: st
             f"good and bad do not separate after {len(g.values)}+{len(b.values)} runs "
             f"(p={sep.p_value:.2g}): good {fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; "
             "the regression does not reproduce at these endpoints, or needs more runs "
-            "(--max-endpoint-runs)" + caveats, alike=not caveats)
+            "(--max-endpoint-runs)" + caveats,
+            # alike: measured enough, and not even a hint apart (under --max-endpoint-runs 5 a
+            # reviewer's p=0.032 the worse way also ended here)
+            alike=not caveats and sep.p_value > OVERLAP_P and min(len(g.values), len(b.values)) >= DECISIVE_RUNS)
     # Spare slots measure the endpoints in parallel; alternate them so an
     # interrupted calibration leaves both sides measured alike. One slot
     # takes each endpoint's runs together: alternating there would check out

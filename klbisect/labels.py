@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import BisectConfig
-from .decide import SEPARATION_P, label_separations, labels_apart, worse_tail
+from .decide import DECISIVE_RUNS, SEPARATION_P, label_separations, labels_apart, worse_tail
 from .errors import NoDifference
 from .metric import fmt_count, fmt_summary, fmt_value, over_labels
 from .runs import MEASURED, valued_runs
@@ -57,7 +57,8 @@ def check_direction(cfg: BisectConfig, sep, finding: Callable[[], LabelHint | No
             f"good and bad barely differ (p={sep.p_value:.2g}; good {fmt_summary(sep.good)}, bad "
             f"{fmt_summary(sep.bad)}), and the little difference there is goes the better way ({moved}): most "
             f"likely there is no regression between these endpoints; check that --bad fails the test (pass "
-            f"--worse {moved} if {moved} values are worse for this metric)" + hint, alike=not hint)
+            f"--worse {moved} if {moved} values are worse for this metric)" + hint,
+            alike=not hint and min(sep.good["n"], sep.bad["n"]) >= DECISIVE_RUNS)
     if label and label.kind == "moved worse":
         # a label that moved the worse way under a max that moved the better way, by chance
         # or with another label's fix: that label is the question (a test's draw had the

@@ -5,6 +5,7 @@ are slots. Every finished run is in sqlite the moment it finishes, so the
 same command resumes an interrupted one."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -15,7 +16,7 @@ from . import repo as gitrepo
 from .buildenv import (close_builder, hold_env, keep_env, pins_moved, slots_for, warn_build_paths,
                        warn_probe_python)
 from .config import RERUN_KEYS, BisectConfig, make_builder, make_probe, question_of
-from .decide import VERDICT_LR, Model, ThresholdModel, separation
+from .decide import OVERLAP_P, VERDICT_LR, Model, ThresholdModel, separation
 from .endpoints import calibrate_endpoints, infrastructure_error, never_built, unbuilt_sglang_hint
 from .errors import EXIT_NO_SIGNAL, Interrupted, KlbisectError, NoDifference
 from .executors import Executor, Failure, LocalExecutor, make_slots
@@ -76,93 +77,113 @@ def _through_merges(path: str | Path | None, cfg: BisectConfig, progress: Progre
     session it rests on (``all_commits_key``), for `status` and `report`."""
     repo = gitrepo.open_repo(path)
     path = repo.working_tree_dir     # GIT_DIR and GIT_WORK_TREE are read once, by the line above
+    ws = Workspace(path)
+    try:
+        return _down_merges(ws, repo, path, cfg, progress, executor_factory, check_reused)
+    finally:
+        ws.close()
 
-    def stage(good: str, bad: str, side_of: int = 0, model: dict | None = None) -> Result:
+
+def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progress,
+                 executor_factory: ExecutorFactory | None, check_reused: bool) -> Result:
+    after = ws.store.last_run_id()      # the runs of this command's stages come after it
+
+    def stage_cfg(good: str, bad: str, side_of: int = 0, model: dict | None = None) -> BisectConfig:
         side = {}
         if side_of and model and model.get("kind") != "threshold" and Model.from_dict(model).separates:
             # the same regression, if the side branch holds it, separates its ends as it did the
             # line's: measuring them to --max-endpoint-runs only to call them alike took 80 runs
             side = {"max_endpoint_runs": min(cfg.max_endpoint_runs, max(SIDE_ENDPOINT_RUNS, cfg.endpoint_runs))}
-        return run_bisect(path, dataclasses.replace(cfg, good=good, bad=bad, first_parent=True, side_of=side_of,
-                                                    **side), progress, executor_factory, check_reused)
+        return dataclasses.replace(cfg, good=good, bad=bad, first_parent=True, side_of=side_of,
+                                   command_after_run=after, **side)
 
-    def merge_stands(merge: Result, why: str, sure: bool, spent: int) -> Result:
+    def stage(scfg: BisectConfig) -> Result:
+        return run_bisect(path, scfg, progress, executor_factory, check_reused)
+
+    def merge_stands(merge: Result, why: str, sure: bool, spent: int, scfg: BisectConfig | None = None) -> Result:
         notes = [n for n in merge.notes if "--all-commits" not in n and "any of them may be the cause" not in n]
-        sides = [int(k.rsplit(":", 1)[1]) for k in ws.store.keys("side_of:") if ws.store.get(k) == str(merge.session)]
         side_runs = 0
-        if sides:
-            # the side branch's search, stopped short, is the latest session: `status` and `report`
-            # show the merge's, which holds the answer
-            side_runs = len(ws.store.session_runs(max(sides)))
-            note_stop(ws.store, max(sides), f"searched by `run --all-commits` as the side branch of the merge "
-                                            f"{merge.culprit[:12]}: {why}")
-            ws.store.put(side_done_key(max(sides)), str(merge.session))
+        if scfg is not None:
+            # the side branch's own search, stopped short, is the latest session: `status` and
+            # `report` show the merge's, which holds the answer
+            st = ws.store
+            good, bad = gitrepo.resolve(repo, scfg.good), gitrepo.resolve(repo, scfg.bad)
+            side = st.find_session("run", good, bad, make_probe(scfg).key, scfg.question(), RERUN_KEYS)
+            if side is not None and side.id != merge.session:
+                side_runs = len(st.session_runs(side.id))
+                with contextlib.suppress(KlbisectError), ws.locked():
+                    note_stop(st, side.id, f"searched by `run --all-commits` as the side branch of the merge "
+                                           f"{merge.culprit[:12]}: {why}")
+                    st.put(side_done_key(side.id), str(merge.session))
         return dataclasses.replace(merge, notes=notes + [f"--all-commits: {why}"], complete=merge.complete and sure,
                                    reason=merge.reason if sure else f"--all-commits: {why}",
                                    probe_runs=spent + side_runs)
 
-    res = stage(cfg.good, cfg.bad)
+    res = stage(stage_cfg(cfg.good, cfg.bad))
     outer_good = res.good
     runs, merges, stood = res.probe_runs, [], False   # stood: the answer is a merge whose side branch was not it
-    ws = Workspace(path)
-    try:
-        while res.complete and res.culprit and gitrepo.side_commits(repo, res.culprit, res.good):
-            merge, parents = res, gitrepo.parents(repo, res.culprit)
-            if len(parents) > 2:
-                forks = ", ".join(f"--good {gitrepo.merge_base(repo, parents[0], p)[:12]} --bad {p[:12]}"
-                                  for p in parents[1:])
-                res = merge_stands(merge, f"{merge.culprit[:12]} merges {len(parents) - 1} branches into its "
-                                          "first parent's line, which this search does not go down: run each "
-                                          f"branch on its own ({forks})", sure=False, spent=runs)
-                stood = True
-                break
-            first, side = parents
-            fork, where = gitrepo.merge_base(repo, first, side), "where it forked"
-            if gitrepo.is_ancestor(repo, fork, outer_good) and gitrepo.is_ancestor(repo, outer_good, side) \
-                    and outer_good != side:
-                # --good on the side branch: the commits before it are good by the user's word
-                fork, where = outer_good, "--good"
-            progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, "
-                     f"from {fork[:12]} ({where}) to its head {side[:12]}")
-            try:
-                res = stage(fork, side, side_of=merge.session, model=merge.model)
-            except NoDifference as e:
-                if e.alike:
-                    progress(f"--all-commits: the side branch's head reads like where it forked: the merge "
-                             f"{merge.culprit[:12]} itself is the first bad commit")
-                    res = merge_stands(merge, f"the side branch this merge brings in ({fork[:12]}..{side[:12]}) "
-                                              "reads like where it forked: the merge itself (how it combined the "
-                                              "two lines) is the first bad commit", sure=True, spent=runs)
-                else:
-                    res = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
-                                              f"{e.message}", sure=False, spent=runs)
-                stood = True
-                break
-            except Interrupted:
-                raise
-            except KlbisectError as e:
+    while res.complete and res.culprit and gitrepo.side_commits(repo, res.culprit, res.good):
+        merge, parents = res, gitrepo.parents(repo, res.culprit)
+        first, side = parents[0], parents[-1]
+        try:
+            forks = [gitrepo.merge_base(repo, first, p) for p in parents[1:]]
+        except KlbisectError:
+            res, stood = merge_stands(merge, f"{merge.culprit[:12]} merges a history that shares none with its "
+                                             "first parent's line (an imported project?): this search does not go "
+                                             "into it", sure=False, spent=runs), True
+            break
+        if len(parents) > 2:
+            each = ", ".join(f"--good {f[:12]} --bad {p[:12]}" for f, p in zip(forks, parents[1:]))
+            res, stood = merge_stands(merge, f"{merge.culprit[:12]} merges {len(parents) - 1} branches into its "
+                                             "first parent's line, which this search does not go down: run each "
+                                             f"branch on its own ({each})", sure=False, spent=runs), True
+            break
+        fork, where = forks[0], "where it forked"
+        if gitrepo.is_ancestor(repo, fork, outer_good) and gitrepo.is_ancestor(repo, outer_good, side) \
+                and outer_good not in (side, fork):
+            # --good on the side branch: the commits before it are good by the user's word
+            fork, where = outer_good, "--good"
+        progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, "
+                 f"from {fork[:12]} ({where}) to its head {side[:12]}")
+        scfg = stage_cfg(fork, side, side_of=merge.session, model=merge.model)
+        try:
+            res = stage(scfg)
+        except NoDifference as e:
+            if e.alike:
+                progress(f"--all-commits: the side branch's head reads like where it forked: the merge "
+                         f"{merge.culprit[:12]} itself is the first bad commit")
+                res = merge_stands(merge, f"the side branch this merge brings in ({fork[:12]}..{side[:12]}) "
+                                          "reads like where it forked, so the merge itself (how it combined the "
+                                          f"two lines) is the first bad commit ({e.message})", sure=True,
+                                   spent=runs, scfg=scfg)
+            else:
                 res = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
-                                          f"{e.message}", sure=False, spent=runs)
-                stood = True
-                break
-            merges.append(merge)
-            runs += res.probe_runs
-        if merges:
-            outer, inner = merges[0], merges[1:]
-            pr = res.pr or outer.pr
-            res = dataclasses.replace(
-                res, pr=pr, probe_runs=res.probe_runs if stood else runs,
-                candidate_info=[{**c, "pr": c.get("pr") or (pr if c.get("sha") == res.culprit else None)}
-                                for c in res.candidate_info],
-                notes=[f"--all-commits: found through the merge {outer.culprit[:12]}"
-                       f"{f' (PR #{outer.pr})' if outer.pr else ''} on the first-parent line from "
-                       f"{outer.good[:12]} to {outer.bad[:12]}, then down its side branch"
-                       + "".join(f" and the merge {m.culprit[:12]} in it" for m in inner)
-                       + "; runs counts every stage"] + res.notes)
-        if merges or stood:
+                                          f"{e.message}", sure=False, spent=runs, scfg=scfg)
+            stood = True
+            break
+        except KlbisectError as e:
+            if isinstance(e, Interrupted) or e.code != EXIT_NO_SIGNAL:
+                raise      # a busy lock, a full disk, failing infrastructure: nothing about the branch
+            res, stood = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
+                                             f"{e.message}", sure=False, spent=runs, scfg=scfg), True
+            break
+        merges.append(merge)
+        runs += res.probe_runs
+    if merges:
+        outer, inner = merges[0], merges[1:]
+        pr = res.pr or outer.pr
+        res = dataclasses.replace(
+            res, pr=pr, probe_runs=res.probe_runs if stood else runs,
+            candidate_info=[{**c, "pr": c.get("pr") or (pr if c.get("sha") == res.culprit else None)}
+                            for c in res.candidate_info],
+            notes=[f"--all-commits: found through the merge {outer.culprit[:12]}"
+                   f"{f' (PR #{outer.pr})' if outer.pr else ''} on the first-parent line from "
+                   f"{outer.good[:12]} to {outer.bad[:12]}, then down its side branch"
+                   + "".join(f" and the merge {m.culprit[:12]} in it" for m in inner)
+                   + "; runs counts every stage"] + res.notes)
+    if merges or stood:
+        with contextlib.suppress(KlbisectError), ws.locked():
             ws.store.put(all_commits_key(res.session), json.dumps(res.to_json()))
-    finally:
-        ws.close()
     return res
 
 
@@ -433,7 +454,8 @@ class _Search:
                              "once more, as the search needs")
                     continue
             if pl.done and not ex.in_flight():
-                recheck = (reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout)
+                recheck = (reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout,
+                                           cfg.command_after_run)
                            if check_reused else [])
                 room = max(cfg.max_total_runs - total, 0)
                 if not recheck:
@@ -461,7 +483,7 @@ class _Search:
                     f"(p={sep.p_value:.2g}; the search began on a hint at p <= 0.2): good "
                     f"{fmt_summary(sep.good)}, bad {fmt_summary(sep.bad)}; there is no regression between "
                     "these endpoints to find, or it is too small to bisect; runs are kept" + caveats,
-                    alike=not caveats)
+                    alike=not caveats and sep.p_value > OVERLAP_P)
             why = None if ex.in_flight() else _no_answer(pl, cfg, shas, total)
             if why:
                 return finish_result(ws, sid, cands, pl, False, why, probe_key, build_key, progress)
@@ -585,7 +607,7 @@ def default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, w
 
 
 def reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], block, model,
-                    timeout: float | None = None) -> list[int]:
+                    timeout: float | None = None, command_after_run: int = 0) -> list[int]:
     """The commits nearest an answer on each side that earlier sessions
     measured: runs are matched by the probe command alone, so if the
     environment changed since, those runs are what the answer wrongly rests
@@ -599,13 +621,17 @@ def reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], bl
     # short by a lower --timeout than this one's are run again: not counted)
     mine: dict[int, list] = {}
     at = {s: i for i, s in enumerate(shas)}
-    ours = chain_sessions(ws.store, sid)     # --all-commits: its stages' runs are this command's too
+    # --all-commits: the runs its other stages made in this same command are this one's too
+    chain = chain_sessions(ws.store, sid) if command_after_run else {sid}
+
+    def own(r) -> bool:
+        return r.session_id == sid or (r.session_id in chain and r.id > command_after_run)
     for r in ws.store.runs(probe_key, shas):
-        if r.session_id in ours and not cut_short(r, timeout):
+        if own(r) and not cut_short(r, timeout):
             mine.setdefault(at[r.sha], []).append(r)
         if r.value is not None:
             by_index.setdefault(at[r.sha], []).append(r)
-    reused = [i for i, runs in by_index.items() if any(r.session_id not in ours for r in runs)]
+    reused = [i for i, runs in by_index.items() if not all(map(own, runs))]
     below = [i for i in reused if i < block.first]
     above = [i for i in reused if i >= block.last]
     need = []

@@ -495,6 +495,9 @@ class Store:
                        "VALUES (?,?,?,?,?,?,?,?)",
                        (build_key, checkout, sha, int(ok), started, duration, self._rel(log_path), note))
 
+    def last_run_id(self) -> int:
+        return int(self.db.execute("SELECT COALESCE(MAX(id), 0) FROM runs").fetchone()[0])
+
     def last_build_id(self) -> int:
         return self.db.execute("SELECT COALESCE(MAX(id), 0) FROM builds").fetchone()[0]
 

@@ -835,6 +835,34 @@ def test_all_commits_names_a_merge_whose_side_branch_reads_good(tmp_path):
     report = klb("report", "-o", tmp_path / "r.md", "--offline", cwd=repo, env={"KLB_DRAWS": str(draws)})
     assert report.returncode == 0 and "the merge itself" in (tmp_path / "r.md").read_text(), report.stderr
     assert res["probe_runs"] == len(db_query(repo, "SELECT id FROM runs")), res
+    # too few runs to call the side branch alike (a reviewer's --max-endpoint-runs 5 named the merge
+    # itself, sure, where its side branch's ends stood p=0.03 apart): named, not sure
+    p = klb("run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
+            "--max-endpoint-runs", "5", "--fresh", cwd=repo, timeout=600, env={"KLB_DRAWS": str(draws)})
+    few = json_tail(p.stdout)
+    assert p.returncode == 157 and few["culprit"] == merge, p.stderr
+    assert any("could not be searched" in n for n in few["notes"]), few["notes"]
+
+
+def test_all_commits_stops_at_a_merge_of_an_unrelated_history(tmp_path):
+    """A reviewer's: a merge that imports a project with no history in common
+    (git merge --allow-unrelated-histories) ended the command on a git
+    error, 151; the first-parent answer stands, not sure."""
+    repo, commit = small_repo(tmp_path / "import")
+    root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
+    commit("Tidy module 2 (#2)", "m2.txt")
+    git(repo, "checkout", "-q", "--orphan", "vendored")
+    git(repo, "rm", "-q", "-rf", ".")
+    commit("the vendored kernels", "regressed")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "merge", "-q", "--allow-unrelated-histories", "--no-ff", "vendored", "-m", "Import kernels (#9)")
+    merge = git(repo, "rev-parse", "HEAD").strip()
+    commit("Tidy module 3 (#3)", "m3.txt")
+    p = klb("run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
+            cwd=repo)
+    res = json_tail(p.stdout)
+    assert p.returncode == 157 and res["culprit"] == merge, p.stderr
+    assert any("shares none with its first parent" in n for n in res["notes"]), res["notes"]
 
 
 def test_all_commits_does_not_pass_an_octopus_merge_off_as_the_culprit(tmp_path):
