@@ -65,7 +65,7 @@ class BisectConfig:
     # --all-commits: the session whose answer, a merge, this search's range is the side branch of,
     # and the last run id before the command began (its stages' runs after it are the command's own)
     side_of: int = 0
-    command_after_run: int = 0
+    command_after_run: int | None = None
 
     def question(self) -> dict:
         d = asdict(self)

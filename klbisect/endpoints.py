@@ -257,6 +257,9 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             err = endpoint_problem(ws, which, sha, probe_key, build_key, cr, side_limit, note=note,
                                    metric_regex=cfg.metric_regex, other=bad if sha == good else good)
             if err:
+                # one endpoint that cannot be measured while the other can: a fact of that commit
+                # (`run --all-commits` leaves a merge standing on it), not of the environment
+                err.endpoint = which
                 return err
         return None
 

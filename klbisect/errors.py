@@ -50,6 +50,7 @@ class KlbisectError(Exception):
         self.message = message
         self.code = code
         self.detail = detail  # optional extra lines (e.g. a log tail) shown after the message
+        self.endpoint: str | None = None   # "good" or "bad": the one endpoint that cannot be measured
 
 
 class NoDifference(KlbisectError):

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -115,6 +116,9 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
                     note_stop(st, side.id, f"searched by `run --all-commits` as the side branch of the merge "
                                            f"{merge.culprit[:12]}: {why}")
                     st.put(side_done_key(side.id), str(merge.session))
+                    # its job is done: not an unfinished session for `status` to list (a rerun makes
+                    # a new one, which answers from the runs this one kept)
+                    st.update_session(side.id, state="ended", ended=time.time())
         return dataclasses.replace(merge, notes=notes + [f"--all-commits: {why}"], complete=merge.complete and sure,
                                    reason=merge.reason if sure else f"--all-commits: {why}",
                                    probe_runs=spent + side_runs)
@@ -162,8 +166,8 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
             stood = True
             break
         except KlbisectError as e:
-            if isinstance(e, Interrupted) or e.code != EXIT_NO_SIGNAL:
-                raise      # a busy lock, a full disk, failing infrastructure: nothing about the branch
+            if isinstance(e, Interrupted) or e.endpoint is None:
+                raise      # a busy lock, a full disk, a broken environment: nothing about the branch
             res, stood = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
                                              f"{e.message}", sure=False, spent=runs, scfg=scfg), True
             break
@@ -538,6 +542,9 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
     # does the same command with it while that session is unfinished: "interrupted; rerun
     # the same command" must not leave out the runs it just saved (as `calibrate --fresh`)
     prev = st.find_session("run", good, bad, probe_key, cfg.question(), RERUN_KEYS)
+    if prev is not None and cfg.command_after_run is None and st.get(all_commits_key(prev.id)):
+        # a plain run answers from this session now: `status` shows its answer, not --all-commits'
+        st.put(all_commits_key(prev.id), "")
     if cfg.fresh and prev is not None:
         if prev.config.get("fresh") and prev.state != "done":
             progress(f"--fresh: resuming the unfinished --fresh session {prev.id}, whose runs count "
@@ -607,7 +614,7 @@ def default_executor(cfg: BisectConfig, slots: list[Slot], measurer: Measurer, w
 
 
 def reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], block, model,
-                    timeout: float | None = None, command_after_run: int = 0) -> list[int]:
+                    timeout: float | None = None, command_after_run: int | None = None) -> list[int]:
     """The commits nearest an answer on each side that earlier sessions
     measured: runs are matched by the probe command alone, so if the
     environment changed since, those runs are what the answer wrongly rests
@@ -622,10 +629,10 @@ def reused_boundary(ws: Workspace, sid: int, probe_key: str, shas: list[str], bl
     mine: dict[int, list] = {}
     at = {s: i for i, s in enumerate(shas)}
     # --all-commits: the runs its other stages made in this same command are this one's too
-    chain = chain_sessions(ws.store, sid) if command_after_run else {sid}
+    chain = chain_sessions(ws.store, sid) if command_after_run is not None else {sid}
 
     def own(r) -> bool:
-        return r.session_id == sid or (r.session_id in chain and r.id > command_after_run)
+        return r.session_id == sid or (r.session_id in chain and r.id > (command_after_run or 0))
     for r in ws.store.runs(probe_key, shas):
         if own(r) and not cut_short(r, timeout):
             mine.setdefault(at[r.sha], []).append(r)

@@ -37,7 +37,9 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
             # older session is the one just looked at, not a calibration begun before it
             found = [x for x in (st.active_session(), st.latest_session(
                 ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True)) if x]
-            sess = shown_session(st, max(found, key=lambda x: (st.last_touched(x), x.id), default=None))
+            sess = max(found, key=lambda x: (st.last_touched(x), x.id), default=None)
+            if not runs_only:     # `log` lists the runs just made, whatever answer they served
+                sess = shown_session(st, sess)
             live = st.active_session("gitbisect")
             if live is not None and sess is not None and sess.id != live.id and own_bisect(ws, live):
                 # the checkout is mid `git bisect run`: that session is the one being

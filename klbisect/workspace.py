@@ -338,7 +338,7 @@ def side_done_key(sid: int) -> str:
 
 def answered(st: Store, sess) -> dict | None:
     """A session's result as the last command that answered from it gave it."""
-    raw = st.get(all_commits_key(sess.id)) if sess.result else None
+    raw = st.get(all_commits_key(sess.id)) if sess.result and sess.state == "done" else None
     return json.loads(raw) if raw else sess.result
 
 

@@ -888,6 +888,11 @@ def test_all_commits_does_not_pass_an_octopus_merge_off_as_the_culprit(tmp_path)
     shown = json_tail(klb("status", "--json", cwd=repo).stdout)
     assert shown["result"]["complete"] is False and any("merges 2 branches" in n for n in shown["result"]["notes"])
     assert not any("rerun with --all-commits" in n for n in shown["result"]["notes"]), shown["result"]["notes"]
+    # a plain run of the range after it: status shows that one's answer (a reviewer's still showed the other)
+    plain = klb("run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", cwd=repo)
+    assert plain.returncode == 0, plain.stderr
+    shown = json_tail(klb("status", "--json", cwd=repo).stdout)
+    assert shown["result"]["complete"] is True and not any("merges 2 branches" in n for n in shown["result"]["notes"])
 
 
 # ---- item 3: the probe command itself ----------------------------------------------------------------
