@@ -11,7 +11,7 @@ from .decide import Model
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_json, redact_text
-from .result import Result
+from .result import Result, said_once
 from .search import POOL_P, PROVISIONAL_POOL_P
 from .workspace import answered as answer_of, shown_session
 
@@ -235,14 +235,15 @@ def format_status(st: dict) -> str:
         # a tester read a commit 1,600 times likelier good at P(bad) 0.018 as a contradiction
         lines.append("  P(bad): the chance a commit is bad (the first bad commit is at or before it), from its "
                      "own runs and every other commit's")
-    for c in st.get("commits", []):
+    commits = st.get("commits", [])
+    for c, explain in zip(commits, said_once([c.get("explain", "") for c in commits])):
         p = c.get("p_bad")
         shown, star = shown_verdict(c.get("verdict"), p)
         shown, starred = shown.upper(), starred or star
         head = f"  [{c['index']:>4}] {c['sha'][:12]} {pad(fmt_subject(c['subject'], 50), 50)}"
         lines.append(head + (f" {shown:<5}" if shown else "      ")
                      + (f" P(bad)={p:.3f}" if p is not None else ""))
-        lines.extend(textwrap.wrap(c.get("explain", ""), width=100, initial_indent=" " * 9,
+        lines.extend(textwrap.wrap(explain, width=100, initial_indent=" " * 9,
                                    subsequent_indent=" " * 9))
     if starred:
         lines.append("  " + PLACED_NOTE)

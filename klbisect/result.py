@@ -4,6 +4,7 @@ every commit's verdict that ``status`` shows."""
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -228,12 +229,30 @@ def finish_result(ws, sid, cands, pl, complete, reason, probe_key, build_key, pr
     return res
 
 
-def explain_commit(entry: dict, model, told: set[str] | None = None) -> str:
-    """The evidence on one commit in plain words, for `klbisect status`.
-    ``told``: the explanations given for an earlier commit of the list,
-    which this one only points back to (a tester read the same four lines
-    under eleven commits)."""
-    told = set() if told is None else told
+# why a commit's verdict or P(bad) is not its own runs' alone: said in full under the first commit
+# it fits in `status`'s list, then pointed back to (said_once; a tester read it under eleven commits)
+SITS_WHY = ("weighs every commit's runs at once, and where good and bad runs overlap a commit's few runs say "
+            "little alone; the commits on either side of the answer decide it")
+LESS_SURE_WHY = (": it weighs every commit's runs at once, over every place the first bad commit could be, and "
+                 "one commit's odds move it less where many places are left")
+_SITS = re.compile(r": P\(bad\) = [0-9.]+ " + re.escape(SITS_WHY))
+
+
+def said_once(explains: list[str]) -> list[str]:
+    """``explains`` of a list of commits, each long reason in full only the
+    first time (JSON keeps every commit's whole)."""
+    out, told = [], set()
+    for text in explains:
+        for key, pattern in (("sits", _SITS), ("less sure", re.compile(re.escape(LESS_SURE_WHY)))):
+            if pattern.search(text):
+                text = pattern.sub(" (as above)", text) if key in told else text
+                told.add(key)
+        out.append(text)
+    return out
+
+
+def explain_commit(entry: dict, model) -> str:
+    """The evidence on one commit in plain words, for `klbisect status`."""
     vals = entry["values"]
     parts = []
     if entry.get("build_failed"):
@@ -265,22 +284,15 @@ def explain_commit(entry: dict, model, told: set[str] | None = None) -> str:
     if vals and entry.get("integrated") and entry.get("verdict") in (GOOD, BAD) and not entry.get("reason") \
             and entry.get("p_bad") is not None and 0 < entry["index"]:
         # a tester's: "BAD P(bad)=1.000 / 1 run [0.00228]" below the good side's median, unexplained
-        parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs alone"
-                     + (" (as above)" if "sits" in told else
-                        f": P(bad) = {entry['p_bad']:.3f} weighs every commit's runs at once, and where good and "
-                        "bad runs overlap a commit's few runs say little alone; the commits on either side of the "
-                        "answer decide it"))
-        told.add("sits")
+        parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs alone: "
+                     f"P(bad) = {entry['p_bad']:.3f} {SITS_WHY}")
     if entry.get("verdict") and entry.get("reason"):
         # the runs and the model as they stood then: its ratio differs from the one above
         parts.append(f"verdict {entry['verdict']}, when it was given: {entry['reason']}")
         p_bad = entry.get("p_bad")
         if p_bad is not None and 0.01 < p_bad < 0.99 and entry["verdict"] in (GOOD, BAD) and 0 < entry["index"]:
             # a tester read "1.6e+03:1 for good" beside P(bad)=0.28 as a contradiction
-            parts.append("P(bad) is less sure than that verdict" + (" (as above)" if "less sure" in told else
-                         ": it weighs every commit's runs at once, over every place the first bad commit could "
-                         "be, and one commit's odds move it less where many places are left"))
-            told.add("less sure")
+            parts.append("P(bad) is less sure than that verdict" + LESS_SURE_WHY)
     return "; ".join(parts)
 
 
@@ -316,7 +328,6 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     verdicts = ws.store.verdicts(sess.id)
     n = len(cands) - 1
     out = []
-    told: set[str] = set()      # explanations given once, for the first commit they fit
     no_server: dict[str, int] = {}
     for r in ws.store.runs(sess.probe_key, [c[0] for c in cands if runs[c[0]].crashes]):
         no_server[r.sha] = no_server.get(r.sha, 0) + (r.status == STATUS_NOSERVER)
@@ -353,7 +364,7 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
                 # --max-runs without a verdict is a skip to git bisect; `run` skips nothing,
                 # and the search may still place it from its neighbours (good*/bad*)
                 entry["verdict"] = UNDECIDED
-        entry["explain"] = explain_commit(entry, pl.model if pl else None, told)
+        entry["explain"] = explain_commit(entry, pl.model if pl else None)
         out.append(entry)
     return out
 

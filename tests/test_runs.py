@@ -81,11 +81,13 @@ def test_a_commit_placed_by_the_integrated_search_says_its_place_decided_it():
                            "runs alone: P(bad) = 1.000"), said
     # one judged on its own runs keeps the verdict it was given, and no such line
     assert "from where it sits" not in explain_commit({**entry, "reason": "3 runs, 40:1"}, model)
-    # said once in a list: the next commits point back to it (a tester read it under eleven commits)
-    told: set[str] = set()
-    first, second = (explain_commit({**entry, "index": i}, model, told) for i in (96, 97))
-    assert "weighs every commit's runs" in first and second.endswith("from where it sits, not from its own runs "
-                                                                      "alone (as above)"), second
+    # status says it once in a list, then points back to it (a tester read it under eleven commits);
+    # the JSON keeps each commit's whole
+    from klbisect.result import said_once
+    whole = [explain_commit({**entry, "index": i}, model) for i in (96, 97)]
+    first, second = said_once(whole)
+    assert first == whole[0] and "weighs every commit's runs" in whole[1]
+    assert second.endswith("from where it sits, not from its own runs alone (as above)"), second
 
 
 def test_the_pure_core_loads_no_git_process_or_network_module():
