@@ -108,8 +108,8 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
             # the side branch's own search, stopped short, is the latest session: `status` and
             # `report` show the merge's, which holds the answer
             st = ws.store
-            good, bad = gitrepo.resolve(repo, scfg.good), gitrepo.resolve(repo, scfg.bad)
-            side = st.find_session("run", good, bad, make_probe(scfg).key, scfg.question(), RERUN_KEYS)
+            # (a side stage's ends are full shas already: the fork and the merge's parent)
+            side = st.find_session("run", scfg.good, scfg.bad, make_probe(scfg).key, scfg.question(), RERUN_KEYS)
             if side is not None and side.id != merge.session:
                 side_runs = len(st.session_runs(side.id))
                 with contextlib.suppress(KlbisectError), ws.locked():
