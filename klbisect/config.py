@@ -66,12 +66,19 @@ class BisectConfig:
     # and the last run id before the command began (its stages' runs after it are the command's own)
     side_of: int = 0
     command_after_run: int | None = None
+    # --all-commits: runs the command's earlier stages spent, which --max-total-runs counts too
+    prior_runs: int = 0
+
+    def runs_left(self, spent: int) -> int:
+        """What --max-total-runs leaves after a session's ``spent`` runs (and
+        the earlier stages' of an --all-commits command)."""
+        return self.max_total_runs - self.prior_runs - spent
 
     def question(self) -> dict:
         d = asdict(self)
         for k in ("good", "bad", "parallel", "gpus_per_probe", "executor", "ray_address",
                   "max_total_runs", "timeout", "build_timeout", "fresh", "side_of",
-                  "command_after_run"):
+                  "command_after_run", "prior_runs"):
             d.pop(k)
         d["build_paths"] = list(self.build_paths)
         return d

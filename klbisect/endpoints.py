@@ -12,8 +12,8 @@ from . import repo as gitrepo
 from .config import BisectConfig
 from .decide import (BAD, DECISIVE_RUNS, GOOD, MIN_ENDPOINT_RUNS, OVERLAP_ENDPOINT_RUNS, OVERLAP_P, SEPARATION_P,
                      EndpointStep, Model, ThresholdModel, endpoint_crash_limit, endpoint_step, judge, worse_tail)
-from .errors import (EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE,
-                     KlbisectError, NoDifference)
+from .errors import (EXIT_NO_SIGNAL, EXIT_PROBE_MISSING, EXIT_REPO_STATE, EXIT_STORAGE, EXIT_USAGE, KlbisectError,
+                     NoDifference, OutOfRuns)
 from .executors import Failure
 from .labels import (check_direction, clearer_label, goes_better, judged_on, label_finding, label_hint,
                      silent_when_passing, spikes_note)
@@ -288,12 +288,11 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
         need = got
         # the batch fits in what is left of an endpoint's runs and of --max-total-runs (a
         # wide --parallel would otherwise ask hundreds of runs of each endpoint at once)
-        spent = len(ws.store.session_runs(sid))
-        room = cfg.max_total_runs - spent
+        room = cfg.runs_left(len(ws.store.session_runs(sid)))
         if room <= 0:
-            raise KlbisectError(f"stopped at --max-total-runs {cfg.max_total_runs} while calibrating the endpoints "
-                                f"({len(g.values)}+{len(b.values)} values so far): raise it (it counts endpoint "
-                                "runs too) and rerun the same command; runs are kept", EXIT_NOT_SURE)
+            raise OutOfRuns(f"stopped at --max-total-runs {cfg.max_total_runs} while calibrating the endpoints "
+                            f"({len(g.values)}+{len(b.values)} values so far): raise it (it counts endpoint "
+                            "runs too) and rerun the same command; runs are kept")
         if cfg.threshold is None:
             left = {sha: max(cfg.max_endpoint_runs - len(cr.values), 1) for sha, cr in ((good, g), (bad, b))}
             need = [s for i, s in enumerate(need) if need[:i].count(s) < left[s]]

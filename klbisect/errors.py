@@ -64,6 +64,15 @@ class NoDifference(KlbisectError):
         self.alike = alike
 
 
+class OutOfRuns(KlbisectError):
+    """--max-total-runs spent before the endpoints were measured enough:
+    under `run --all-commits`, a side branch's search that ran out leaves
+    the merge above it named, not sure."""
+
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_NOT_SURE)
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (or SIGTERM) with what was kept: the command's one line.
     Still a KeyboardInterrupt, so nothing that catches errors catches it."""

@@ -44,6 +44,9 @@ class Result:
     notes: list[str] = field(default_factory=list)
     reused_runs: int = 0          # runs of earlier sessions (same probe) the answer also rests on
     worse: str = "higher"         # which way the metric got worse: KL is higher, an accuracy lower
+    # run --all-commits: each stage's range and answer, outermost first (good/bad above are the
+    # last stage's, where the culprit was found)
+    stages: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)

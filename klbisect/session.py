@@ -19,7 +19,7 @@ from .buildenv import (close_builder, hold_env, keep_env, pins_moved, slots_for,
 from .config import RERUN_KEYS, BisectConfig, make_builder, make_probe, question_of
 from .decide import OVERLAP_P, VERDICT_LR, Model, ThresholdModel, separation
 from .endpoints import calibrate_endpoints, infrastructure_error, never_built, unbuilt_sglang_hint
-from .errors import EXIT_NO_SIGNAL, Interrupted, KlbisectError, NoDifference
+from .errors import EXIT_NO_SIGNAL, Interrupted, KlbisectError, NoDifference, OutOfRuns
 from .executors import Executor, Failure, LocalExecutor, make_slots
 from .labels import CLEARER_LOOK, clearer_label, label_hint
 from .measure import Measurer
@@ -89,17 +89,23 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
                  executor_factory: ExecutorFactory | None, check_reused: bool) -> Result:
     after = ws.store.last_run_id()      # the runs of this command's stages come after it
 
-    def stage_cfg(good: str, bad: str, side_of: int = 0, model: dict | None = None) -> BisectConfig:
+    def stage_cfg(good: str, bad: str, side_of: int = 0, model: dict | None = None,
+                  prior_runs: int = 0) -> BisectConfig:
         side = {}
         if side_of and model and model.get("kind") != "threshold" and Model.from_dict(model).separates:
             # the same regression, if the side branch holds it, separates its ends as it did the
             # line's: measuring them to --max-endpoint-runs only to call them alike took 80 runs
             side = {"max_endpoint_runs": min(cfg.max_endpoint_runs, max(SIDE_ENDPOINT_RUNS, cfg.endpoint_runs))}
         return dataclasses.replace(cfg, good=good, bad=bad, first_parent=True, side_of=side_of,
-                                   command_after_run=after, **side)
+                                   command_after_run=after, prior_runs=prior_runs, **side)
+
+    stages: list[dict] = []   # every stage's range and answer, for --json and status
 
     def stage(scfg: BisectConfig) -> Result:
-        return run_bisect(path, scfg, progress, executor_factory, check_reused)
+        got = run_bisect(path, scfg, progress, executor_factory, check_reused)
+        stages.append({"good": got.good, "bad": got.bad, "n_commits": got.n_commits, "session": got.session,
+                       "culprit": got.culprit, "complete": got.complete, "probe_runs": got.probe_runs})
+        return got
 
     def merge_stands(merge: Result, why: str, sure: bool, spent: int, scfg: BisectConfig | None = None) -> Result:
         notes = [n for n in merge.notes if "--all-commits" not in n and "any of them may be the cause" not in n]
@@ -121,7 +127,7 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
                     st.update_session(side.id, state="ended", ended=time.time())
         return dataclasses.replace(merge, notes=notes + [f"--all-commits: {why}"], complete=merge.complete and sure,
                                    reason=merge.reason if sure else f"--all-commits: {why}",
-                                   probe_runs=spent + side_runs)
+                                   probe_runs=spent + side_runs, stages=stages)
 
     res = stage(stage_cfg(cfg.good, cfg.bad))
     outer_good = res.good
@@ -147,9 +153,15 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
                 and outer_good not in (side, fork):
             # --good on the side branch: the commits before it are good by the user's word
             fork, where = outer_good, "--good"
+        scfg = stage_cfg(fork, side, side_of=merge.session, model=merge.model, prior_runs=runs)
+        if cfg.runs_left(runs) <= 0:
+            res, stood = merge_stands(merge, f"--max-total-runs {cfg.max_total_runs} was spent before its side "
+                                             f"branch ({fork[:12]}..{side[:12]}) was searched: the same command with "
+                                             "a higher --max-total-runs goes on from here", sure=False, spent=runs,
+                                      scfg=scfg), True
+            break
         progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, "
                  f"from {fork[:12]} ({where}) to its head {side[:12]}")
-        scfg = stage_cfg(fork, side, side_of=merge.session, model=merge.model)
         try:
             res = stage(scfg)
         except NoDifference as e:
@@ -166,7 +178,7 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
             stood = True
             break
         except KlbisectError as e:
-            if isinstance(e, Interrupted) or e.endpoint is None:
+            if isinstance(e, Interrupted) or (e.endpoint is None and not isinstance(e, OutOfRuns)):
                 raise      # a busy lock, a full disk, a broken environment: nothing about the branch
             res, stood = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
                                              f"{e.message}", sure=False, spent=runs, scfg=scfg), True
@@ -177,7 +189,7 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
         outer, inner = merges[0], merges[1:]
         pr = res.pr or outer.pr
         res = dataclasses.replace(
-            res, pr=pr, probe_runs=res.probe_runs if stood else runs,
+            res, pr=pr, probe_runs=res.probe_runs if stood else runs, stages=stages,
             candidate_info=[{**c, "pr": c.get("pr") or (pr if c.get("sha") == res.culprit else None)}
                             for c in res.candidate_info],
             notes=[f"--all-commits: found through the merge {outer.culprit[:12]}"
@@ -252,7 +264,8 @@ def _run_locked(ws: Workspace, cfg: BisectConfig, good: str, bad: str, progress:
     log_dir = ws.logs / f"s{sid}"
     hold_env(ws, sid, builder, log_dir)
     warn_build_paths(ws.repo, builder, good, bad, progress)
-    warn_probe_python(cfg, builder, progress)
+    if not cfg.side_of:      # an --all-commits command's first stage has said it
+        warn_probe_python(cfg, builder, progress)
     measurer = Measurer(ws.repo, probe, builder, log_dir, use_worktree=True,
                         on_build=say_building(progress, probe))
     ex = (executor_factory(cfg, slots, measurer, ws) if executor_factory
@@ -446,7 +459,7 @@ class _Search:
             # (a search left to widen its endpoints is out of commits too: a reviewer's old failures
             # waited for both endpoints' --max-endpoint-runs)
             if not rebuilding and not ex.in_flight() and (pl.done or not pl.next or pl.widening) \
-                    and total < cfg.max_total_runs:
+                    and cfg.runs_left(total) > 0:
                 # (at --max-total-runs the block stands as it is: no room to build and measure)
                 old = failed_before(ws, build_key, shas, runs,
                                     pl.done.indices if pl.done else range(1, len(shas) - 1), first_build)
@@ -461,7 +474,7 @@ class _Search:
                 recheck = (reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout,
                                            cfg.command_after_run)
                            if check_reused else [])
-                room = max(cfg.max_total_runs - total, 0)
+                room = max(cfg.runs_left(total), 0)
                 if not recheck:
                     break
                 if not room:
@@ -492,7 +505,7 @@ class _Search:
             if why:
                 return finish_result(ws, sid, cands, pl, False, why, probe_key, build_key, progress)
             top = pl.posterior.top()
-            room = max(cfg.max_total_runs - total - len(ex.in_flight()), 0)
+            room = max(cfg.runs_left(total) - len(ex.in_flight()), 0)
             if pl.next and ex.free() and not pl.done and room:
                 for i in pl.next[:min(ex.free(), room)]:
                     progress(f"probing {shas[i][:12]} ({i}/{len(shas) - 1}, P(bad)={pl.posterior.p_bad[i]:.3f}; "
@@ -511,7 +524,7 @@ def _no_answer(pl, cfg: BisectConfig, shas: list[str], total: int) -> str | None
     runs could raise the confidence."""
     if pl.done:
         return None
-    if total >= cfg.max_total_runs:
+    if cfg.runs_left(total) <= 0:
         return f"stopped at --max-total-runs {cfg.max_total_runs}" + (
             capped_note(pl, shas) or "; the same command with a higher --max-total-runs goes on from here "
                                      "(the runs so far are kept)")
@@ -563,7 +576,7 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
         ours = chain_sessions(st, prev.id)
         newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id not in ours and r.started > finished_at)
         # (with no room left under --max-total-runs a reopened block could only fall apart unmeasured)
-        room = len(st.session_runs(prev.id)) < cfg.max_total_runs
+        room = cfg.runs_left(len(st.session_runs(prev.id))) > 0
         if not (build_key and len(done.candidates) > 1 and unbuilt and room) and not newer:
             progress(f"this bisect already finished (session {prev.id}); showing its result")
             return done

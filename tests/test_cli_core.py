@@ -26,6 +26,7 @@ from conftest import (HEX40, HIDDEN_LABEL_PROBE, OVER_DRIVER, PY, SAME_DRAWS, SE
 from klbisect import repo as gitrepo
 from klbisect.histgen import NoiseModel
 from klbisect.probe import CommandProbe, Slot
+from klbisect.session import SIDE_ENDPOINT_RUNS
 
 DEFAULT_BUILD_GLOBS = ("setup.py", "setup.cfg", "pyproject.toml", "requirements*.txt",
                        "CMakeLists.txt", "*.rs", "Cargo.toml")
@@ -741,12 +742,9 @@ def test_all_commits_says_when_a_side_branch_breaks_the_order(tmp_path):
     assert json_tail(p.stdout)["culprit"] == culprit, p.stderr
 
 
-def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path):
-    """A tester's: a long-lived branch forked before the culprit's PR and
-    merged after it. In one topological order of all commits its good
-    commits came after the culprit, and --all-commits named that branch's
-    merge at 0.99, exit 0. Now the first-parent line names the PR's merge,
-    and the search goes down that merge's own branch to the commit."""
+def long_lived_history(tmp_path: Path) -> tuple[Path, str, str]:
+    """A long-lived branch forked before the culprit's PR and merged after
+    it; the PR (#77) merged as a merge commit: (repo, root, culprit)."""
     repo, commit = small_repo(tmp_path / "long")
     root = commit("Add the KL probe (#1)", "probe.py", SIDE_PROBE)
     for i in (2, 3, 4):
@@ -764,11 +762,26 @@ def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path)
         commit(f"Tidy module {i} (#{i})", f"m{i}.txt")
     git(repo, "merge", "-q", "--no-ff", "long-lived", "-m", "Merge pull request #90 from bob/spec-decode")
     commit("Tidy module 8 (#8)", "m8.txt")
+    return repo, root, culprit
+
+
+def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path):
+    """A tester's: a long-lived branch forked before the culprit's PR and
+    merged after it. In one topological order of all commits its good
+    commits came after the culprit, and --all-commits named that branch's
+    merge at 0.99, exit 0. Now the first-parent line names the PR's merge,
+    and the search goes down that merge's own branch to the commit."""
+    repo, root, culprit = long_lived_history(tmp_path)
     args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits"]
     p = klb(*args, cwd=repo)
     assert p.returncode == 0, p.stderr
     res = json_tail(p.stdout)
     assert (res["culprit"], res["pr"]) == (culprit, 77), res
+    # --json says every stage: the range asked first, the side branch that holds the culprit last
+    main = git(repo, "rev-parse", "main").strip()
+    assert [(s["good"], s["bad"]) for s in res["stages"]][0] == (root, main), res["stages"]
+    assert (res["stages"][-1]["culprit"], res["stages"][-1]["session"]) == (culprit, res["session"]), res["stages"]
+    assert sum(s["probe_runs"] for s in res["stages"]) == res["probe_runs"], res["stages"]
     assert "found through the merge" in res["notes"][0] and "(PR #77)" in res["notes"][0], res["notes"]
     assert res["candidate_info"][0]["pr"] == 77 and res["probe_runs"] == len(db_query(repo, "SELECT id FROM runs"))
     # status and the report give the PR and every stage's runs too (a tester's had none)
@@ -789,6 +802,25 @@ def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path)
     p = klb(*args[:2], wip, *args[3:], cwd=repo)
     assert json_tail(p.stdout)["culprit"] == culprit, p.stderr
     assert f"from {wip[:12]} (--good)" in p.stderr, p.stderr
+
+
+def test_all_commits_holds_max_total_runs_over_every_stage(tmp_path):
+    """--max-total-runs held for each stage: a cap of 26 spent 19 on the
+    first-parent line and up to 26 more in the side branch. Now the side
+    branch gets what the line left; out of it, the merge stands, not sure,
+    and a rerun with more room goes on to the commit."""
+    repo, root, culprit = long_lived_history(tmp_path)
+    merge = git(repo, "rev-parse", "main~4").strip()
+    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits"]
+    p = klb(*args, "--max-total-runs", "26", cwd=repo)
+    res = json_tail(p.stdout)
+    assert p.returncode == 157 and not res["complete"], p.stderr
+    assert len(db_query(repo, "SELECT id FROM runs")) <= 26 and res["probe_runs"] <= 26, res
+    if res["stages"][0]["complete"]:     # (the line's own search fits in 26 runs nearly always)
+        assert (res["culprit"], res["pr"]) == (merge, 77), res
+        assert "--max-total-runs 26" in res["reason"] and "side branch" in res["reason"], res["reason"]
+    more = klb(*args, cwd=repo)
+    assert more.returncode == 0 and json_tail(more.stdout)["culprit"] == culprit, more.stderr
 
 
 # SIDE_PROBE drawing the same numbers for the nth run of every commit: two good commits read alike
@@ -835,6 +867,9 @@ def test_all_commits_names_a_merge_whose_side_branch_reads_good(tmp_path):
     report = klb("report", "-o", tmp_path / "r.md", "--offline", cwd=repo, env={"KLB_DRAWS": str(draws)})
     assert report.returncode == 0 and "the merge itself" in (tmp_path / "r.md").read_text(), report.stderr
     assert res["probe_runs"] == len(db_query(repo, "SELECT id FROM runs")), res
+    # the line's regression separated: the side branch's head, alike, is measured to 12 runs, not 40
+    head = git(repo, "rev-parse", f"{merge}^2").strip()
+    assert len(db_query(repo, "SELECT id FROM runs WHERE sha = ?", (head,))) == SIDE_ENDPOINT_RUNS, res
     # too few runs to call the side branch alike (a reviewer's --max-endpoint-runs 5 named the merge
     # itself, sure, where its side branch's ends stood p=0.03 apart): named, not sure
     p = klb("run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
