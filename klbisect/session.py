@@ -31,7 +31,7 @@ from .runs import STATUS_FAILED, STATUS_TIMEOUT, cut_short, run_shown, typical_v
 from .search import CommitRuns, plan
 from .store import SessionRow, Store
 from .workspace import (Progress, Workspace, all_commits_key, commit_runs, note_stop, own_runs_wanted, record,
-                        say_building, say_reused, side_done_key, since, stop_key, to_stderr)
+                        fresh_open_key, say_building, say_reused, side_done_key, since, stop_key, to_stderr)
 
 
 CANARY_STREAK = 6     # runs crashed in a row ...
@@ -162,6 +162,9 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
             break
         progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, "
                  f"from {fork[:12]} ({where}) to its head {side[:12]}")
+        if cfg.fresh:
+            with ws.locked():
+                ws.store.put(fresh_open_key(merge.session), "1")
         try:
             res = stage(scfg)
         except NoDifference as e:
@@ -200,6 +203,9 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
     if merges or stood:
         with contextlib.suppress(KlbisectError), ws.locked():
             ws.store.put(all_commits_key(res.session), json.dumps(res.to_json()))
+            for s in stages:
+                if ws.store.get(fresh_open_key(s["session"])):
+                    ws.store.put(fresh_open_key(s["session"]), "")
     return res
 
 
@@ -562,6 +568,9 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
         if prev.config.get("fresh") and prev.state != "done":
             progress(f"--fresh: resuming the unfinished --fresh session {prev.id}, whose runs count "
                      "(`klbisect reset` first to leave them out too)")
+        elif prev.config.get("fresh") and st.get(fresh_open_key(prev.id)):
+            progress(f"--fresh: session {prev.id} is a finished stage of the unfinished `run --all-commits "
+                     "--fresh` this command goes on with (`klbisect reset` first to start over)")
         else:
             prev = None
     if prev and prev.state == "done" and prev.result:

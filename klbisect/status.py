@@ -222,6 +222,9 @@ def reset(path: str | Path | None, purge: bool = False) -> list[str]:
                               else f"{why}; then ended by `klbisect reset`")
                 done += [f"ended session {sess.id} ({sess.kind})"] + ([reset_line] if reset_line else [])
                 ended.append(sess)
+            for key in st.keys("fresh_open:"):
+                # an unfinished `run --all-commits --fresh` starts over: its finished stages too
+                st.put(key, "")
             if gitrepo.bisect_in_progress(ws.repo):
                 # the user's own bisect: its marks are not ours to throw away
                 done.append(_NOT_OUR_BISECT)

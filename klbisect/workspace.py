@@ -329,6 +329,13 @@ def all_commits_key(sid: int) -> str:
     return f"all_commits:{sid}"
 
 
+def fresh_open_key(sid: int) -> str:
+    """A finished --fresh stage of a `run --all-commits --fresh` that has not
+    finished: its rerun resumes the stage (a finished --fresh session is
+    otherwise never resumed, and the first-parent line was measured again)."""
+    return f"fresh_open:{sid}"
+
+
 def side_done_key(sid: int) -> str:
     """A side-branch search of `run --all-commits` that ended short (its
     branch alike to its fork, or unsearchable): `status` and `report` show

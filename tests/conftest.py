@@ -115,12 +115,13 @@ def reaped(proc: subprocess.Popen):
             proc.wait()
 
 
-def interrupted(*args, cwd, env: dict | None = None, after: int) -> tuple[subprocess.Popen, str]:
+def interrupted(*args, cwd, env: dict | None = None, after: int, where: str = "1") -> tuple[subprocess.Popen, str]:
     """`klbisect ARGS` in the background, Ctrl-C'd once the store holds
-    ``after`` runs (of any session): the process, ended, and its stderr."""
+    ``after`` runs (of any session, or those matching the SQL ``where``):
+    the process, ended, and its stderr."""
     with reaped(klb_popen(*args, cwd=cwd, env=env)) as proc:
         deadline = time.monotonic() + 120
-        while len(db_query(cwd, "SELECT id FROM runs")) < after:
+        while len(db_query(cwd, f"SELECT id FROM runs WHERE {where}")) < after:
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)

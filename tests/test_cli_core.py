@@ -823,6 +823,28 @@ def test_all_commits_holds_max_total_runs_over_every_stage(tmp_path):
     assert more.returncode == 0 and json_tail(more.stdout)["culprit"] == culprit, more.stderr
 
 
+def test_all_commits_fresh_interrupted_in_a_side_branch_goes_on_from_it(tmp_path):
+    """`run --all-commits --fresh` Ctrl-C'd in its side branch: the rerun
+    measured the first-parent line all over again (a finished --fresh
+    session is never resumed). Now the line's stage stands and the side
+    branch's search goes on; `klbisect reset` starts over."""
+    repo, root, culprit = long_lived_history(tmp_path)
+    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
+            "--fresh"]
+    proc, err = interrupted(*args, cwd=repo, after=2, where="session_id = 2")
+    assert proc.returncode == 130, err
+    line = db_query(repo, "SELECT id FROM runs WHERE session_id = 1")
+    p = klb(*args, cwd=repo)
+    assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == culprit, p.stderr
+    assert "finished stage of the unfinished `run --all-commits --fresh`" in p.stderr, p.stderr
+    assert len(db_query(repo, "SELECT id FROM sessions WHERE good = ?", (root,))) == 1
+    assert len(db_query(repo, "SELECT id FROM runs WHERE session_id = 1")) == len(line)
+    # finished: the same command with --fresh is a new measurement
+    again = klb(*args, cwd=repo)
+    assert again.returncode == 0 and "finished stage" not in again.stderr, again.stderr
+    assert len(db_query(repo, "SELECT id FROM sessions WHERE good = ?", (root,))) == 2
+
+
 # SIDE_PROBE drawing the same numbers for the nth run of every commit: two good commits read alike
 SEEDED_SIDE_PROBE = """import os, pathlib, random, subprocess
 sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
