@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 from . import repo as gitrepo
 from .config import BisectConfig, make_builder
-from .decide import BAD, GOOD, SKIP, UNDECIDED, Model, ThresholdModel, is_undecided_skip, judge, separation, summarize
+from .decide import (BAD, GOOD, SKIP, UNDECIDED, VERDICT_LR, Model, ThresholdModel, fmt_odds, is_undecided_skip, judge,
+                     predictive_log_lr, separation, summarize)
 from .errors import KlbisectError
 from .metric import fmt_count, fmt_subject, fmt_value, over_labels
 from .runs import STATUS_NOSERVER, valued_runs
@@ -277,6 +278,11 @@ def explain_commit(entry: dict, model) -> str:
         elif model is not None and entry.get("integrated"):
             # the sides overlap: the header says so once; a commit's own ratio decides nothing here
             parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))}")
+            if entry.get("own_log_lr") is not None:
+                # a reviewer's: the two commits beside the answer, with 236 runs between them, read
+                # "from where it sits ... a commit's few runs say little alone"
+                parts.append(f"its runs alone, against those of the commits on either side of it (rank test): "
+                             f"{fmt_odds(entry['own_log_lr'])}")
         elif model is not None:
             parts.append(f"{len(vals)} run(s) [{shown}] look {side}: weighed now, with the model every run so far "
                          f"gives, together {math.exp(min(abs(llr), 700)):.3g} times likelier if the commit is {side}")
@@ -284,8 +290,10 @@ def explain_commit(entry: dict, model) -> str:
             # a start killed while calibrating: "3 probe runs" in the header, none below (a tester's)
             parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))}; no model "
                          "weighs them yet (the endpoints have not been found to differ)")
+    own = entry.get("own_log_lr")
+    says_itself = own is not None and abs(own) >= math.log(VERDICT_LR) and (own > 0) == (entry.get("verdict") == BAD)
     if vals and entry.get("integrated") and entry.get("verdict") in (GOOD, BAD) and not entry.get("reason") \
-            and entry.get("p_bad") is not None and 0 < entry["index"]:
+            and entry.get("p_bad") is not None and 0 < entry["index"] and not says_itself:
         # a tester's: "BAD P(bad)=1.000 / 1 run [0.00228]" below the good side's median, unexplained
         parts.append(f"verdict {entry['verdict']} from where it sits, not from its own runs alone: "
                      f"P(bad) = {entry['p_bad']:.3f} {SITS_WHY}")
@@ -367,9 +375,27 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
                 # --max-runs without a verdict is a skip to git bisect; `run` skips nothing,
                 # and the search may still place it from its neighbours (good*/bad*)
                 entry["verdict"] = UNDECIDED
-        entry["explain"] = explain_commit(entry, pl.model if pl else None)
         out.append(entry)
+    if pl is not None and pl.integrated:
+        _own_evidence(out, len(cands) - 1)
+    for entry in out:
+        entry["explain"] = explain_commit(entry, pl.model if pl else None)
     return out
+
+
+def _own_evidence(commits: list[dict], last: int) -> None:
+    """Where good and bad overlap, what each placed commit's runs say by
+    themselves: against the runs of the commits placed on either side of
+    it (``decide.predictive_log_lr``). Near the answer a commit may hold
+    a hundred runs, and those decide it."""
+    placed = [c for c in commits if c["values"] and c.get("verdict") in (GOOD, BAD)]
+    for c in commits:
+        if not c["values"] or c.get("verdict") not in (GOOD, BAD) or c["index"] in (0, last):
+            continue
+        good = [v for o in placed if o is not c and o["verdict"] == GOOD for v in o["values"]]
+        bad = [v for o in placed if o is not c and o["verdict"] == BAD for v in o["values"]]
+        if len(good) >= 2 and len(bad) >= 2:
+            c["own_log_lr"] = predictive_log_lr(c["values"], good, bad)
 
 
 def current_analysis(ws: Workspace, sess: SessionRow):

@@ -26,6 +26,7 @@ from klbisect.cli_report import history, nightly, report
 from klbisect.decide import Model
 from klbisect.errors import KlbisectError
 from klbisect.histgen import NoiseModel, make_history
+from klbisect.metric import fmt_confidence
 from klbisect.report import GITHUB_COMMENT_LIMIT, report_data, write_report
 from klbisect.config import BisectConfig, make_probe
 from klbisect.session import run_bisect
@@ -361,7 +362,8 @@ def test_status_says_why_its_masses_and_the_answers_confidence_differ(bisected):
     st = status(h.path)
     # the refitted model can move the mass by a little (0.9924 now against 0.9953 at the stop, one draw
     # in six): said exactly when it moved, and a single session's note names no later one
-    moved = abs(st["top"][0]["mass"] - st["result"]["confidence"]) >= 5e-4
+    # (a reviewer's 0.9939 and 0.9935 went unexplained: any difference the four decimals show)
+    moved = f"{st['top'][0]['mass']:.4f}" != fmt_confidence(st["result"]["confidence"])
     assert ("recomputed now" in format_status(st)) == moved and "later sessions' too" not in format_status(st)
     st["result"]["confidence"] = st["top"][0]["mass"] - 0.01
     assert "recomputed now, from every run stored" in format_status(st)

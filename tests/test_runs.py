@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
+
 from klbisect.runs import STATUS_CRASH, STATUS_FAILED, STATUS_OK, STATUS_TIMEOUT, run_shown, usual_labels, valued_runs
 from klbisect.store import Run
 
@@ -88,6 +90,33 @@ def test_a_commit_placed_by_the_integrated_search_says_its_place_decided_it():
     first, second = said_once(whole)
     assert first == whole[0] and "weighs every commit's runs" in whole[1]
     assert second.endswith("from where it sits, not from its own runs alone (as above)"), second
+
+
+def test_a_commit_beside_the_answer_with_many_runs_says_what_its_runs_alone_give():
+    """A reviewer's: the two commits beside an overlapping answer held 236
+    runs between them, and each read "from where it sits ... a commit's few
+    runs say little alone". Their runs alone, against the runs of the
+    commits placed on either side, decide them, and status says so."""
+    from klbisect.decide import Model
+    from klbisect.result import _own_evidence, explain_commit
+    rng = np.random.default_rng(5)
+
+    def entry(i, verdict, median, n):
+        return {"index": i, "values": list(rng.lognormal(np.log(median), 0.26, n)), "verdict": verdict,
+                "reason": "", "p_bad": 0.0 if verdict == "good" else 1.0, "integrated": True}
+    commits = [entry(0, "good", 0.0025, 40), entry(4, "good", 0.0025, 8), entry(20, "good", 0.0025, 112),
+               entry(21, "bad", 0.0031, 124), entry(30, "bad", 0.0031, 8), entry(39, "bad", 0.0031, 40)]
+    _own_evidence(commits, 39)
+    assert "own_log_lr" not in commits[0] and "own_log_lr" not in commits[-1]
+    model = Model.fit(commits[0]["values"], commits[-1]["values"])
+    beside = [explain_commit(c, model) for c in commits[2:4]]
+    for said, side in zip(beside, ("good", "bad")):
+        assert f"its runs alone, against those of the commits on either side of it (rank test): " in said, said
+        assert f":1 for {side}" in said and "from where it sits" not in said, said
+    # a commit with a few runs that say little keeps the line about where it sits
+    few = entry(10, "good", 0.0028, 2)
+    _own_evidence([*commits, few], 39)
+    assert "from where it sits" in explain_commit(few, model), explain_commit(few, model)
 
 
 def test_the_pure_core_loads_no_git_process_or_network_module():
