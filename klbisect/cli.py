@@ -101,9 +101,10 @@ class Cli(click.Group):
             return self._internal(e)
 
     def _fail(self, code: int, line: str, detail: str | None = None) -> None:
-        click.echo(line, err=True)
         if detail:
+            # the log tail first: a CI step's `tail -1` (a tester's) reads klbisect's line, not the probe's
             click.echo(detail, err=True)
+        click.echo(line, err=True)
         if getattr(self, "_json", False):
             try:
                 _emit_json(json_failure(getattr(self, "_nightly", False),

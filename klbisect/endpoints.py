@@ -46,7 +46,11 @@ def endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_
                                  f"{', '.join(seen)} in {len(finished)} finished runs, never {metric}; pick one of "
                                  f"them (or leave --metric out: the {over_labels(ws.worse)} over labels)"
                                  + ("; a [label] with a space in it is not read as one: print labels without spaces, "
-                                    "or set --metric-regex with a group named label" if " " in metric else ""),
+                                    "or set --metric-regex with a group named label" if " " in metric else "")
+                                 # a tester's regex had no label group: "pick one of value, value2, value3"
+                                 + ("; those are the names of the values a --metric-regex with no group named label "
+                                    "reads: add (?P<label>...) to it to read the probe's labels"
+                                    if all(re.fullmatch(r"value\d*", k) for k in seen) else ""),
                                  EXIT_USAGE)
     if cr.build_failed:
         b = ws.store.failed_build(build_key or "", sha) or {}

@@ -270,7 +270,7 @@ def format_status(st: dict) -> str:
                 f"{fmt_count(a['commits'], 'commit')} from it on {fmt_value(a['median'])}; the endpoints alone differ "
                 f"at p = {ev['endpoints_p']:.2g} (Welch's t on the log values or Mann-Whitney, the smaller). Over "
                 f"every place the change could be, the posterior puts {ev['mass']:.4f} here"
-                + (f" and {nxt['mass']:.2g} on the next ({', '.join(c[:12] for c in nxt['candidates'])})"
+                + (f" and {nxt['mass']:.2g} on the next likeliest place ({', '.join(c[:12] for c in nxt['candidates'])})"
                    if nxt else "") + ".", width=100, initial_indent="  ", subsequent_indent="  "))
         res = st.get("result") or {}
         answer = next((t["mass"] for t in st["top"] if res.get("candidates") == t["candidates"]), None)

@@ -531,7 +531,7 @@ def test_metric_of_a_label_after_the_asserting_one_is_measured(history, tmp_path
     p = klb("run", "--good", other.good, "--bad", other.bad, "--probe-cmd",
             f"{PY} {wrapper} {tmp_path / 'other-runs'}", "--metric", "decode_cache_hit", cwd=other.path,
             env={"STOP_ALL": "1"})
-    line = p.stderr.split("klbisect: error: ", 1)[-1].splitlines()[0]   # then the log's tail, its traceback
+    line = p.stderr.split("klbisect: error: ", 1)[-1].splitlines()[0]   # (the log tail, its traceback, comes before it)
     assert p.returncode == 154, p.stderr
     assert "stopped on its own assertion before printing decode_cache_hit" in line and "prefill_cache_hit" in line
 
@@ -1219,6 +1219,12 @@ def test_a_regex_or_a_line_that_reads_no_number_says_what_it_read(history, tmp_p
                             "kl < 0.01 and n % 2    # every other run of a good commit fails")
     p = klb(*run, "--probe-cmd", flaky, "--metric-regex", r"kl_div: (?P<value>[0-9.]+)", cwd=h.path)
     assert "printed no value, while every run with a value failed" in p.stderr and "add -s" in p.stderr, p.stderr
+    # a regex with no label group and a --metric label: the names it read come with why (a tester's
+    # "pick one of value, value2, value3" did not say the regex needs a label group)
+    line = said(probe_cmd(), "--metric-regex", r"avg_kl_div=(?P<value>\S+)", "--metric", "prefill_cache_hit", code=150)
+    assert "pick one of" in line and "add (?P<label>...) to it" in line, line
+    line = said(probe_cmd(), "--metric", "prefill_hit", code=150)
+    assert "pick one of" in line and "(?P<label>" not in line, line
 
 
 def test_a_pytest_that_hides_passing_runs_gives_up_on_the_good_endpoint_after_six(history, tmp_path):
