@@ -36,7 +36,10 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
             # must not hide the bisect that finished after it, and a `run` that resumed an
             # older session is the one just looked at, not a calibration begun before it
             found = [x for x in (st.active_session(), st.latest_session(
-                ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True)) if x]
+                ("run", "gitbisect", "calibrate", "nightly"), shown_only=True, touched=True),
+                # `log`: a calibration Ctrl-C'd after a finished one made the runs just looked at
+                # (a reviewer's `log` listed the older one's)
+                st.latest_session(("calibrate",), touched=True) if runs_only else None) if x]
             sess = max(found, key=lambda x: (st.last_touched(x), x.id), default=None)
             if not runs_only:     # `log` lists the runs just made, whatever answer they served
                 sess = shown_session(st, sess)

@@ -215,6 +215,14 @@ def test_a_first_calibration_cut_short_is_listed_by_log_and_named_by_status(hist
     assert len(rows) == kept and {r["sha"] for r in rows} == {h.good}, rows
     line = error_line(klb("status", cwd=h.path), 150)
     assert "calibration session 1" in line and "stopped before its result" in line and "klbisect log --session 1" in line
+    # one finished, then another Ctrl-C'd: `log` lists the runs just made (a reviewer's listed the older)
+    done = klb("calibrate", "--rev", h.bad, "--runs", "2", "--probe-cmd", driver_probe, cwd=h.path)
+    assert done.returncode == 0, done.stderr
+    second, _ = interrupted(*args[:2], h.shas[3], *args[3:], cwd=h.path, env={"KL_DRIVER_SLEEP": "1.0"},
+                            after=kept + 2 + 1)
+    assert second.returncode == 130
+    rows = json.loads(klb("log", "--json", cwd=h.path).stdout)
+    assert {r["sha"] for r in rows} == {h.shas[3]}, rows
 
 
 def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interrupted(history, driver_probe):
