@@ -8,6 +8,8 @@ import re
 import statistics
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from . import repo as gitrepo
 from .config import BisectConfig, make_builder
 from .decide import (BAD, GOOD, SKIP, UNDECIDED, VERDICT_LR, Model, ThresholdModel, fmt_odds, is_undecided_skip, judge,
@@ -388,12 +390,22 @@ def _own_evidence(commits: list[dict], last: int) -> None:
     themselves: against the runs of the commits placed on either side of
     it (``decide.predictive_log_lr``). Near the answer a commit may hold
     a hundred runs, and those decide it."""
-    placed = [c for c in commits if c["values"] and c.get("verdict") in (GOOD, BAD)]
+    pools, spans = {}, {}     # each side's runs in one array, and where each commit's lie in it
+    for side in (GOOD, BAD):
+        at, parts = 0, []
+        for c in commits:
+            if c["values"] and c.get("verdict") == side:
+                spans[c["index"]] = (at, at + len(c["values"]))
+                at += len(c["values"])
+                parts.append(c["values"])
+        pools[side] = np.concatenate(parts) if parts else np.zeros(0)
     for c in commits:
         if not c["values"] or c.get("verdict") not in (GOOD, BAD) or c["index"] in (0, last):
             continue
-        good = [v for o in placed if o is not c and o["verdict"] == GOOD for v in o["values"]]
-        bad = [v for o in placed if o is not c and o["verdict"] == BAD for v in o["values"]]
+        lo, hi = spans[c["index"]]
+        own = pools[c["verdict"]]
+        good, bad = ((np.concatenate([own[:lo], own[hi:]]), pools[BAD]) if c["verdict"] == GOOD
+                     else (pools[GOOD], np.concatenate([own[:lo], own[hi:]])))
         if len(good) >= 2 and len(bad) >= 2:
             c["own_log_lr"] = predictive_log_lr(c["values"], good, bad)
 
