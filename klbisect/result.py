@@ -283,8 +283,8 @@ def explain_commit(entry: dict, model) -> str:
             if entry.get("own_log_lr") is not None:
                 # a reviewer's: the two commits beside the answer, with 236 runs between them, read
                 # "from where it sits ... a commit's few runs say little alone"
-                parts.append(f"its runs alone, against those of the commits on either side of it (rank test): "
-                             f"{fmt_odds(entry['own_log_lr'])}")
+                parts.append(f"its runs alone, against the runs of the commits placed good and of those placed "
+                             f"bad (rank test): {fmt_odds(entry['own_log_lr'])}")
         elif model is not None:
             parts.append(f"{len(vals)} run(s) [{shown}] look {side}: weighed now, with the model every run so far "
                          f"gives, together {math.exp(min(abs(llr), 700)):.3g} times likelier if the commit is {side}")
@@ -387,9 +387,10 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
 
 def _own_evidence(commits: list[dict], last: int) -> None:
     """Where good and bad overlap, what each placed commit's runs say by
-    themselves: against the runs of the commits placed on either side of
-    it (``decide.predictive_log_lr``). Near the answer a commit may hold
-    a hundred runs, and those decide it."""
+    themselves: against the runs of the other commits placed good and of
+    those placed bad (``decide.predictive_log_lr``; their places rest on
+    every run, its own too). Near the answer a commit may hold a hundred
+    runs, and those decide it."""
     pools, spans = {}, {}     # each side's runs in one array, and where each commit's lie in it
     for side in (GOOD, BAD):
         at, parts = 0, []

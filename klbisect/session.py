@@ -107,7 +107,10 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
                        "culprit": got.culprit, "complete": got.complete, "probe_runs": got.probe_runs})
         return got
 
-    def merge_stands(merge: Result, why: str, sure: bool, spent: int, scfg: BisectConfig | None = None) -> Result:
+    def merge_stands(merge: Result, why: str, sure: bool, spent: int, scfg: BisectConfig | None = None,
+                     resumable: bool = False) -> Result:
+        """The merge as the answer; ``resumable``: its side branch's search
+        stopped on --max-total-runs, and a rerun with more goes on with it."""
         notes = [n for n in merge.notes if "--all-commits" not in n and "any of them may be the cause" not in n]
         side_runs = 0
         if scfg is not None:
@@ -122,9 +125,10 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
                     note_stop(st, side.id, f"searched by `run --all-commits` as the side branch of the merge "
                                            f"{merge.culprit[:12]}: {why}")
                     st.put(side_done_key(side.id), str(merge.session))
-                    # its job is done: not an unfinished session for `status` to list (a rerun makes
-                    # a new one, which answers from the runs this one kept)
-                    st.update_session(side.id, state="ended", ended=time.time())
+                    if not resumable:
+                        # its job is done: not an unfinished session for `status` to list (a rerun makes
+                        # a new one, which answers from the runs this one kept; under --fresh, from none)
+                        st.update_session(side.id, state="ended", ended=time.time())
         return dataclasses.replace(merge, notes=notes + [f"--all-commits: {why}"], complete=merge.complete and sure,
                                    reason=merge.reason if sure else f"--all-commits: {why}",
                                    probe_runs=spent + side_runs, stages=stages)
@@ -158,7 +162,7 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
             res, stood = merge_stands(merge, f"--max-total-runs {cfg.max_total_runs} was spent before its side "
                                              f"branch ({fork[:12]}..{side[:12]}) was searched: the same command with "
                                              "a higher --max-total-runs goes on from here", sure=False, spent=runs,
-                                      scfg=scfg), True
+                                      scfg=scfg, resumable=True), True
             break
         progress(f"--all-commits: {merge.culprit[:12]} is a merge; searching the side branch it brings in, "
                  f"from {fork[:12]} ({where}) to its head {side[:12]}")
@@ -184,7 +188,8 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
             if isinstance(e, Interrupted) or (e.endpoint is None and not isinstance(e, OutOfRuns)):
                 raise      # a busy lock, a full disk, a broken environment: nothing about the branch
             res, stood = merge_stands(merge, f"its side branch ({fork[:12]}..{side[:12]}) could not be searched: "
-                                             f"{e.message}", sure=False, spent=runs, scfg=scfg), True
+                                             f"{e.message}", sure=False, spent=runs, scfg=scfg,
+                                      resumable=isinstance(e, OutOfRuns)), True
             break
         merges.append(merge)
         runs += res.probe_runs
@@ -203,7 +208,9 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
     if merges or stood:
         with contextlib.suppress(KlbisectError), ws.locked():
             ws.store.put(all_commits_key(res.session), json.dumps(res.to_json()))
-            for s in stages:
+            # (an answer short of sure, the cap's say, is gone on with by the same command: a
+            # reviewer's --fresh rerun after the cap measured every stage again)
+            for s in stages if res.complete else ():
                 if ws.store.get(fresh_open_key(s["session"])):
                     ws.store.put(fresh_open_key(s["session"]), "")
     return res
@@ -568,7 +575,7 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
         if prev.config.get("fresh") and prev.state != "done":
             progress(f"--fresh: resuming the unfinished --fresh session {prev.id}, whose runs count "
                      "(`klbisect reset` first to leave them out too)")
-        elif prev.config.get("fresh") and st.get(fresh_open_key(prev.id)):
+        elif prev.config.get("fresh") and cfg.command_after_run is not None and st.get(fresh_open_key(prev.id)):
             progress(f"--fresh: session {prev.id} is a finished stage of the unfinished `run --all-commits "
                      "--fresh` this command goes on with (`klbisect reset` first to start over)")
         else:

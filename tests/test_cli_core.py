@@ -804,14 +804,17 @@ def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path)
     assert f"from {wip[:12]} (--good)" in p.stderr, p.stderr
 
 
-def test_all_commits_holds_max_total_runs_over_every_stage(tmp_path):
+@pytest.mark.parametrize("fresh", [False, True])
+def test_all_commits_holds_max_total_runs_over_every_stage(tmp_path, fresh):
     """--max-total-runs held for each stage: a cap of 26 spent 19 on the
     first-parent line and up to 26 more in the side branch. Now the side
     branch gets what the line left; out of it, the merge stands, not sure,
-    and a rerun with more room goes on to the commit."""
+    and a rerun with more room goes on to the commit from every run so far
+    (a reviewer's --fresh rerun measured both stages again)."""
     repo, root, culprit = long_lived_history(tmp_path)
     merge = git(repo, "rev-parse", "main~4").strip()
-    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits"]
+    args = ["run", "--good", root, "--bad", "main", "--probe-cmd", f"{PY} probe.py", "--json", "--all-commits",
+            *(["--fresh"] if fresh else [])]
     p = klb(*args, "--max-total-runs", "26", cwd=repo)
     res = json_tail(p.stdout)
     assert p.returncode == 157 and not res["complete"], p.stderr
@@ -821,6 +824,8 @@ def test_all_commits_holds_max_total_runs_over_every_stage(tmp_path):
         assert "--max-total-runs 26" in res["reason"] and "side branch" in res["reason"], res["reason"]
     more = klb(*args, cwd=repo)
     assert more.returncode == 0 and json_tail(more.stdout)["culprit"] == culprit, more.stderr
+    assert len(db_query(repo, "SELECT id FROM sessions")) == 2, more.stderr
+    assert json_tail(more.stdout)["probe_runs"] == len(db_query(repo, "SELECT id FROM runs")), more.stderr
 
 
 def test_all_commits_fresh_interrupted_in_a_side_branch_goes_on_from_it(tmp_path):
@@ -2116,8 +2121,9 @@ def test_endpoint_that_never_prints_a_value_shows_log_tail(small):
             "--probe-cmd", "echo hello-from-the-probe; echo second-line >&2; exit 3", cwd=small.path)
     line = error_line(p, 154)
     assert "printed no metric value" in line and "log:" in line
-    tail = p.stderr.split(line, 1)[1]
+    tail = p.stderr.split(line, 1)[0]      # the log's tail, then klbisect's line last (a tester's tail -1)
     assert "hello-from-the-probe" in tail and "second-line" in tail
+    assert p.stderr.rstrip().splitlines()[-1] == line
     assert worktrees(small.path) == [str(small.path)]
     head = klb("status", cwd=small.path).stdout.splitlines()[0]
     assert "(run, stopped while calibrating the endpoints: the good endpoint" in head, head

@@ -111,7 +111,8 @@ def test_a_commit_beside_the_answer_with_many_runs_says_what_its_runs_alone_give
     model = Model.fit(commits[0]["values"], commits[-1]["values"])
     beside = [explain_commit(c, model) for c in commits[2:4]]
     for said, side in zip(beside, ("good", "bad")):
-        assert f"its runs alone, against those of the commits on either side of it (rank test): " in said, said
+        assert "its runs alone, against the runs of the commits placed good and of those placed bad (rank test): " \
+            in said, said
         assert f":1 for {side}" in said and "from where it sits" not in said, said
     # a commit with a few runs that say little keeps the line about where it sits
     few = entry(10, "good", 0.0028, 2)
