@@ -40,10 +40,13 @@ def endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_
         # a run that stopped on its own assertion (a test that asserts in its loop over labels)
         # never reached its later labels: it says nothing of whether the test prints this one
         finished = [r for r in printed if r.status != STATUS_FAILED]
-        if len(finished) >= 2 and not any(metric in r.values for r in printed):
+        # one finished run is enough once the commit is given up on anyway (a tester's nightly head,
+        # whose test failed its assertion every other run, was said to have "crashed part-way")
+        enough = 2 if cr.crashes < crash_limit else 1
+        if len(finished) >= enough and not any(metric in r.values for r in printed):
             seen = sorted({k for r in finished for k in r.values})
             return KlbisectError(f"--metric {metric}: {where} {sha[:12]} printed the labels "
-                                 f"{', '.join(seen)} in {len(finished)} finished runs, never {metric}; pick one of "
+                                 f"{', '.join(seen)} in {fmt_count(len(finished), 'finished run')}, never {metric}; pick one of "
                                  f"them (or leave --metric out: the {over_labels(ws.worse)} over labels)"
                                  + ("; a [label] with a space in it is not read as one: print labels without spaces, "
                                     "or set --metric-regex with a group named label" if " " in metric else "")
@@ -144,8 +147,10 @@ def endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_
                                  EXIT_NO_SIGNAL)
         if any(r.values for r in recent):
             # values, then a crash short of the labels the other runs print: said as such
-            return KlbisectError(f"{where} {sha[:12]} crashed part-way in {cr.crashes} runs: each printed some "
-                                 "labels' values, then failed without an assertion before the rest (a run "
+            # (a run that exited 0 short of the labels did not crash: a tester's was said to)
+            how = ("crashed part-way" if all(r.exit_code != 0 for r in recent) else "ended short of its labels")
+            return KlbisectError(f"{where} {sha[:12]} {how} in {cr.crashes} runs: each printed some "
+                                 "labels' values, then ended without an assertion before the rest (a run "
                                  "that fails its own assertion is measured); see why in the log: "
                                  f"{last.log_path if last else '?'}", EXIT_NO_SIGNAL, detail=tail)
         if exc and not missing_module and "can't open file" not in tail:
@@ -175,15 +180,21 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
 NEVER_BUILT_LIMIT = 3  # failed builds, none ever good under this --build-cmd: the command is wrong
 
 
+def disk_full(f: Failure) -> bool:
+    """A failure of the disk's: no retry frees space, so the first one stops."""
+    return f.errno in (errno.ENOSPC, errno.EDQUOT) or any(
+        t in f.error for t in ("No space left on device", "the disk is full"))
+
+
 def infrastructure_error(f: Failure) -> KlbisectError:
     """Three failures outside the probe at one commit: a full disk or a log
     folder klbisect may not write is storage (156), with what to do about it."""
-    full = f.errno in (errno.ENOSPC, errno.EDQUOT) or any(
-        t in f.error for t in ("No space left on device", "the disk is full"))
+    full = disk_full(f)
     denied = f.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or any(
         t in f.error for t in ("Permission denied", "Read-only file system", "Operation not permitted"))
     fix = "free disk space, then " if full else "make the folder it names writable, then " if denied else ""
-    return KlbisectError(f"probing {f.sha[:12]} failed 3 times for reasons outside the probe: {f.error}; "
+    times = "" if full else " 3 times"
+    return KlbisectError(f"probing {f.sha[:12]} failed{times} for reasons outside the probe: {f.error}; "
                          f"finished runs are saved: {fix}rerun to resume",
                          EXIT_STORAGE if full or denied else EXIT_REPO_STATE)
 

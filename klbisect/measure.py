@@ -14,7 +14,10 @@ import git
 
 from . import repo as gitrepo
 from .build import Builder, BuildResult
+from .errors import EXIT_STORAGE, KlbisectError
 from .probe import Probe, RunResult, Slot
+from .proc import log_tail
+from .runs import CRASHED
 
 
 @dataclass
@@ -87,12 +90,27 @@ class Measurer:
                     # a half-finished build may have left the environment
                     # changed: the next commit rebuilds whatever it touches
                     self.last_built[where] = None
+                    self._check_disk(f"the build of {sha[:12]}", out.build.log_path, slot.checkout)
                     return out
                 self.last_built[where] = sha
         # slot (GPUs, ports) and worktree in the name: in a pool they vary apart
         name = f"run-{sha[:12]}-{stamp}-s{slot.index}-{Path(where).name}.log"
-        out.run = self.probe.run(slot.checkout, self.log_dir / name, slot)
+        out.run = r = self.probe.run(slot.checkout, self.log_dir / name, slot)
+        if r.status in CRASHED and not r.values:
+            # (not by its log's words: NCCL's "No space left on device" is a small /dev/shm)
+            self._check_disk(f"the probe run of {sha[:12]}", r.log_path, slot.checkout, read_log=False)
         return out
+
+    def _check_disk(self, what: str, log_path: str, checkout: Path, read_log: bool = True) -> None:
+        """A build or run that failed on a full disk is the disk's failure, not
+        the commit's: recorded, it made the commit untestable (a tester's
+        build on a full disk was a skip, and git bisect skips for good).
+        Raised, it stops the command with 156 before anything is recorded."""
+        said = gitrepo.DISK_FULL.search(log_tail(log_path)) if log_path and read_log else None
+        if said or gitrepo.nearly_full(checkout) or gitrepo.nearly_full(self.log_dir):
+            raise KlbisectError(f"{what} failed: the disk is full ({said.group(0) if said else 'under 32 MiB free'}"
+                                f"; log: {log_path}); free disk space and rerun the same command: recorded runs "
+                                "are kept", EXIT_STORAGE)
 
 
 FRESH_BUILD_RATIO = 2.0      # fresh builds this many times dearer than builds in place: rebuild in place

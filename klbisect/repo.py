@@ -75,14 +75,14 @@ def _git(repo: git.Repo, *args: str, cwd: str | Path | None = None) -> str:
         m = re.fullmatch(r"stderr: '(.*)'", err, re.S)
         msg = (m.group(1) if m else err).strip().splitlines()
         said = msg[-1].strip() if msg else str(e)
-        if _DISK_FULL.search(err) or (_WRITE_FAILED.search(err) and nearly_full(cwd or repo.common_dir)):
+        if DISK_FULL.search(err) or (_WRITE_FAILED.search(err) and nearly_full(cwd or repo.common_dir)):
             raise KlbisectError(f"git {args[0]} failed: the disk is full ({said}); free space and rerun "
                                 "the same command: recorded runs are kept", EXIT_STORAGE) from None
         raise KlbisectError(f"git {args[0]} failed: {said}", EXIT_REVISION) from None
 
 
 # git's words for ENOSPC/EDQUOT differ by command ("Out of diskspace", strerror's own)
-_DISK_FULL = re.compile(r"No space left on device|Out of diskspace|Disk quota exceeded", re.I)
+DISK_FULL = re.compile(r"No space left on device|Out of diskspace|Disk quota exceeded", re.I)
 # ... and a checkout on a full disk often names only the file it could not write
 _WRITE_FAILED = re.compile(r"unable to write|Could not reset index file|short write", re.I)
 

@@ -187,9 +187,13 @@ def format_status(st: dict) -> str:
                         f"`klbisect status --session {left['session']}` shows it, `klbisect reset` ends it. "
                         f"Shown below: session {st['session']}.)")
     if older:
-        lines.insert(0, f"(Sessions {', '.join(str(o['session']) for o in older)} are unfinished too, "
-                        f"{fmt_count(sum(o['runs'] for o in older), 'run')} between them: "
-                        "`klbisect status --session N` shows one, `klbisect reset` ends them all.)")
+        # (one more: "Sessions 1 are unfinished too, 1 run between them" was a tester's)
+        n_runs = fmt_count(sum(o['runs'] for o in older), 'run')
+        lines.insert(0, f"(Session {older[0]['session']} is unfinished too, with {n_runs}: `klbisect status "
+                        f"--session {older[0]['session']}` shows it, `klbisect reset` ends it.)" if len(older) == 1 else
+                     f"(Sessions {', '.join(str(o['session']) for o in older)} are unfinished too, "
+                     f"{n_runs} between them: `klbisect status --session N` shows one, `klbisect reset` "
+                     "ends them all.)")
     if st.get("env_held"):
         how = "`klbisect reset`" if st["kind"] == "gitbisect" else "the same command when it ends, or `klbisect reset`,"
         lines.append(f"Note: {st['env_held']} has this session's --build sglang install; {how} puts back what it "

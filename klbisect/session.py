@@ -18,7 +18,7 @@ from .buildenv import (close_builder, hold_env, keep_env, pins_moved, slots_for,
                        warn_probe_python)
 from .config import RERUN_KEYS, BisectConfig, make_builder, make_probe, question_of
 from .decide import OVERLAP_P, VERDICT_LR, Model, ThresholdModel, separation
-from .endpoints import calibrate_endpoints, infrastructure_error, never_built, unbuilt_sglang_hint
+from .endpoints import calibrate_endpoints, disk_full, infrastructure_error, never_built, unbuilt_sglang_hint
 from .errors import EXIT_NO_SIGNAL, Interrupted, KlbisectError, NoDifference, OutOfRuns
 from .executors import Executor, Failure, LocalExecutor, make_slots
 from .labels import CLEARER_LOOK, clearer_label, label_hint
@@ -196,8 +196,16 @@ def _down_merges(ws: Workspace, repo, path, cfg: BisectConfig, progress: Progres
     if merges:
         outer, inner = merges[0], merges[1:]
         pr = res.pr or outer.pr
+        # the earlier stages' runs at this stage's commits (its ends on the line) are this
+        # command's, counted in probe_runs already, not "reused from other sessions" (a tester's)
+        # (the stages before it only: a side stage after a merge that stands ran after its count)
+        order = [s["session"] for s in stages]
+        mine = set(order[:order.index(res.session)] if res.session in order else order)
+        shas = [c[0] for c in ws.store.candidates(res.session)]
+        ours = sum(r.session_id in mine for r in ws.store.runs(make_probe(cfg).key, shas))
         res = dataclasses.replace(
             res, pr=pr, probe_runs=res.probe_runs if stood else runs, stages=stages,
+            reused_runs=max(res.reused_runs - ours, 0),
             candidate_info=[{**c, "pr": c.get("pr") or (pr if c.get("sha") == res.culprit else None)}
                             for c in res.candidate_info],
             notes=[f"--all-commits: found through the merge {outer.culprit[:12]}"
@@ -369,7 +377,7 @@ class _Search:
                     progress(f"  {r.sha[:12]}: killed {self.failures[r.sha]} times: counted as this commit's crash")
                     r = r.outcome
                 else:
-                    if self.failures[r.sha] >= 3:
+                    if self.failures[r.sha] >= 3 or disk_full(r):
                         raise infrastructure_error(r)
                     continue
             run = record(ws, self.sid, self.probe_key, self.build_key, r, Path(r.checkout) if r.checkout

@@ -784,6 +784,9 @@ def test_all_commits_goes_down_into_the_merge_past_a_long_lived_branch(tmp_path)
     assert sum(s["probe_runs"] for s in res["stages"]) == res["probe_runs"], res["stages"]
     assert "found through the merge" in res["notes"][0] and "(PR #77)" in res["notes"][0], res["notes"]
     assert res["candidate_info"][0]["pr"] == 77 and res["probe_runs"] == len(db_query(repo, "SELECT id FROM runs"))
+    # the line's runs at the side branch's ends are this command's, already in probe_runs (a tester's
+    # "63 + 7 reused from other sessions" counted them twice)
+    assert res["reused_runs"] == 0 and "reused" not in p.stderr, res
     # status and the report give the PR and every stage's runs too (a tester's had none)
     shown = json_tail(klb("status", "--json", cwd=repo).stdout)
     assert (shown["culprit"], shown["pr"], shown["result"]["probe_runs"]) == (culprit, 77, res["probe_runs"]), shown
@@ -2981,6 +2984,36 @@ def test_a_build_that_fails_on_a_full_disk_is_a_storage_error(history, monkeypat
     with pytest.raises(gitrepo.KlbisectError) as e:
         run_bisect(h.path, cfg, progress=lambda m: None)
     assert e.value.code == 156 and "the disk is full" in e.value.message and "free disk space" in e.value.message
+
+
+NO_SPACE_BUILD = '''import os, subprocess, sys
+head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+if os.path.exists(sys.argv[1]) and head not in sys.argv[2:]:
+    print("copying build/lib/kvserve/_C.so")
+    raise SystemExit("OSError: [Errno 28] No space left on device: 'build/lib/kvserve/_C.so'")
+'''
+
+
+def test_a_build_that_ran_out_of_disk_is_not_the_commits_failure(history, tmp_path):
+    """A tester's build on a full disk was recorded as failed, its commit
+    untestable, and `run` went on (under git bisect, a skip for good). It
+    stops the command with 156 and records no build; with space again the
+    same command finds the culprit."""
+    h = history(n_commits=40, seed=36)
+    full = tmp_path / "disk-full"
+    full.touch()
+    script = tmp_path / "nospace_build.py"
+    script.write_text(NO_SPACE_BUILD)
+    args = ["run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-paths", "*",
+            "--build-cmd", f"{PY} {script} {full} {h.good} {h.bad}"]
+    p = klb(*args, cwd=h.path)
+    line = error_line(p, 156)
+    assert "the disk is full" in line and "No space left on device" in line, p.stderr
+    assert "untestable" not in p.stderr and "3 times" not in line, p.stderr
+    assert db_query(h.path, "SELECT id FROM builds WHERE ok=0") == []
+    full.unlink()
+    again = klb(*args, "--json", cwd=h.path)
+    assert again.returncode == 0 and json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
 
 
 OOM_WRAPPER = '''import os, signal, subprocess, sys

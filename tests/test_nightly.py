@@ -461,6 +461,11 @@ for label in ("logprobs_match", "prefill_cache_hit"):
     print(f"avg_kl_div={level * rng.uniform(0.97, 1.03):.6g}", flush=True)
     if os.environ.get("KL_PARTIAL"):
         raise SystemExit("RuntimeError: NCCL error: unhandled system error")   # dies after its first label
+if os.environ.get("KL_ASSERT_EVERY_OTHER"):     # a counter file: every other run fails its own assertion
+    c = os.environ["KL_ASSERT_EVERY_OTHER"]
+    n = int(open(c).read()) + 1 if os.path.exists(c) else 1
+    open(c, "w").write(str(n))
+    assert n % 2 == 0, "avg_kl_div above the threshold"
 '''
 
 
@@ -1142,6 +1147,15 @@ def test_a_report_path_that_cannot_be_written_fails_before_any_run(tmp_path):
         assert p.returncode == 150 and f"cannot write {out}" in p.stderr and "Traceback" not in p.stderr, p.stderr
         assert json.loads(p.stdout.strip().splitlines()[-1])["exit_code"] == 150
     assert not (lv.path / ".git" / "klbisect" / "state.db").exists()     # nothing measured, nothing judged
+
+
+def test_a_label_never_printed_is_the_commands_error_when_the_test_fails_every_other_run(tmp_path):
+    # a tester's: a run failing its own assertion after every label, then one passing, read as a
+    # head that "crashed part-way" (154) and the night was recorded as crashed
+    lv = Levels(tmp_path)
+    e = nightly(lv.path, "d1", "--metric", "nosuch", env={"KL_ASSERT_EVERY_OTHER": str(tmp_path / "count")})
+    assert "never nosuch" in error_line(e, 150) and "logprobs_match" in e.stderr, e.stdout + e.stderr
+    assert "crashed" not in e.stderr and verdicts(lv.path) == [None]
 
 
 def test_a_probe_that_is_not_found_or_a_label_never_printed_gets_no_verdict(tmp_path):

@@ -567,3 +567,19 @@ def test_an_sglang_probe_is_named_as_its_options_would_give_it():
                     "--turn-separator 1,29892 --sglang-python /opt/venv/bin/python")
     assert "hf_secret123" not in redact(line) and "k3y12345" not in redact(line)
     assert cfg.run_command("g", "b").startswith(f"klbisect run --good g --bad b {line}")
+
+
+def test_status_names_one_older_unfinished_session_in_the_singular(bisected):
+    """A tester's three failed runs opened status with "(Sessions 1 are
+    unfinished too, 1 run between them"."""
+    from klbisect.report import format_status
+    from klbisect.status import status
+    h, _ = bisected
+    st = status(h.path)
+    left = [{"session": n, "kind": "run", "good": "a" * 40, "bad": "b" * 40, "runs": 1, "stopped": "no metric value"}
+            for n in (9, 8, 7)]
+    first = format_status({**st, "unfinished": left}).splitlines()[0]
+    assert first == ("(Session 7 is unfinished too, with 1 run: `klbisect status --session 7` shows it, "
+                     "`klbisect reset` ends it.)"), first
+    first = format_status({**st, "unfinished": left + [{**left[0], "session": 6}]}).splitlines()[0]
+    assert first.startswith("(Sessions 6, 7 are unfinished too, 2 runs between them: "), first
