@@ -6,6 +6,8 @@ handed to git. ``probe_head`` judges the checked-out commit (0 good, 1 bad,
 the git bisect in progress is the session's (``reset`` asks them too)."""
 from __future__ import annotations
 
+import contextlib
+
 import math
 import time
 from dataclasses import dataclass
@@ -345,7 +347,13 @@ def _judge_head(job: _HeadJob):
         if not checked:     # after the first run, the check after each run covers the next
             _check_unchanged(ws, sha)
             checked = True
-        out = job.measurer.measure(sha, job.slot)
+        try:
+            out = job.measurer.measure(sha, job.slot)
+        except KlbisectError:
+            # a full disk mid-build: the pinned wheels it replaced are kept for `reset` (a reviewer's)
+            with contextlib.suppress(Exception):
+                keep_env(ws, sess.id, job.builder)
+            raise
         keep_env(ws, sess.id, job.builder)
         try:
             _check_unchanged(ws, sha, measured=True)

@@ -5,6 +5,7 @@ returns an ``Outcome`` that the caller records.
 """
 from __future__ import annotations
 
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,13 +106,22 @@ class Measurer:
         """A build or run that failed on a full disk is the disk's failure, not
         the commit's: recorded, it made the commit untestable (a tester's
         build on a full disk was a skip, and git bisect skips for good).
-        Raised, it stops the command with 156 before anything is recorded."""
+        Raised, it stops the command with 156 before anything is recorded.
+        A log's "No space left on device" counts only where space is short
+        (a reviewer's: a small /dev/shm or a build that writes far too much
+        would stop every rerun at the same commit)."""
         said = gitrepo.DISK_FULL.search(log_tail(log_path)) if log_path and read_log else None
+        places = (checkout, self.log_dir, Path(tempfile.gettempdir()))
+        if said and not any(gitrepo.nearly_full(p, LOW_SPACE) for p in places):
+            said = None
         if said or gitrepo.nearly_full(checkout) or gitrepo.nearly_full(self.log_dir):
+            # (no "; " before the advice: the executor keeps a message's first clause)
             raise KlbisectError(f"{what} failed: the disk is full ({said.group(0) if said else 'under 32 MiB free'}"
-                                f"; log: {log_path}); free disk space and rerun the same command: recorded runs "
+                                f", log {log_path}); free disk space and rerun the same command: recorded runs "
                                 "are kept", EXIT_STORAGE)
 
+
+LOW_SPACE = 1 << 30          # where a failed build's log says the disk is full, this little free space agrees
 
 FRESH_BUILD_RATIO = 2.0      # fresh builds this many times dearer than builds in place: rebuild in place
 DEAR_FRESH_SECONDS = 120.0   # ... or, before a build in place is timed, fresh builds this long

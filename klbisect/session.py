@@ -366,7 +366,12 @@ class _Search:
 
     def handle(self, results) -> None:
         ws, shas, progress = self.ws, self.shas, self.progress
+        full = None     # a disk-full failure: raised once the rest of the batch is recorded (a reviewer's)
         for r in results:
+            if isinstance(r, Failure) and disk_full(r):
+                progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
+                full = full or infrastructure_error(r)
+                continue
             if isinstance(r, Failure):
                 self.failures[r.sha] = self.failures.get(r.sha, 0) + 1
                 progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
@@ -377,7 +382,7 @@ class _Search:
                     progress(f"  {r.sha[:12]}: killed {self.failures[r.sha]} times: counted as this commit's crash")
                     r = r.outcome
                 else:
-                    if self.failures[r.sha] >= 3 or disk_full(r):
+                    if self.failures[r.sha] >= 3:
                         raise infrastructure_error(r)
                     continue
             run = record(ws, self.sid, self.probe_key, self.build_key, r, Path(r.checkout) if r.checkout
@@ -411,6 +416,12 @@ class _Search:
                 shown, crashed = run_shown(run, usual, ws.metric, typical, ws.worse)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
                 self.streak[:] = self.streak + [r.sha] if crashed else []
+        if full is not None:
+            # a build that installed pinned wheels, then met the full disk: what they replaced is kept
+            # for the restore (best effort: the store shares the disk)
+            with contextlib.suppress(Exception):
+                keep_env(ws, self.sid, self.builder)
+            raise full
 
     def execute(self, batch: list[str], stop=None) -> None:
         """Run one measurement for each sha in batch, as slots allow; when

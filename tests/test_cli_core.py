@@ -2,6 +2,7 @@
 8-12): every klbisect call is a separate ``python -m klbisect`` process."""
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
@@ -2994,26 +2995,44 @@ if os.path.exists(sys.argv[1]) and head not in sys.argv[2:]:
 '''
 
 
-def test_a_build_that_ran_out_of_disk_is_not_the_commits_failure(history, tmp_path):
+def test_a_build_that_ran_out_of_disk_is_not_the_commits_failure(history, tmp_path, monkeypatch):
     """A tester's build on a full disk was recorded as failed, its commit
-    untestable, and `run` went on (under git bisect, a skip for good). It
-    stops the command with 156 and records no build; with space again the
-    same command finds the culprit."""
+    untestable, and `run` went on (under git bisect, a skip for good). Where
+    space is short it stops the command with 156 and records no build; with
+    space again the same command finds the culprit. Where the disk has room,
+    the log's words are the commit's own failure (a reviewer's: a small
+    /dev/shm would stop every rerun at that commit)."""
+    from klbisect import measure  # noqa: PLC0415
+    from klbisect.config import BisectConfig  # noqa: PLC0415
+    from klbisect.session import run_bisect  # noqa: PLC0415
     h = history(n_commits=40, seed=36)
     full = tmp_path / "disk-full"
     full.touch()
     script = tmp_path / "nospace_build.py"
     script.write_text(NO_SPACE_BUILD)
-    args = ["run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--build-paths", "*",
-            "--build-cmd", f"{PY} {script} {full} {h.good} {h.bad}"]
-    p = klb(*args, cwd=h.path)
-    line = error_line(p, 156)
-    assert "the disk is full" in line and "No space left on device" in line, p.stderr
-    assert "untestable" not in p.stderr and "3 times" not in line, p.stderr
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=probe_cmd(), build_paths=("*",),
+                       build_cmd=f"{PY} {script} {full} {h.good} {h.bad}")
+    said: list[str] = []
+    monkeypatch.setattr(measure, "LOW_SPACE", 1 << 62)    # every disk short of space
+    with pytest.raises(gitrepo.KlbisectError) as e:
+        run_bisect(h.path, cfg, progress=said.append)
+    msg = e.value.message
+    assert e.value.code == 156 and "the disk is full (No space left on device, log " in msg, msg
+    assert ".log)" in msg and "3 times" not in msg and not any("untestable" in m for m in said), msg
     assert db_query(h.path, "SELECT id FROM builds WHERE ok=0") == []
     full.unlink()
-    again = klb(*args, "--json", cwd=h.path)
-    assert again.returncode == 0 and json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+    assert run_bisect(h.path, cfg, progress=said.append).culprit == h.culprit
+    # the default: a disk with a GiB free
+    monkeypatch.setattr(measure, "LOW_SPACE", 1 << 30)
+    h = history(n_commits=40, seed=36)
+    full.touch()
+    cfg = dataclasses.replace(cfg, good=h.good, bad=h.bad, build_cmd=f"{PY} {script} {full} {h.good} {h.bad}",
+                              max_total_runs=40)
+    try:     # every commit between the ends untestable: an answer of the block, or a stop of its own
+        run_bisect(h.path, cfg, progress=said.append)
+    except gitrepo.KlbisectError as err:
+        assert err.code != 156, err.message
+    assert db_query(h.path, "SELECT id FROM builds WHERE ok=0") != []
 
 
 OOM_WRAPPER = '''import os, signal, subprocess, sys

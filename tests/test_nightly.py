@@ -454,6 +454,12 @@ rng = random.Random(os.urandom(16))
 time.sleep(float(os.environ.get("KL_PROBE_SLEEP", "0")))   # long enough to be killed mid-bisect
 if os.environ.get("KL_BROKEN"):
     raise SystemExit("RuntimeError: CUDA error: no CUDA-capable device is detected")   # a broken machine
+if os.environ.get("KL_FIRST_RUN_BROKEN"):       # a counter file: only the first run dies before printing
+    c = os.environ["KL_FIRST_RUN_BROKEN"]
+    first = not os.path.exists(c)
+    open(c, "a").write("run ")
+    if first:
+        raise SystemExit("RuntimeError: CUDA error: an illegal memory access was encountered")
 print("probe sees GITHUB_TOKEN =", os.environ.get("GITHUB_TOKEN", "(unset)"))
 for label in ("logprobs_match", "prefill_cache_hit"):
     level = spec.get("labels", {}).get(label, spec["level"]) * scale
@@ -1156,6 +1162,12 @@ def test_a_label_never_printed_is_the_commands_error_when_the_test_fails_every_o
     e = nightly(lv.path, "d1", "--metric", "nosuch", env={"KL_ASSERT_EVERY_OTHER": str(tmp_path / "count")})
     assert "never nosuch" in error_line(e, 150) and "logprobs_match" in e.stderr, e.stdout + e.stderr
     assert "crashed" not in e.stderr and verdicts(lv.path) == [None]
+    # a reviewer's: a run that died after its first label says nothing of the label asked for (its
+    # complete runs print it): a crashed night, not the command's error
+    lv.commit("Docs (#101)")
+    e = nightly(lv.path, "d2", "--metric", "prefill_cache_hit",
+                env={"KL_PARTIAL": "1", "KL_FIRST_RUN_BROKEN": str(tmp_path / "first")})
+    assert e.returncode == 154 and "crashed part-way" in error_line(e, 154), e.stdout + e.stderr
 
 
 def test_a_probe_that_is_not_found_or_a_label_never_printed_gets_no_verdict(tmp_path):
