@@ -71,8 +71,11 @@ def _kept(value: str, name: str = "") -> bool:
     bare = value.strip("\"'\\")
     count = not name or re.search(r"(?:num|max|min|top|n)[-_]?(?:new[-_])?tokens?$|tokens$", name, re.I) is not None
     # nor an unset one (SGLang's ServerArgs(..., api_key=None) read as if a key were set)
+    # nor argparse's placeholder in a usage text, "[--api-key API_KEY]" (a tester's lost its "]")
+    metavar = name.lstrip("-").upper().replace("-", "_")
     return (bare.startswith("$") or bare in ("", "None", "null", MASK, _HELD_MASK)
-            or (count and re.fullmatch(r"[\d.]+", bare) is not None))
+            or (count and re.fullmatch(r"[\d.]+", bare) is not None)
+            or (bool(metavar) and bare.rstrip("]").rstrip(".,;") == metavar))
 
 
 _FLAG_NAME = re.compile(r"--?(?:[A-Za-z0-9_-]*[-_])?(?:token|secret|password|passwd|api[-_]?key|access[-_]?key)",

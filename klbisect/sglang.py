@@ -43,7 +43,7 @@ import requests
 from . import proc
 from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
 from .errors import EXIT_USAGE, KlbisectError, shown
-from .metric import JSON_PREFIX
+from .metric import JSON_PREFIX, fmt_count
 from .probe import DEFAULT_TIMEOUT, RunResult, Slot, config_key
 from .runs import STATUS_CRASH, STATUS_NOSERVER, STATUS_OK, STATUS_TIMEOUT
 from .proc import child_environ, kill_tree, log_tail, run_logged
@@ -883,6 +883,12 @@ class SGLangProbe:
     def load(self) -> list[list[int]]:
         if self._prompts_cache is None:
             prompts = load_prompts(self.prompts)
+            if self.num_samples and self.num_samples > len(prompts):
+                # taken as given, the header said "999 of prompts.json" and the runs were keyed
+                # apart from the same runs without it (a tester's)
+                raise KlbisectError(f"--num-samples {self.num_samples}: {self.prompts} holds "
+                                    f"{fmt_count(len(prompts), 'prompt')}; give at most {len(prompts)}, or leave "
+                                    "it out to use them all", EXIT_USAGE)
             prompts = prompts[: self.num_samples] if self.num_samples else prompts
             need = MT_SAMPLES if "logprobs_match" in self.labels else MT_GROUPS
             if self.kl_flow == "multiturn" and len(prompts) < need:
@@ -1299,6 +1305,19 @@ def pin_restore_commands(before: Mapping[str, str | None], now: Mapping[str, str
     return cmds
 
 
+PINS_FOUND = "pins_before.json"    # in a session's log folder: the pinned wheels' versions before its builds
+
+
+def with_pins_found(saved: Mapping) -> dict:
+    """A stored ``saved_origin()`` with the pins its builds wrote to disk
+    before installing them (kept there first: see ``_remember_pins``)."""
+    try:
+        found = json.loads((Path(saved["log_dir"]) / PINS_FOUND).read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return dict(saved)
+    return {**saved, "pins": {**found, **(saved.get("pins") or {})}}
+
+
 @dataclass
 class _Before:
     """The environment as the first build of a session found it."""
@@ -1492,6 +1511,13 @@ class SGLangBuilder:
             if self._before is not None:
                 for name, ver in versions.items():
                     self._before.pins.setdefault(name, ver)
+                if versions:
+                    # on disk before pip changes them: the store learns them only after the build,
+                    # and a kill -9 mid-build lost them (a tester's kernel wheels stayed installed)
+                    with contextlib.suppress(OSError):
+                        f = self._before.log_dir / PINS_FOUND
+                        f.with_suffix(".tmp").write_text(json.dumps(self._before.pins))
+                        os.replace(f.with_suffix(".tmp"), f)
 
     def saved_origin(self) -> dict | None:
         """What ``close()`` would put back, as JSON-able data: `git bisect

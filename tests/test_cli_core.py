@@ -1876,7 +1876,9 @@ def test_redaction_leaves_labels_numbers_and_json_alone():
             " Add per-token FP8 quantization helper (#29578) multi-password reset ssh://git@github.com/o/r.git"
             " git+https://github.com/sgl-project/sglang@0123456789abcdef#subdirectory=python"
             # a tester's: SGLang's ServerArgs with no key read "api_key=<redacted>", its ")" eaten
-            " server_args=ServerArgs(model_path='m', port=25000, api_key=None)")
+            " server_args=ServerArgs(model_path='m', port=25000, api_key=None)"
+            # a tester's: a server's usage text lost its placeholders and their "]"
+            " usage: launch_server [--api-key API_KEY] [--admin-api-key ADMIN_API_KEY]")
     assert redact(kept) == kept
     assert redact("ServerArgs(model_path='m', api_key='k3y-of-mine')") == "ServerArgs(model_path='m', api_key=<redacted>)"
     for secret, text in (("SECRETAPI", "--server-args '--api-key SECRETAPI'"), ("tok1", "--hf_token tok1"),

@@ -483,6 +483,20 @@ def _tiny_repo(path: Path) -> Path:
     return path
 
 
+def test_more_samples_than_the_prompts_file_holds_is_a_usage_error(tmp_path):
+    """A tester's --num-samples 999 of an 8-prompt file ran as "999 of
+    prompts.json", its runs keyed apart from the same runs without it."""
+    repo = _tiny_repo(tmp_path / "r")
+    prompts = tmp_path / "p.json"
+    prompts.write_text("[[1, 2, 3], [4, 5]]")
+    res = CliRunner().invoke(cli_main, ["run", "--repo", str(repo), "--good", "HEAD~1", "--bad", "HEAD",
+                                        "--probe", "sglang", "--model-path", "m", "--prompts", str(prompts),
+                                        "--num-samples", "999"])
+    assert res.exit_code == EXIT_USAGE and res.stderr.strip().splitlines() == [
+        f"klbisect: error: --num-samples 999: {prompts} holds 2 prompts; give at most 2, or leave it out to use "
+        "them all"], res.stderr
+
+
 @pytest.mark.parametrize("command, args", [
     ("run", ["--launch-timeout", "-1"]), ("run", ["--request-timeout", "-3"]),
     ("run", ["--max-new-tokens", "-5"]), ("run", ["--max-new-tokens", "0"]),
@@ -654,6 +668,35 @@ def test_build_sglang_puts_back_pinned_wheels_and_an_index_install(tmp_path, mon
             assert after["sglang"]["direct_url"] is None                       # not an editable install
             assert line.startswith(f"klbisect: {fake_py} is back to sglang 0.4.0 from a package index; "
                                    "no flashinfer-python; sglang-kernel==0.4.3 (log: "), line
+
+
+def test_pinned_wheels_a_killed_session_installed_are_put_back(tmp_path, monkeypatch):
+    """A tester's kill -9 after a --build sglang build: the pinned wheels'
+    earlier versions were in memory until the build was recorded, so the
+    next command put sglang back and left the kernel wheels installed (or
+    "restored" the killed session's). They are on disk before pip runs."""
+    from klbisect.buildenv import _stored  # noqa: PLC0415
+    fake_py = tmp_path / "py"
+    fake_py.write_text(f"#!{sys.executable}\n{FAKE_PIP}")
+    fake_py.chmod(0o755)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"sglang": None, "pkgs": {}}))
+    monkeypatch.setenv("FAKE_PIP_STATE", str(state))
+    checkout = tmp_path / "co"
+    (checkout / "python").mkdir(parents=True)
+    (checkout / "python" / "pyproject.toml").write_text(PYPROJECT_NEW)
+    logs = tmp_path / "logs" / "s1"
+    first = SGLangBuilder(python=str(fake_py))
+    first.remember_origin(logs)                      # as the session's start stores it
+    stored = json.dumps(first.saved_origin())
+    assert first.build(checkout, logs / "build.log", Slot(0, checkout)).ok
+    assert json.loads(state.read_text())["pkgs"] == {"sglang-kernel": "0.4.4", "flashinfer-python": "0.6.1"}
+    # killed here: the store holds what the session's start found, no pins
+    nxt = SGLangBuilder(python=str(fake_py))
+    nxt.adopt_origin(_stored(stored))
+    [line] = nxt.close(lambda line: None)
+    assert json.loads(state.read_text()) == {"sglang": None, "pkgs": {}}, line
+    assert "no flashinfer-python; no sglang-kernel" in line, line
 
 
 @pytest.fixture
