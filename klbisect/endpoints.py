@@ -39,12 +39,11 @@ def endpoint_problem(ws: Workspace, which: str, sha: str, probe_key: str, build_
         printed = [r for r in ws.store.runs(probe_key, [sha]) if r.values]
         # a run that stopped on its own assertion (a test that asserts in its loop over labels)
         # never reached its later labels: it says nothing of whether the test prints this one
-        finished = [r for r in printed if r.status != STATUS_FAILED]
-        # one run that exited 0 is enough once the commit is given up on anyway (a tester's nightly
-        # head, whose test failed its assertion every other run, was said to have "crashed part-way";
-        # one that crashed after its first label says nothing of the rest: a reviewer's)
-        clean = [r for r in finished if r.exit_code == 0]
-        if (len(finished) >= 2 or (clean and cr.crashes >= crash_limit)) \
+        # (nor one that crashed after its first label: only runs that exited 0 count, a reviewer's)
+        finished = [r for r in printed if r.status != STATUS_FAILED and r.exit_code == 0]
+        # one is enough once the commit is given up on anyway (a tester's nightly head, whose test
+        # failed its assertion every other run, was said to have "crashed part-way")
+        if (len(finished) >= 2 or (finished and cr.crashes >= crash_limit)) \
                 and not any(metric in r.values for r in printed):
             seen = sorted({k for r in finished for k in r.values})
             return KlbisectError(f"--metric {metric}: {where} {sha[:12]} printed the labels "

@@ -112,7 +112,9 @@ class Measurer:
         would stop every rerun at the same commit)."""
         said = gitrepo.DISK_FULL.search(log_tail(log_path)) if log_path and read_log else None
         places = (checkout, self.log_dir, Path(tempfile.gettempdir()))
-        if said and not any(gitrepo.nearly_full(p, LOW_SPACE) for p in places):
+        # (a quota is not in the free space a disk reports: its words alone count)
+        if said and "quota" not in said.group(0).lower() and not any(gitrepo.nearly_full(p, LOW_SPACE)
+                                                                     for p in places):
             said = None
         if said or gitrepo.nearly_full(checkout) or gitrepo.nearly_full(self.log_dir):
             # (no "; " before the advice: the executor keeps a message's first clause)

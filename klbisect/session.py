@@ -365,13 +365,31 @@ class _Search:
         self.searching = False   # set once the endpoints are calibrated
 
     def handle(self, results) -> None:
+        # a disk-full failure: raised once the rest of the batch is recorded, before any other
+        # error the batch raises (a reviewer's)
+        full = next((infrastructure_error(r) for r in results if isinstance(r, Failure) and disk_full(r)), None)
+        try:
+            self._record_all(results, full)
+        except Exception as e:
+            if full is None:
+                raise
+            raise full from e
+        if full is not None:
+            # a build that installed pinned wheels, then met the full disk: what they replaced is kept
+            # for the restore (best effort: the store shares the disk)
+            with contextlib.suppress(Exception):
+                keep_env(self.ws, self.sid, self.builder)
+            raise full
+
+    def _record_all(self, results, full: KlbisectError | None) -> None:
         ws, shas, progress = self.ws, self.shas, self.progress
-        full = None     # a disk-full failure: raised once the rest of the batch is recorded (a reviewer's)
         for r in results:
             if isinstance(r, Failure) and disk_full(r):
                 progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
-                full = full or infrastructure_error(r)
                 continue
+            if full is not None and not isinstance(r, Failure) and (
+                    r.build_failed or (r.run is not None and not r.run.values)):
+                continue    # beside a full disk, most likely on it too: not the commit's failure
             if isinstance(r, Failure):
                 self.failures[r.sha] = self.failures.get(r.sha, 0) + 1
                 progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
@@ -416,12 +434,6 @@ class _Search:
                 shown, crashed = run_shown(run, usual, ws.metric, typical, ws.worse)
                 progress(f"[{i}/{len(shas) - 1}] {r.sha[:12]} run: {shown}  ({run.duration:.1f}s)")
                 self.streak[:] = self.streak + [r.sha] if crashed else []
-        if full is not None:
-            # a build that installed pinned wheels, then met the full disk: what they replaced is kept
-            # for the restore (best effort: the store shares the disk)
-            with contextlib.suppress(Exception):
-                keep_env(ws, self.sid, self.builder)
-            raise full
 
     def execute(self, batch: list[str], stop=None) -> None:
         """Run one measurement for each sha in batch, as slots allow; when

@@ -1310,12 +1310,15 @@ PINS_FOUND = "pins_before.json"    # in a session's log folder: the pinned wheel
 
 def with_pins_found(saved: Mapping) -> dict:
     """A stored ``saved_origin()`` with the pins its builds wrote to disk
-    before installing them (kept there first: see ``_remember_pins``)."""
+    before installing them (kept there first: see ``_remember_pins``), when
+    the file is this record's."""
     try:
         found = json.loads((Path(saved["log_dir"]) / PINS_FOUND).read_text())
-    except (OSError, ValueError, KeyError, TypeError):
+        if not saved.get("token") or found.get("token") != saved["token"]:
+            return dict(saved)
+        return {**saved, "pins": {**found["pins"], **(saved.get("pins") or {})}}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return dict(saved)
-    return {**saved, "pins": {**found, **(saved.get("pins") or {})}}
 
 
 @dataclass
@@ -1325,6 +1328,9 @@ class _Before:
     origin: InstallOrigin | None
     log_dir: Path
     pins: dict[str, str | None] = field(default_factory=dict)   # only those a build changed
+    # names this record in PINS_FOUND: a file an earlier command left (its own restore done) or
+    # another node wrote is not this record's (a reviewer's stale file uninstalled the user's wheels)
+    token: str = field(default_factory=lambda: os.urandom(8).hex())
 
 
 def build_fix_hint(build_key: str | None) -> str:
@@ -1516,7 +1522,8 @@ class SGLangBuilder:
                     # and a kill -9 mid-build lost them (a tester's kernel wheels stayed installed)
                     with contextlib.suppress(OSError):
                         f = self._before.log_dir / PINS_FOUND
-                        f.with_suffix(".tmp").write_text(json.dumps(self._before.pins))
+                        f.with_suffix(".tmp").write_text(json.dumps({"token": self._before.token,
+                                                                     "pins": self._before.pins}))
                         os.replace(f.with_suffix(".tmp"), f)
 
     def saved_origin(self) -> dict | None:
@@ -1529,7 +1536,7 @@ class SGLangBuilder:
             if b is None:
                 return None
             origin = asdict(b.origin) if b.origin is not None else None
-            return {"origin": origin, "log_dir": str(b.log_dir), "pins": dict(b.pins)}
+            return {"origin": origin, "log_dir": str(b.log_dir), "pins": dict(b.pins), "token": b.token}
 
     def adopt_origin(self, saved: Mapping | None) -> None:
         """Take over an earlier process's ``saved_origin()``: what it found
@@ -1540,6 +1547,8 @@ class SGLangBuilder:
             origin = saved.get("origin")
             before = _Before(InstallOrigin(**origin) if origin is not None else None, Path(saved["log_dir"]),
                              dict(saved.get("pins") or {}))
+            if saved.get("token"):
+                before.token = saved["token"]
             if self._before is not None:
                 for name, ver in self._before.pins.items():
                     before.pins.setdefault(name, ver)
@@ -1556,6 +1565,9 @@ class SGLangBuilder:
             return []
         try:
             lines, done = self._restore(before)
+            if done:
+                with contextlib.suppress(OSError):
+                    (before.log_dir / PINS_FOUND).unlink(missing_ok=True)
         except BaseException:
             done = False
             raise

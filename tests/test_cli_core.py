@@ -3024,8 +3024,8 @@ def test_a_build_that_ran_out_of_disk_is_not_the_commits_failure(history, tmp_pa
     assert db_query(h.path, "SELECT id FROM builds WHERE ok=0") == []
     full.unlink()
     assert run_bisect(h.path, cfg, progress=said.append).culprit == h.culprit
-    # the default: a disk with a GiB free
-    monkeypatch.setattr(measure, "LOW_SPACE", 1 << 30)
+    # a disk with room (whatever this machine's have)
+    monkeypatch.setattr(measure, "LOW_SPACE", 1)
     h = history(n_commits=40, seed=36)
     full.touch()
     cfg = dataclasses.replace(cfg, good=h.good, bad=h.bad, build_cmd=f"{PY} {script} {full} {h.good} {h.bad}",
@@ -3035,6 +3035,21 @@ def test_a_build_that_ran_out_of_disk_is_not_the_commits_failure(history, tmp_pa
     except gitrepo.KlbisectError as err:
         assert err.code != 156, err.message
     assert db_query(h.path, "SELECT id FROM builds WHERE ok=0") != []
+
+
+def test_a_quota_is_a_full_disk_whatever_space_the_disk_reports(tmp_path, monkeypatch):
+    """A reviewer's: `shutil.disk_usage` knows nothing of quotas, so a build
+    that hit one was the commit's failure again on a roomy disk."""
+    from klbisect.measure import Measurer  # noqa: PLC0415
+    monkeypatch.setattr(gitrepo, "nearly_full", lambda where, floor=0: False)     # every disk roomy
+    meter = Measurer(None, None, None, tmp_path / "logs")
+    log = tmp_path / "build.log"
+    log.write_text("error: [Errno 122] Disk quota exceeded: 'build/lib/_C.so'\n")
+    with pytest.raises(gitrepo.KlbisectError) as e:
+        meter._check_disk("the build of abc", str(log), tmp_path)
+    assert e.value.code == 156 and "Disk quota exceeded" in e.value.message
+    log.write_text("OSError: [Errno 28] No space left on device: '/dev/shm/nccl-1'\n")
+    meter._check_disk("the build of abc", str(log), tmp_path)     # a roomy disk: the commit's own
 
 
 OOM_WRAPPER = '''import os, signal, subprocess, sys

@@ -1168,6 +1168,9 @@ def test_a_label_never_printed_is_the_commands_error_when_the_test_fails_every_o
     e = nightly(lv.path, "d2", "--metric", "prefill_cache_hit",
                 env={"KL_PARTIAL": "1", "KL_FIRST_RUN_BROKEN": str(tmp_path / "first")})
     assert e.returncode == 154 and "crashed part-way" in error_line(e, 154), e.stdout + e.stderr
+    lv.commit("Docs (#102)")        # ... nor two of them (a reviewer's)
+    e = nightly(lv.path, "d3", "--metric", "prefill_cache_hit", env={"KL_PARTIAL": "1"})
+    assert e.returncode == 154 and "crashed part-way" in error_line(e, 154), e.stdout + e.stderr
 
 
 def test_a_probe_that_is_not_found_or_a_label_never_printed_gets_no_verdict(tmp_path):

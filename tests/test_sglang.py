@@ -697,6 +697,13 @@ def test_pinned_wheels_a_killed_session_installed_are_put_back(tmp_path, monkeyp
     [line] = nxt.close(lambda line: None)
     assert json.loads(state.read_text()) == {"sglang": None, "pkgs": {}}, line
     assert "no flashinfer-python; no sglang-kernel" in line, line
+    # a reviewer's: a file an earlier command left is not a later record's (it uninstalled the
+    # wheels the user installed since)
+    assert not (logs / "pins_before.json").exists()          # the restore done, the file goes
+    later = SGLangBuilder(python=str(fake_py))
+    later.remember_origin(logs)
+    (logs / "pins_before.json").write_text(json.dumps({"token": "an-earlier-one", "pins": {"sglang-kernel": None}}))
+    assert _stored(json.dumps(later.saved_origin()))["pins"] == {}
 
 
 @pytest.fixture
