@@ -52,7 +52,7 @@ def _take_over_env(ws: Workspace, sid: int, builder) -> None:
             continue
         theirs = make_builder(BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad}))
         if getattr(theirs, "python", None) == python:
-            builder.adopt_origin(_stored(raw))
+            builder.adopt_origin(json.loads(raw))
             ws.store.put(env_key(sid), raw)
             ws.store.put(key, "")
             return
@@ -193,7 +193,7 @@ def adopt_env(ws: Workspace, sid: int, builder) -> None:
     adopt = getattr(builder, "adopt_origin", None)
     raw = ws.store.get(env_key(sid))
     if adopt and raw:
-        adopt(_stored(raw))
+        adopt(json.loads(raw))
 
 
 def keep_env(ws: Workspace, sid: int, builder) -> None:
@@ -212,18 +212,10 @@ def restore_env(ws: Workspace, sess: SessionRow) -> list[str]:
     builder = make_builder(BisectConfig.from_dict({**sess.config, "good": sess.good, "bad": sess.bad}))
     if not hasattr(builder, "adopt_origin"):
         return []
-    builder.adopt_origin(_stored(raw))
+    builder.adopt_origin(json.loads(raw))
     lines = builder.close(lambda line: None)
     ws.store.put(env_key(sess.id), "")
     return lines
-
-
-def _stored(raw: str) -> dict:
-    """A session's stored environment, with the pinned wheels a build it ran
-    noted on disk before installing them (a kill -9 mid-build kept them
-    from the store)."""
-    from .sglang import with_pins_found  # noqa: PLC0415 - only --build sglang stores one
-    return with_pins_found(json.loads(raw))
 
 
 def env_key(sid: int) -> str:

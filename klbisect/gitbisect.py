@@ -7,7 +7,6 @@ the git bisect in progress is the session's (``reset`` asks them too)."""
 from __future__ import annotations
 
 import contextlib
-
 import math
 import time
 from dataclasses import dataclass

@@ -297,13 +297,10 @@ def _node_origin(cache: Path, builder, keep: bool = False) -> None:
     if not hasattr(builder, "adopt_origin"):
         return
     import filelock  # noqa: PLC0415
-
-    from .sglang import with_pins_found  # noqa: PLC0415 - only --build sglang has an origin
     path = cache / ENV_FILE
     with filelock.FileLock(str(cache / "env.lock")):
         if path.exists():
-            # the file's record comes first, with the pins a build killed mid-way noted on disk
-            builder.adopt_origin(with_pins_found(json.loads(path.read_text())))
+            builder.adopt_origin(json.loads(path.read_text()))   # the file's record comes first
         elif not keep:
             builder.remember_origin(cache / "logs")
         saved = builder.saved_origin()
@@ -315,14 +312,12 @@ def restore_node(cache_dir: str | None, repo_url: str, builder) -> list[str]:
     """End of a session on one node: put back the interpreter's sglang as
     the node's first task found it (one line saying so, or how to)."""
     import filelock  # noqa: PLC0415
-
-    from .sglang import with_pins_found  # noqa: PLC0415
     cache = node_cache(cache_dir, repo_url)
     path = cache / ENV_FILE
     with filelock.FileLock(str(cache / "env.lock")):
         if not path.exists():
             return []
-        builder.adopt_origin(with_pins_found(json.loads(path.read_text())))
+        builder.adopt_origin(json.loads(path.read_text()))
         lines = builder.close(lambda line: None)
         path.unlink()
     return [f"{line} (on {socket.gethostname()})" for line in lines]

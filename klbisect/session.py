@@ -384,15 +384,14 @@ class _Search:
     def _record_all(self, results, full: KlbisectError | None) -> None:
         ws, shas, progress = self.ws, self.shas, self.progress
         for r in results:
-            if isinstance(r, Failure) and disk_full(r):
-                progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
-                continue
             if full is not None and not isinstance(r, Failure) and (
                     r.build_failed or (r.run is not None and not r.run.values)):
                 continue    # beside a full disk, most likely on it too: not the commit's failure
             if isinstance(r, Failure):
-                self.failures[r.sha] = self.failures.get(r.sha, 0) + 1
                 progress(f"infrastructure failure on {r.sha[:12]} (slot {r.slot}): {r.error}")
+                if disk_full(r):
+                    continue    # raised by handle once the batch is recorded
+                self.failures[r.sha] = self.failures.get(r.sha, 0) + 1
                 if self.failures[r.sha] >= 3 and r.outcome is not None:
                     # killed by a signal at this commit every time: its own doing (the OOM
                     # killer, a `timeout -s KILL` wrapper), so a crash of the commit, not a

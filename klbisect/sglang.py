@@ -1308,17 +1308,14 @@ def pin_restore_commands(before: Mapping[str, str | None], now: Mapping[str, str
 PINS_FOUND = "pins_before.json"    # in a session's log folder: the pinned wheels' versions before its builds
 
 
-def with_pins_found(saved: Mapping) -> dict:
-    """A stored ``saved_origin()`` with the pins its builds wrote to disk
-    before installing them (kept there first: see ``_remember_pins``), when
-    the file is this record's."""
+def _pins_found(saved: Mapping) -> dict:
+    """The pins a ``saved_origin()``'s builds wrote to disk before installing
+    them (see ``_remember_pins``), when the file is that record's."""
     try:
         found = json.loads((Path(saved["log_dir"]) / PINS_FOUND).read_text())
-        if not saved.get("token") or found.get("token") != saved["token"]:
-            return dict(saved)
-        return {**saved, "pins": {**found["pins"], **(saved.get("pins") or {})}}
+        return dict(found["pins"]) if saved.get("token") and found.get("token") == saved["token"] else {}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return dict(saved)
+        return {}
 
 
 @dataclass
@@ -1540,13 +1537,14 @@ class SGLangBuilder:
 
     def adopt_origin(self, saved: Mapping | None) -> None:
         """Take over an earlier process's ``saved_origin()``: what it found
-        comes first, pins this process changes later are added."""
+        comes first (with the pins a build killed mid-way noted on disk), pins
+        this process changes later are added."""
         if not saved:
             return
         with self._lock:
             origin = saved.get("origin")
             before = _Before(InstallOrigin(**origin) if origin is not None else None, Path(saved["log_dir"]),
-                             dict(saved.get("pins") or {}))
+                             {**_pins_found(saved), **(saved.get("pins") or {})})
             if saved.get("token"):
                 before.token = saved["token"]
             if self._before is not None:

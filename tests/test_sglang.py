@@ -675,7 +675,6 @@ def test_pinned_wheels_a_killed_session_installed_are_put_back(tmp_path, monkeyp
     earlier versions were in memory until the build was recorded, so the
     next command put sglang back and left the kernel wheels installed (or
     "restored" the killed session's). They are on disk before pip runs."""
-    from klbisect.buildenv import _stored  # noqa: PLC0415
     fake_py = tmp_path / "py"
     fake_py.write_text(f"#!{sys.executable}\n{FAKE_PIP}")
     fake_py.chmod(0o755)
@@ -693,7 +692,7 @@ def test_pinned_wheels_a_killed_session_installed_are_put_back(tmp_path, monkeyp
     assert json.loads(state.read_text())["pkgs"] == {"sglang-kernel": "0.4.4", "flashinfer-python": "0.6.1"}
     # killed here: the store holds what the session's start found, no pins
     nxt = SGLangBuilder(python=str(fake_py))
-    nxt.adopt_origin(_stored(stored))
+    nxt.adopt_origin(json.loads(stored))
     [line] = nxt.close(lambda line: None)
     assert json.loads(state.read_text()) == {"sglang": None, "pkgs": {}}, line
     assert "no flashinfer-python; no sglang-kernel" in line, line
@@ -703,7 +702,9 @@ def test_pinned_wheels_a_killed_session_installed_are_put_back(tmp_path, monkeyp
     later = SGLangBuilder(python=str(fake_py))
     later.remember_origin(logs)
     (logs / "pins_before.json").write_text(json.dumps({"token": "an-earlier-one", "pins": {"sglang-kernel": None}}))
-    assert _stored(json.dumps(later.saved_origin()))["pins"] == {}
+    again = SGLangBuilder(python=str(fake_py))
+    again.adopt_origin(later.saved_origin())
+    assert again.saved_origin()["pins"] == {}
 
 
 @pytest.fixture
