@@ -302,7 +302,7 @@ def sglang_options(f):
         click.option("--labels", default=None,
                      help="--probe sglang: comma-separated subset of logprobs_match,prefill_cache_hit,"
                           "decode_cache_hit."),
-        click.option("--num-samples", type=COUNT, default=None, help="--probe sglang: use the first N prompts."),
+        click.option("--num-samples", type=COUNT, default=None, help="--probe sglang: use the first N prompts (at most the file's count)."),
         click.option("--launch-timeout", type=SECONDS, default=None,
                      help="--probe sglang: seconds for /health_generate to answer 200 (default 1800); "
                           "--timeout counts from then."),
