@@ -30,7 +30,7 @@ from .labels import clearer_label, label_hint, silent_when_passing
 from .metric import broke, fmt_count, fmt_value, over_labels, scalar
 from .runs import run_shown, typical_values, usual_labels, valued_runs
 from .simulate import simulate_bisect
-from .workspace import Progress, Workspace, WorktreeMeter, commit_runs, since, to_stderr
+from .workspace import Progress, Workspace, WorktreeMeter, commit_runs, note_stop, since, to_stderr
 
 
 @dataclass
@@ -82,6 +82,7 @@ class Calibration:
     bad_runs: int = 0             # the bad commit's runs with values counted (0: stored before it was kept)
     worse: str = "higher"         # lower: an accuracy, failing at or below its threshold
     interrupted: bool = False     # Ctrl-C in the cost estimate: the report stands without it
+    used_runs: list[int] = field(default_factory=list)   # the runs counted, by id: `status` and `log` show them
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -108,6 +109,8 @@ def default_thresholds(values: list[float]) -> list[float]:
     cands = sorted({round(m * 10 ** e, 12) for e in (exp - 1, exp, exp + 1) for m in (1, 2, 3, 5, 7)})
     return [c for c in cands if lo <= c <= 2 * hi][:8]
 
+
+FEW_FOR_TAILS = 20   # runs before a label's line shows its 5th and 95th percentiles
 
 MAX_LABEL = "(max over labels)"
 MIN_LABEL = "(min over labels)"
@@ -247,6 +250,10 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
     # a bad commit's runs are counted against the good commit's lines, so the two
     # blocks read side by side (its own would start at its own p25, above them)
     good_lines = {ls.label: [e["threshold"] for e in ls.exceedances] for ls in good or []}
+    # a test fails when any label passes its one threshold: every row lists the lines the
+    # max's tail suggests beside its own (a tester's CI threshold was missing from the quiet label's)
+    tail = [d[MAX_LABEL] for d in values_by_run if d and not broke(d[MAX_LABEL])] if len(labels) > 1 else []
+    shared = candidates(tail) if good is None and not thresholds else []
     out, values = [], {}
     for lab in labels:
         vals = values[lab] = [d[lab] for d in values_by_run if lab in d]
@@ -254,7 +261,7 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
         # would drag percentiles and candidate thresholds up to 1e9: those use the rest
         finite = [v for v in vals if not broke(v)]
         summary = {**summarize(finite), "nan": len(vals) - len(finite)}
-        ths = thresholds or good_lines.get(lab) or candidates(finite or vals)
+        ths = thresholds or good_lines.get(lab) or sorted({*candidates(finite or vals), *shared})
         ex = [{"threshold": t, "above": k, "runs": n,
                "rate_upper_bound": exceedance_upper_bound(k, n, confidence),
                "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}
@@ -426,11 +433,17 @@ def calibrate(path: str | Path | None, cfg: BisectConfig, rev: str, runs: int,
             try:
                 return _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, build_key,
                                           thresholds, false_fail_rate, confidence, commits, progress)
-            except BaseException:
+            except BaseException as e:
                 # an interrupted or failed calibration must not stay the session `status` shows;
-                # its runs are kept by commit, and the same command resumes from them
+                # its runs are kept by commit, and the same command resumes from them. Why it
+                # stopped is kept for `status` (a tester's failed and Ctrl-C'd ones read alike, "ended")
+                why = (e.message if isinstance(e, KlbisectError) else
+                       "interrupted" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
                 with contextlib.suppress(Exception):
                     ws.store.update_session(sid, state="ended", ended=time.time())
+                    # (an error says its own way on: rerun as it was, a bad probe fails again)
+                    note_stop(ws.store, sid, why if isinstance(e, KlbisectError) else
+                              f"{why}; rerun the same `klbisect calibrate` command to resume (its runs are kept)")
                 raise
     finally:
         ws.close()
@@ -510,6 +523,7 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                       label_stats([shown(r) for r in with_values], thresholds, false_fail_rate, confidence,
                                   candidates=cands), false_fail_rate, confidence,
                       worse="lower" if low else "higher")
+    res.used_runs = sorted(r.id for r in with_values + bad_runs)
     res.notes += [n for n in [ended_on_errors(all_runs, f"{rev} ({sha[:12]})")] if n]
     if bad_sha:
         res.notes += [n for n in [ended_on_errors(bad_all, f"the bad rev ({bad_sha[:12]})")] if n]
@@ -694,7 +708,10 @@ def format_calibration(c: Calibration) -> str:
             s = ls.summary
             lines.append((f"  [{ls.label}] n={s['n']}" + (f" and {s['nan']} nan" if s.get("nan") else "")
                           + "  " + "  ".join(f"{k} {fmt_value(s[k])}" for k in
-                                             ("min", "p5", "p25", "median", "p75", "p95", "max") if k in s)).rstrip())
+                                             # (a 5th percentile of 3 runs is only a line between two)
+                                             ("min", "p5", "p25", "median", "p75", "p95", "max")
+                                             if k in s and (s["n"] >= FEW_FOR_TAILS or k not in ("p5", "p95"))
+                                             )).rstrip())
             for e in ls.exceedances:
                 bound = (f">= {e['rate_lower_bound']:.3g}" if bad and "rate_lower_bound" in e
                          else f"<= {e['rate_upper_bound']:.3g}")

@@ -67,8 +67,8 @@ from . import repo as gitrepo
 from .buildenv import close_builder
 from .decide import (BAD, DEFAULT_MAX_RUNS, GOOD, OVERLAP_ENDPOINT_RUNS, SKIP, UNDECIDED, UNDECIDED_SKIP, Verdict,
                      is_undecided_skip, judge as judge_commit, summarize, verdict_model)
-from .errors import (EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_USAGE, Interrupted,
-                     KlbisectError, NoDifference)
+from .errors import (EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_POST_FAILED, EXIT_PROBE_MISSING, EXIT_REVISION,
+                     EXIT_USAGE, Interrupted, KlbisectError, NoDifference)
 from .metric import fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_summary, fmt_value
 from .plots import check_writable
 from .redact import MASK, redact
@@ -459,6 +459,7 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         head = known["head"] = gitrepo.resolve(ws.repo, opts.branch, "branch")
         probe = make_probe(cfg)
         with ws.locked():
+            _check_history(ws, probe.key, head, opts.baseline_nights, progress)
             unfinished = _unfinished_nights(ws, probe.key, head, night, target)
     finally:
         ws.close()
@@ -504,6 +505,28 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
                "notes": [*rec.get("notes", []), f"its post to {post.get('target')} failed when the night was "
                          f"judged ({post['error']}); the next nightly with --post-to posts it"]}
     return _with_earlier(rec, earlier)
+
+
+def _check_history(ws, probe_key: str, head: str, k: int, progress: Progress) -> None:
+    """A shallow clone (actions/checkout's default depth of 1) holds no
+    earlier night's head: every night found no baseline, became one, and
+    exited 0 past a regression (a tester's). Stopped where one of the last
+    nights' heads is cut off; said on a first night, which can form its
+    baseline but not bisect later."""
+    if not gitrepo.is_shallow(ws.repo):
+        return
+    heads = [(s.result or {}).get("head") or s.bad for s in reversed(_nightly_sessions(ws.store, probe_key))
+             if (s.result or {}).get("verdict") not in (None, "crashed")][:k]
+    cut = next((h for h in heads if h and h != head and not gitrepo.is_ancestor(ws.repo, h, head)), None)
+    if cut:
+        raise KlbisectError(f"this clone is shallow and an earlier night's head ({cut[:12]}) is not in its "
+                            "history: nightly judges tonight against earlier nights' heads and bisects between "
+                            "them; fetch the whole history (`git fetch --unshallow`; in GitHub Actions, "
+                            "`fetch-depth: 0` in actions/checkout) and run it again", EXIT_REVISION)
+    if not heads:
+        progress(f"klbisect: warning: this clone is shallow: tonight can become the baseline, but later nights "
+                 "need its head in their history to compare with it and to bisect; fetch the whole history "
+                 "(`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout)")
 
 
 def _with_earlier(rec: dict, earlier: list[dict]) -> dict:

@@ -5,8 +5,10 @@ only ``report``, ``nightly`` and ``history`` need it.
 """
 from __future__ import annotations
 
+import atexit
 import io
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -17,10 +19,28 @@ GOOD_C, BAD_C, UNK_C, CULPRIT_C = "#2b7bba", "#d62728", "#7f7f7f", "#ff7f0e"
 
 
 def _plt():
+    if "MPLCONFIGDIR" not in os.environ and not _writable_config():
+        # matplotlib would make a temp dir itself, with two long warnings on stderr per command (a
+        # tester's read-only HOME); the fonts it caches there are found again in a second
+        os.environ["MPLCONFIGDIR"] = d = tempfile.mkdtemp(prefix="klbisect-mpl-")
+        atexit.register(shutil.rmtree, d, True)
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt  # noqa: PLC0415
     return plt
+
+
+def _writable_config() -> bool:
+    """Can matplotlib keep its config and font cache where it looks first?"""
+    for var, default in (("XDG_CONFIG_HOME", "~/.config"), ("XDG_CACHE_HOME", "~/.cache")):
+        d = Path(os.environ.get(var) or os.path.expanduser(default)) / "matplotlib"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
+        if not os.access(d, os.W_OK):
+            return False
+    return True
 
 
 def _save(fig, out: str | Path | None) -> bytes:

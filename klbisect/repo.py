@@ -73,8 +73,11 @@ def _git(repo: git.Repo, *args: str, cwd: str | Path | None = None) -> str:
         err = (e.stderr or "").strip()
         # GitPython hands stderr back wrapped as "stderr: '...'"
         m = re.fullmatch(r"stderr: '(.*)'", err, re.S)
-        msg = (m.group(1) if m else err).strip().splitlines()
-        said = msg[-1].strip() if msg else str(e)
+        msg = [ln.strip() for ln in (m.group(1) if m else err).strip().splitlines()
+               if ln.strip() and not ln.startswith("hint:")]
+        # git's first line is often the cause, its last the consequence (a tester's missing
+        # git-lfs showed only "fatal: the remote end hung up unexpectedly")
+        said = "; ".join(dict.fromkeys([msg[0], msg[-1]])) if msg else str(e)
         if DISK_FULL.search(err) or (_WRITE_FAILED.search(err) and nearly_full(cwd or repo.common_dir)):
             raise KlbisectError(f"git {args[0]} failed: the disk is full ({said}); free space and rerun "
                                 "the same command: recorded runs are kept", EXIT_STORAGE) from None
@@ -98,7 +101,9 @@ def nearly_full(where: str | Path, floor: int = 32 << 20) -> bool:
 
 def toplevel(repo: git.Repo) -> Path:
     if repo.bare:
-        raise KlbisectError(f"{repo.git_dir} is a bare repository; klbisect needs a working tree", EXIT_REVISION)
+        raise KlbisectError(f"{repo.git_dir} is a bare repository; klbisect needs a working tree: run it in a "
+                            f"clone (`git clone {repo.git_dir} DIR`) or a worktree of it (`git -C {repo.git_dir} "
+                            "worktree add DIR BRANCH`)", EXIT_REVISION)
     return Path(repo.working_tree_dir)
 
 

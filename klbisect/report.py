@@ -125,7 +125,9 @@ def format_log(rows: list[dict]) -> str:
     out = []
     for r in sorted(rows, key=lambda r: r["started"] or 0.0):
         t = time.strftime("%H:%M:%S", time.localtime(r["started"]))
-        vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or status_words(r["status"])
+        vals = " ".join(f"{k}={fmt_value(v)}" for k, v in r["values"].items()) or (
+            # "exit=0 crash" read as a contradiction (a tester's)
+            "no value printed" if r["exit_code"] == 0 else status_words(r["status"]))
         reused = f"  (reused from session {r['reused_from']})" if r.get("reused_from") else ""
         # a server that was never ready has no exit status: "exit=None" read as a bug (a tester's)
         end = ("timed out" if r["status"] == "timeout" else
@@ -167,7 +169,10 @@ def format_status(st: dict) -> str:
     else:
         where = f"good {str(st['good'])[:12]} bad {str(st['bad'])[:12]}"
     # recounted now: other sessions' runs at these commits, later ones' too (all are weighed)
-    reused = f" (+{st['reused_runs']} reused from other sessions)" if st.get("reused_runs") else ""
+    reused = ("" if not st.get("reused_runs") else
+              # a calibration's are the runs at its commits before it, its own resumed ones too (a tester's)
+              f" (+{st['reused_runs']} recorded earlier at {'these commits' if st.get('bad') else 'this commit'})"
+              if st["kind"] == "calibrate" else f" (+{st['reused_runs']} reused from other sessions)")
     kind = f"the bisect of nightly {st['for_night']}" if st.get("for_night") else st["kind"]
     lines = [f"Session {st['session']} ({kind}, {state}): {where}, "
              f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]

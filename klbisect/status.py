@@ -108,8 +108,11 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             # a resumed calibration counts the runs its commits already had
             at = [sha for sha in (sess.good, sess.bad) if sha]
             # (those of earlier sessions: later ones' runs at the same commit are not in its table)
-            out["reused_runs"] = sum(1 for r in st.runs(sess.probe_key, at, every=True)
-                                     if r.session_id is None or r.session_id < sess.id)
+            earlier = [r for r in st.runs(sess.probe_key, at, every=True)
+                       if r.session_id is None or r.session_id < sess.id]
+            # those it counted: a tester's `--runs 3` over 44 earlier runs said "+44 reused"
+            used = set((sess.result or {}).get("used_runs") or [])
+            out["reused_runs"] = sum(1 for r in earlier if r.id in used) if used else len(earlier)
             out["calibration"] = sess.result          # None until it finishes; rerun it to resume
             return out
         if sess.kind == "nightly":
@@ -165,6 +168,11 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
         # earlier sessions of the same probe (a rerun may have reused them all)
         shas = [s for s in {*subjects, sess.good, sess.bad} if s]
         runs = {r.id: r for r in ws.store.runs(sess.probe_key, shas)}
+        used = set((sess.result or {}).get("used_runs") or []) if sess.kind == "calibrate" else set()
+        if used:
+            # a finished calibration: the runs its tables counted (a tester's recomputed
+            # percentiles from all 44 runs at the commit, of which it counted 3)
+            runs = {i: r for i, r in runs.items() if i in used}
         runs.update((r.id, r) for r in ws.store.session_runs(sess.id))
         for sha in {r.sha for r in runs.values()} - subjects.keys():
             # a calibration has no candidate list: its commits' subjects come from git

@@ -87,12 +87,18 @@ def test_calibrate_resumes_from_the_run_store(history):
     # status shows the latest calibration, not an empty bisect
     st = klb("status", cwd=h.path)
     assert st.returncode == 0, st.stderr
-    assert "(calibrate, done)" in st.stdout and "2 probe runs (+4 reused" in st.stdout and "candidate" not in st.stdout
+    assert "(calibrate, done)" in st.stdout and "2 probe runs (+4 recorded earlier at this commit)" in st.stdout and "candidate" not in st.stdout
     assert "6 runs with values" in st.stdout and "runs at or above" in st.stdout
     # a later session's runs at the commit are not the earlier calibration's (a tester's "+36 reused")
     sid = re.search(r"Session (\d+)", st.stdout).group(1)
     assert klb("calibrate", "--rev", h.good, "--runs", "9", "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
-    assert "2 probe runs (+4 reused" in klb("status", "--session", sid, cwd=h.path).stdout
+    assert "2 probe runs (+4 recorded earlier at this commit)" in klb("status", "--session", sid, cwd=h.path).stdout
+    # a calibration that counts 3 of the 9 runs there: status and log say those 3 (a tester's said
+    # "+44 reused" and listed 44 runs beside a table of 3)
+    assert klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    assert "0 probe runs (+3 recorded earlier at this commit)" in klb("status", cwd=h.path).stdout
+    three = json.loads(klb("log", "--json", cwd=h.path).stdout)
+    assert len(three) == 3 and all(r["counted"] for r in three), three
     # its runs name their commit's subject, as a bisect's do
     subject = subprocess.run(["git", "log", "-1", "--format=%s", h.good], cwd=h.path, capture_output=True,
                              text=True).stdout.strip()
@@ -152,6 +158,22 @@ def test_a_failed_calibration_does_not_hide_the_bisect_from_status(history):
     assert st.returncode == 0, st.stderr
     assert json.loads(st.stdout)["kind"] == "run" and json.loads(st.stdout)["culprit"] == h.culprit
     assert "(run, done)" in klb("status", cwd=h.path).stdout
+
+
+def test_status_of_a_calibration_that_stopped_says_why_and_how_to_go_on(history):
+    """A tester's failed and Ctrl-C'd calibrations both read "(calibrate,
+    ended): rev X, 6 probe runs", nothing more. They say what stopped them
+    and that the same command resumes; `log` does not call a run that
+    exited 0 without a value "exit=0 crash"."""
+    h = history(n_commits=10, seed=12)
+    p = klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", "echo hello", cwd=h.path)
+    line = error_line(p, 154)
+    st = klb("status", "--session", "1", cwd=h.path)
+    assert st.returncode == 0, st.stderr
+    head = st.stdout.splitlines()[0]
+    assert head.startswith("Session 1 (calibrate, ended; stopped: ") and line.split(": ", 2)[-1][:40] in head, head
+    logged = klb("log", "--session", "1", cwd=h.path).stdout
+    assert "no value printed" in logged and "exit=0 crash" not in logged, logged
 
 
 def test_calibrate_of_swapped_revisions_says_so_and_metric_picks_one_label(history):

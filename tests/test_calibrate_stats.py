@@ -258,3 +258,26 @@ def test_a_model_that_credits_a_run_more_than_the_runs_show_says_why():
     assert "0.75 bits, more than the runs show: it draws runs from its fitted centres" in cost_line(more)
     less = CostEstimate(200, 0.55, 14.0, 51.6, 67, 1.0, 40, model_bits=0.35)
     assert "0.35 bits, simulating runs that differ only in their median" in cost_line(less)
+
+
+def test_every_label_lists_the_thresholds_the_tests_tail_suggests():
+    """A test fails when any label passes its threshold: a tester's CI line
+    of 0.01 was on the moving label's rows but not on the quiet one's, whose
+    own values stop at 0.004."""
+    rng = np.random.default_rng(3)
+    runs = [{"mean_kl": float(v), "max_kl": float(w)}
+            for v, w in zip(rng.lognormal(np.log(0.0045), 0.2, 40), rng.lognormal(np.log(0.003), 0.1, 40))]
+    stats_ = {ls.label: [e["threshold"] for e in ls.exceedances] for ls in label_stats(runs, None, 0.01, 0.95)}
+    assert 0.01 in stats_["mean_kl"] and 0.01 not in cal.default_thresholds([r["max_kl"] for r in runs])
+    assert set(stats_["(max over labels)"]) <= set(stats_["max_kl"]), stats_
+    assert stats_["max_kl"] == sorted(stats_["max_kl"])
+
+
+def test_few_runs_show_no_tail_percentiles():
+    """p5 and p95 of three runs are lines drawn between two of them."""
+    few = label_stats([{"kl": v} for v in (0.004, 0.005, 0.006)], None, 0.01, 0.95)
+    text = format_calibration(Calibration("v1", "a" * 40, 3, 0, few, 0.01, 0.95))
+    assert "median 0.005" in text and " p5 " not in text and " p95 " not in text, text
+    many = label_stats([{"kl": 0.004 + i * 1e-4} for i in range(cal.FEW_FOR_TAILS)], None, 0.01, 0.95)
+    text = format_calibration(Calibration("v1", "a" * 40, cal.FEW_FOR_TAILS, 0, many, 0.01, 0.95))
+    assert " p5 " in text and " p95 " in text, text

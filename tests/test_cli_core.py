@@ -3170,3 +3170,28 @@ def test_status_names_an_unfinished_session_behind_the_one_it_shows(history):
     assert st["session"] == 1 and [u["session"] for u in st["unfinished"]] == [2], st.get("unfinished")
     text = klb("status", cwd=h.path).stdout
     assert f"(Session 2 (run: good {h.shas[5][:12]} bad {h.shas[30][:12]}" in text and "is unfinished" in text, text
+
+
+def test_git_failing_says_its_cause_and_a_bare_repository_what_to_do(history, tmp_path):
+    """A tester's repository needed git-lfs, not installed: `run` said only
+    git's last line, "fatal: the remote end hung up unexpectedly"; the
+    first names the cause. A bare repository is refused with where to run."""
+    h = history(n_commits=12, seed=40)
+    git_ = ["git", "-c", "user.name=T", "-c", "user.email=t@e"]
+    (h.path / ".gitattributes").write_text("*.bin filter=lfs -text\n")
+    (h.path / "w.bin").write_text("version https://git-lfs.github.com/spec/v1\n")
+    subprocess.run([*git_, "add", "."], cwd=h.path, check=True, capture_output=True)
+    subprocess.run([*git_, "commit", "-qm", "weights"], cwd=h.path, check=True)
+    # as `git lfs install` leaves it, on a machine without the git-lfs binary
+    subprocess.run(["git", "config", "filter.lfs.required", "true"], cwd=h.path, check=True)
+    subprocess.run(["git", "config", "filter.lfs.process", "no-such-git-lfs-xyz filter-process"], cwd=h.path,
+                   check=True)
+    later = time.time() + 5
+    os.utime(h.path / "w.bin", (later, later))    # so git must run the filter to compare it
+    p = klb("run", "--good", h.good, "--bad", "HEAD", "--probe-cmd", probe_cmd(), cwd=h.path)
+    line = error_line(p, 151)
+    assert "no-such-git-lfs-xyz" in line, line
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(h.path), str(bare)], check=True)
+    line = error_line(klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=bare), 151)
+    assert "is a bare repository" in line and "git clone" in line and "worktree add" in line, line

@@ -746,3 +746,62 @@ def test_a_slot_whose_clock_lags_does_not_rebuild_a_broken_commit_without_end(tm
     res = run_bisect(h.path, cfg, progress=lambda m: None, executor_factory=lagging)
     assert res.complete and res.candidates == [broken, h.culprit], res.reason
     assert [r["sha"] for r in db_query(h.path, "SELECT sha FROM builds WHERE ok=0")] == [broken]
+
+
+ONE_FULL_ONE_BROKEN_BUILD = '''import os, subprocess, sys
+head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+if os.path.exists(sys.argv[1]) and head not in sys.argv[2:]:
+    try:      # the first build to get here meets the full disk; the others fail as builds do
+        os.close(os.open(sys.argv[1] + ".first", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        raise SystemExit("error: undefined symbol: kv_cache_fp8_scale")
+    raise SystemExit("OSError: [Errno 28] No space left on device: 'build/lib/kvserve/_C.so'")
+'''
+
+
+class _WholeBatches:
+    """A LocalExecutor that hands back results only once every slot is done,
+    so the builds of one batch land together, as two slots finishing in the
+    same poll do."""
+
+    def __init__(self, inner: LocalExecutor):
+        self.inner, self.slots = inner, inner.slots
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def wait(self, timeout=None):
+        out = self.inner.wait(timeout)
+        while out and self.inner.in_flight():
+            out += self.inner.wait()
+        return out
+
+
+def test_beside_a_full_disk_the_batchs_other_failed_build_is_not_its_commits(tmp_path, monkeypatch):
+    """--parallel 2: one slot's build stops on the full disk, the other's fails
+    in the same batch. The command stops with 156 and neither build is held
+    against its commit (the second most likely failed on the same disk); with
+    space again the same command names the culprit."""
+    from klbisect import measure  # noqa: PLC0415
+    h = make_history(tmp_path / "repo", n_commits=30, merges=0, culprit_index=17, seed=8)
+    full = tmp_path / "disk-full"
+    full.touch()
+    script = tmp_path / "build.py"
+    script.write_text(ONE_FULL_ONE_BROKEN_BUILD)
+    cfg = BisectConfig(good=h.good, bad=h.bad, probe_cmd=f"{sys.executable} probe.py", parallel=2,
+                       build_cmd=f"{sys.executable} {script} {full} {h.good} {h.bad}", build_paths=("*",))
+    monkeypatch.setattr(measure, "LOW_SPACE", 1 << 62)    # every disk short of space
+
+    def whole_batches(cfg, slots, measurer, ws):
+        return _WholeBatches(LocalExecutor(slots, measurer.measure))
+
+    said: list[str] = []
+    with pytest.raises(KlbisectError) as e:
+        run_bisect(h.path, cfg, progress=said.append, executor_factory=whole_batches)
+    assert e.value.code == 156 and "the disk is full (No space left on device" in e.value.message, e.value.message
+    assert (tmp_path / "disk-full.first").exists()
+    assert db_query(h.path, "SELECT sha FROM builds WHERE ok=0") == [], said
+    assert not any("untestable" in m for m in said), said
+    full.unlink()
+    res = run_bisect(h.path, cfg, progress=said.append, executor_factory=whole_batches)
+    assert res.complete and res.culprit == h.culprit

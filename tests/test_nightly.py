@@ -11,6 +11,7 @@ import json
 import math
 import re
 import sqlite3
+import shutil
 import subprocess
 import sys
 import threading
@@ -1468,3 +1469,37 @@ def test_a_fix_judged_on_the_open_label_names_it():
     tonight_max = list(rng.uniform(0.0055, 0.0065, 8))        # the max over labels, back at the baseline
     j = judge_night(tonight_max, baseline, None, open_bad, open_head=tonight_label, open_label="prefill_cache_hit")
     assert j.verdict == "good" and "label prefill_cache_hit: tonight's median 0.003" in j.reason, j.reason
+
+
+def test_a_shallow_clone_each_night_says_to_fetch_the_history(tmp_path):
+    """A tester's GitHub Actions job: a fresh `--depth 1` checkout each night
+    with the state restored from a cache held no earlier night's head, so
+    every night "became the baseline" and exited 0 past a regression. The
+    first night says the clone is shallow; a later one stops with 151 and
+    what to fetch; with the history fetched it is judged."""
+    d = Days(tmp_path)
+    cache = tmp_path / "cache"
+
+    def ci_night(night: str) -> subprocess.CompletedProcess:
+        ci = tmp_path / f"ci-{night}"
+        git(tmp_path, "clone", "-q", "--depth", "1", "--branch", "main", f"file://{d.path}", str(ci))
+        if cache.exists():
+            shutil.copytree(cache, ci / ".git" / "klbisect")
+        p = nightly(ci, night, "--runs", "4")
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.copytree(ci / ".git" / "klbisect", cache, ignore=shutil.ignore_patterns("worktrees"))
+        return p
+
+    first = ci_night("2025-03-01")
+    assert tail_json(first)["regressed"] is False
+    assert "this clone is shallow" in first.stderr and "fetch-depth: 0" in first.stderr, first.stderr
+    d.docs(2, 31001)
+    second = ci_night("2025-03-02")
+    assert second.returncode == 151, second.stdout + second.stderr
+    line = second.stderr.strip().splitlines()[-1]
+    assert "this clone is shallow" in line and "git fetch --unshallow" in line and "Traceback" not in second.stderr
+    ci = tmp_path / "ci-2025-03-02"
+    git(ci, "fetch", "-q", "--unshallow")
+    again = nightly(ci, "2025-03-02", "--runs", "4")
+    assert tail_json(again)["regressed"] is False and "shallow" not in again.stderr, again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["verdict"] != "baseline"

@@ -583,3 +583,17 @@ def test_status_names_one_older_unfinished_session_in_the_singular(bisected):
                      "`klbisect reset` ends it.)"), first
     first = format_status({**st, "unfinished": left + [{**left[0], "session": 6}]}).splitlines()[0]
     assert first.startswith("(Sessions 6, 7 are unfinished too, 2 runs between them: "), first
+
+
+def test_plots_say_nothing_of_an_unwritable_home(tmp_path):
+    """A tester's CI user with a read-only HOME: every report printed two
+    long matplotlib warnings before the file it wrote."""
+    (tmp_path / "file").touch()
+    env = {k: v for k, v in os.environ.items() if k != "MPLCONFIGDIR"}
+    env.update(HOME=str(tmp_path / "file" / "home"), XDG_CACHE_HOME=str(tmp_path / "file" / "cache"),
+               XDG_CONFIG_HOME=str(tmp_path / "file" / "config"), TMPDIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", "from klbisect import plots; plt = plots._plt(); "
+                        "print(len(plots._save(plt.figure(), None)) > 0)"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "True" and p.stderr == "", p.stderr
+    assert not [f for f in tmp_path.iterdir() if f.name != "file"], list(tmp_path.iterdir())   # nothing left
