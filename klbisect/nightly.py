@@ -524,7 +524,7 @@ def _check_history(ws, probe_key: str, head: str, k: int, progress: Progress) ->
                             "them; fetch the whole history (`git fetch --unshallow`; in GitHub Actions, "
                             "`fetch-depth: 0` in actions/checkout) and run it again", EXIT_REVISION)
     if not heads:
-        progress(f"klbisect: warning: this clone is shallow: tonight can become the baseline, but later nights "
+        progress("klbisect: warning: this clone is shallow: tonight can become the baseline, but later nights "
                  "need its head in their history to compare with it and to bisect; fetch the whole history "
                  "(`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout)")
 
