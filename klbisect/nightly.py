@@ -459,7 +459,7 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         head = known["head"] = gitrepo.resolve(ws.repo, opts.branch, "branch")
         probe = make_probe(cfg)
         with ws.locked():
-            _check_history(ws, probe.key, head, opts.baseline_nights, progress)
+            _check_history(ws, probe.key, head, progress)
             unfinished = _unfinished_nights(ws, probe.key, head, night, target)
     finally:
         ws.close()
@@ -507,23 +507,33 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
     return _with_earlier(rec, earlier)
 
 
-def _check_history(ws, probe_key: str, head: str, k: int, progress: Progress) -> None:
+def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
     """A shallow clone (actions/checkout's default depth of 1) holds no
     earlier night's head: every night found no baseline, became one, and
-    exited 0 past a regression (a tester's). Stopped where one of the last
-    nights' heads is cut off; said on a first night, which can form its
-    baseline but not bisect later."""
+    exited 0 past a regression (a tester's). Stopped where any head or
+    culprit of this series is not in the clone (a reviewer's depth held
+    the last nights, "known" ones, and none of the good heads before the
+    regression); one that is, but not in tonight's history, is a rewritten
+    branch, skipped as in a full clone. Said on a first night, which can
+    form its baseline but not bisect later."""
     if not gitrepo.is_shallow(ws.repo):
         return
-    heads = [(s.result or {}).get("head") or s.bad for s in reversed(_nightly_sessions(ws.store, probe_key))
-             if (s.result or {}).get("verdict") not in (None, "crashed")][:k]
-    cut = next((h for h in heads if h and h != head and not gitrepo.is_ancestor(ws.repo, h, head)), None)
+    wanted: dict[str, None] = {}
+    for s in _nightly_sessions(ws.store, probe_key):
+        r = s.result or {}
+        if r.get("verdict") in (None, "crashed"):
+            continue
+        for sha in (r.get("head") or s.bad, r.get("culprit")):
+            if sha and sha != head:
+                wanted[sha] = None
+    cut = gitrepo.missing_commits(ws.repo, list(wanted))
     if cut:
-        raise KlbisectError(f"this clone is shallow and an earlier night's head ({cut[:12]}) is not in its "
-                            "history: nightly judges tonight against earlier nights' heads and bisects between "
-                            "them; fetch the whole history (`git fetch --unshallow`; in GitHub Actions, "
-                            "`fetch-depth: 0` in actions/checkout) and run it again", EXIT_REVISION)
-    if not heads:
+        raise KlbisectError(f"this clone is shallow and {fmt_count(len(cut), 'commit')} the earlier nights "
+                            f"measured or named ({cut[-1][:12]}{', ...' if len(cut) > 1 else ''}) {'is' if len(cut) == 1 else 'are'} not in "
+                            "it: nightly judges tonight against earlier nights' heads and bisects between them; "
+                            "fetch the whole history (`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` "
+                            "in actions/checkout) and run it again", EXIT_REVISION)
+    if not wanted:
         progress("klbisect: warning: this clone is shallow: tonight can become the baseline, but later nights "
                  "need its head in their history to compare with it and to bisect; fetch the whole history "
                  "(`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout)")

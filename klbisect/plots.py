@@ -9,6 +9,7 @@ import atexit
 import io
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,11 +20,20 @@ GOOD_C, BAD_C, UNK_C, CULPRIT_C = "#2b7bba", "#d62728", "#7f7f7f", "#ff7f0e"
 
 
 def _plt():
-    if "MPLCONFIGDIR" not in os.environ and not _writable_config():
+    if "matplotlib" not in sys.modules and "MPLCONFIGDIR" not in os.environ and not _writable_config():
         # matplotlib would make a temp dir itself, with two long warnings on stderr per command (a
-        # tester's read-only HOME); the fonts it caches there are found again in a second
-        os.environ["MPLCONFIGDIR"] = d = tempfile.mkdtemp(prefix="klbisect-mpl-")
+        # tester's read-only HOME). Set for its import only: probes started later inherit os.environ
+        d = tempfile.mkdtemp(prefix="klbisect-mpl-")
         atexit.register(shutil.rmtree, d, True)
+        os.environ["MPLCONFIGDIR"] = d
+        try:
+            return _import_plt()
+        finally:
+            os.environ.pop("MPLCONFIGDIR", None)
+    return _import_plt()
+
+
+def _import_plt():
     import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -31,14 +41,17 @@ def _plt():
 
 
 def _writable_config() -> bool:
-    """Can matplotlib keep its config and font cache where it looks first?"""
-    for var, default in (("XDG_CONFIG_HOME", "~/.config"), ("XDG_CACHE_HOME", "~/.cache")):
-        d = Path(os.environ.get(var) or os.path.expanduser(default)) / "matplotlib"
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return False
-        if not os.access(d, os.W_OK):
+    """Can matplotlib keep its config and font cache where it looks first?
+    (XDG folders on Linux and BSD, ~/.matplotlib elsewhere; nothing is made.)"""
+    if sys.platform.startswith(("linux", "freebsd")):
+        dirs = [Path(os.environ.get(var) or os.path.expanduser(default)) / "matplotlib"
+                for var, default in (("XDG_CONFIG_HOME", "~/.config"), ("XDG_CACHE_HOME", "~/.cache"))]
+    else:
+        dirs = [Path(os.path.expanduser("~/.matplotlib"))]
+    for d in dirs:
+        while not os.path.lexists(d) and d != d.parent:
+            d = d.parent          # the folder matplotlib would make it in
+        if not (d.is_dir() and os.access(d, os.W_OK | os.X_OK)):
             return False
     return True
 

@@ -73,11 +73,11 @@ def _git(repo: git.Repo, *args: str, cwd: str | Path | None = None) -> str:
         err = (e.stderr or "").strip()
         # GitPython hands stderr back wrapped as "stderr: '...'"
         m = re.fullmatch(r"stderr: '(.*)'", err, re.S)
-        msg = [ln.strip() for ln in (m.group(1) if m else err).strip().splitlines()
-               if ln.strip() and not ln.startswith("hint:")]
+        lines = [ln.strip() for ln in (m.group(1) if m else err).strip().splitlines() if ln.strip()]
+        msg = [ln for ln in lines if not ln.startswith("hint:")] or lines
         # git's first line is often the cause, its last the consequence (a tester's missing
         # git-lfs showed only "fatal: the remote end hung up unexpectedly")
-        said = "; ".join(dict.fromkeys([msg[0], msg[-1]])) if msg else str(e)
+        said = "; ".join(dict.fromkeys([msg[0], msg[-1]])) if msg else f"exit code {e.status}"
         if DISK_FULL.search(err) or (_WRITE_FAILED.search(err) and nearly_full(cwd or repo.common_dir)):
             raise KlbisectError(f"git {args[0]} failed: the disk is full ({said}); free space and rerun "
                                 "the same command: recorded runs are kept", EXIT_STORAGE) from None
@@ -197,6 +197,19 @@ def is_shallow(repo: git.Repo) -> bool:
         return repo.git.execute(["git", "rev-parse", "--is-shallow-repository"]).strip() == "true"
     except git.GitCommandError:
         return False
+
+
+def missing_commits(repo: git.Repo, shas: list[str]) -> list[str]:
+    """Those of ``shas`` this clone holds no commit object for (one git call
+    for a year of nightly heads)."""
+    if not shas:
+        return []
+    out = subprocess.run(["git", "cat-file", "--batch-check"], cwd=repo.git_dir, input="\n".join(shas) + "\n",
+                         capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    if out.returncode != 0 or len(lines) != len(shas):
+        return []     # not known: no claim either way
+    return [sha for sha, ln in zip(shas, lines) if ln.split()[1:2] != ["commit"]]
 
 
 def is_ancestor(repo: git.Repo, a: str, b: str) -> bool:

@@ -226,24 +226,30 @@ class Scenario:
         0.169 at 1/2)."""
         rng = np.random.default_rng(seed)
         params = {"factor": float(np.mean(self.bad))} if self.kind == "lognormal" else {}
-        g = self.draw(rng, False, params, n)
-        b = self.draw(rng, True, params, n)
-        lg, lb = np.log(g[~np.isnan(g)]), np.log(b[~np.isnan(b)])
-        lo, hi = min(lg.min(), lb.min()), max(lg.max(), lb.max())
-        edges = np.linspace(lo, hi + 1e-12, 2001)
-        hg = np.append(np.histogram(lg, edges)[0], np.isnan(g).sum()) / n
-        hb = np.append(np.histogram(lb, edges)[0], np.isnan(b).sum()) / n
+        return capacity_of(self.draw(rng, False, params, n), self.draw(rng, True, params, n))
 
-        def info(p_bad: float) -> float:
-            m = (1 - p_bad) * hg + p_bad * hb
 
-            def kl(h: np.ndarray) -> float:
-                k = h > 0
-                return float(np.sum(h[k] * np.log2(h[k] / m[k])))
-            return (1 - p_bad) * kl(hg) + p_bad * kl(hb)
-        best = optimize.minimize_scalar(lambda p: -info(p), bounds=(0.01, 0.99), method="bounded",
-                                        options={"xatol": 1e-4})
-        return max(info(0.5), -float(best.fun))
+def capacity_of(g: np.ndarray, b: np.ndarray) -> float:
+    """C from n draws of each side (nan: a crash, an outcome of its own):
+    histograms of the log values over 2,000 bins, I(outcome; side)
+    maximised over P(bad). Also ``heldout_models.py``'s."""
+    n = len(g)
+    lg, lb = np.log(g[~np.isnan(g)]), np.log(b[~np.isnan(b)])
+    lo, hi = min(lg.min(), lb.min()), max(lg.max(), lb.max())
+    edges = np.linspace(lo, hi + 1e-12, 2001)
+    hg = np.append(np.histogram(lg, edges)[0], np.isnan(g).sum()) / n
+    hb = np.append(np.histogram(lb, edges)[0], np.isnan(b).sum()) / n
+
+    def info(p_bad: float) -> float:
+        m = (1 - p_bad) * hg + p_bad * hb
+
+        def kl(h: np.ndarray) -> float:
+            k = h > 0
+            return float(np.sum(h[k] * np.log2(h[k] / m[k])))
+        return (1 - p_bad) * kl(hg) + p_bad * kl(hb)
+    best = optimize.minimize_scalar(lambda p: -info(p), bounds=(0.01, 0.99), method="bounded",
+                                    options={"xatol": 1e-4})
+    return max(info(0.5), -float(best.fun))
 
 
 LOGN_SIGMA = math.log(1.5) / 1.555     # P(good > 0.003) = 6%, P(good > 0.005) = 2e-4

@@ -1503,3 +1503,13 @@ def test_a_shallow_clone_each_night_says_to_fetch_the_history(tmp_path):
     again = nightly(ci, "2025-03-02", "--runs", "4")
     assert tail_json(again)["regressed"] is False and "shallow" not in again.stderr, again.stderr
     assert json.loads(again.stdout.strip().splitlines()[-1])["verdict"] != "baseline"
+    # a reviewer's: a depth that holds the last nights' heads but not the ones before them
+    for day in (3, 4):
+        d.docs(day, 31000 + day)
+        assert tail_json(nightly(d.path, f"2025-03-0{day}", "--runs", "4", "--baseline-nights", "1"))
+    d.docs(5, 31005)
+    ci = tmp_path / "ci-deep"
+    git(tmp_path, "clone", "-q", "--depth", "2", "--branch", "main", f"file://{d.path}", str(ci))
+    shutil.copytree(d.path / ".git" / "klbisect", ci / ".git" / "klbisect", ignore=shutil.ignore_patterns("worktrees"))
+    p = nightly(ci, "2025-03-05", "--runs", "4", "--baseline-nights", "1")
+    assert p.returncode == 151 and "this clone is shallow and 1 commit the earlier nights" in p.stderr, p.stdout + p.stderr
