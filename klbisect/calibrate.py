@@ -523,7 +523,9 @@ def _calibrate_session(ws, cfg, sid, rev, sha, bad_sha, runs, probe, builder, bu
                       label_stats([shown(r) for r in with_values], thresholds, false_fail_rate, confidence,
                                   candidates=cands), false_fail_rate, confidence,
                       worse="lower" if low else "higher")
-    res.used_runs = sorted(r.id for r in with_values + bad_runs)
+    # (with the crashes the header counts: a tester's status and log left them out)
+    res.used_runs = sorted(r.id for r in runs_among(all_runs, measured, runs)
+                           + (runs_among(bad_all, bad_counted, runs) if bad_sha else []))
     res.notes += [n for n in [ended_on_errors(all_runs, f"{rev} ({sha[:12]})")] if n]
     if bad_sha:
         res.notes += [n for n in [ended_on_errors(bad_all, f"the bad rev ({bad_sha[:12]})")] if n]
@@ -638,14 +640,19 @@ def _cost_clock(progress: Callable[[str], None]) -> Callable[[list[int]], bool]:
     return after
 
 
+def runs_among(all_runs: list, counted: list, n: int) -> list:
+    """The runs that gave the last ``n`` counted ones, crashes among them:
+    from just after the last run left out."""
+    if len(counted) <= n:
+        return list(all_runs)
+    cut = next(i for i, r in enumerate(all_runs) if r is counted[-n - 1])
+    return all_runs[cut + 1:]
+
+
 def crashes_among(all_runs: list, counted: list, n: int) -> int:
     """Runs without a value among those that gave the last ``n`` counted
-    ones: from just after the last run left out, so that the header's
-    crashes and values come from the same runs."""
-    if len(counted) <= n:
-        return len(all_runs) - len(counted)
-    cut = next(i for i, r in enumerate(all_runs) if r is counted[-n - 1])
-    return len(all_runs) - cut - 1 - n
+    ones, so that the header's crashes and values come from the same runs."""
+    return len(runs_among(all_runs, counted, n)) - min(len(counted), n)
 
 
 def needs_runs(rate: float, confidence: float) -> str:

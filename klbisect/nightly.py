@@ -517,6 +517,7 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
     branch, skipped as in a full clone. Said on a first night, which can
     form its baseline but not bisect later."""
     if not gitrepo.is_shallow(ws.repo):
+        _say_rewritten(ws, probe_key, head, progress)
         return
     wanted: dict[str, None] = {}
     for s in _nightly_sessions(ws.store, probe_key):
@@ -532,11 +533,29 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
                             f"measured or named ({cut[-1][:12]}{', ...' if len(cut) > 1 else ''}) {'is' if len(cut) == 1 else 'are'} not in "
                             "it: nightly judges tonight against earlier nights' heads and bisects between them; "
                             "fetch the whole history (`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` "
-                            "in actions/checkout) and run it again", EXIT_REVISION)
+                            "in actions/checkout) and run it again (if the branch was force-pushed since, they are "
+                            "gone for good, and a night in a full clone starts a new baseline)", EXIT_REVISION)
     if not wanted:
         progress("klbisect: warning: this clone is shallow: tonight can become the baseline, but later nights "
                  "need its head in their history to compare with it and to bisect; fetch the whole history "
                  "(`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout)")
+
+
+def _say_rewritten(ws, probe_key: str, head: str, progress: Progress, look_back: int = 20) -> None:
+    """Earlier nights' heads none of which is in tonight's history: the
+    branch was force-pushed, and tonight starts a new baseline without a
+    word of it (a tester's rewrite brought in a regression, and every night
+    after read good)."""
+    heads = list(dict.fromkeys((s.result or {}).get("head") or s.bad
+                               for s in reversed(_nightly_sessions(ws.store, probe_key))
+                               if (s.result or {}).get("verdict") not in (None, "crashed")))[:look_back]
+    if head in heads or not heads or any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
+        return
+    which = "the last night's head is not" if len(heads) == 1 else f"none of the last {len(heads)} nights' heads is"
+    progress(f"klbisect: warning: {which} in {head[:12]}'s "
+             "history (the branch was rewritten, e.g. force-pushed): tonight is judged against no earlier night "
+             "and starts a new baseline; a regression the rewrite brought in is not seen (`klbisect history` "
+             "shows the earlier nights' values to compare by eye)")
 
 
 def _with_earlier(rec: dict, earlier: list[dict]) -> dict:

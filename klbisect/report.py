@@ -175,7 +175,7 @@ def format_status(st: dict) -> str:
               if st["kind"] == "calibrate" else f" (+{st['reused_runs']} reused from other sessions)")
     kind = f"the bisect of nightly {st['for_night']}" if st.get("for_night") else st["kind"]
     lines = [f"Session {st['session']} ({kind}, {state}): {where}, "
-             f"{commits}{st.get('probe_runs', 0)} probe runs{reused}"]
+             f"{commits}{fmt_count(st.get('probe_runs', 0), 'probe run')}{reused}"]
     unfinished = st.get("unfinished") or []    # newest first
     # the two newest in full; more (a tester's five mistyped runs) in one line, not a page
     unfinished, older = unfinished[:UNFINISHED_SHOWN], sorted(unfinished[UNFINISHED_SHOWN:], key=lambda o: o["session"])
@@ -206,9 +206,13 @@ def format_status(st: dict) -> str:
     cut = st.get("interrupted_calibration")
     if cut:
         of = f" (--runs {cut['wanted']})" if cut.get("wanted") else ""
+        why = cut.get("stopped") or ""
+        # an error says its own way on: the same command would fail the same way (a tester's)
+        how = (f"stopped: {why.rstrip('.')}." if why and not why.startswith("interrupted")
+               else "the same command resumes it.")
         lines.insert(0, f"(A later calibrate of {str(cut['rev'])[:12]}, session {cut['session']}, stopped after "
-                        f"{fmt_count(cut['runs'], 'run')} of its own{of}, before its report: the same command "
-                        f"resumes it. Shown below: session {st['session']}.)")
+                        f"{fmt_count(cut['runs'], 'run')} of its own{of}, before its report; {how} "
+                        f"Shown below: session {st['session']}.)")
     m = st.get("model")
     metric = (st.get("config") or {}).get("metric")
     worse = (st.get("config") or {}).get("worse") or "higher"

@@ -50,13 +50,10 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
                 sess = live
     if sess is None and ws.has_state():
         # only calibrations that stopped short: their runs are kept, by commit
+        # (shown, with why it stopped: a tester's read 150 "no session" beside `log` listing its runs)
         cut = ws.store.latest_session(("calibrate",), touched=True)
-        if cut is not None and runs_only:
-            return cut
         if cut is not None:
-            raise KlbisectError(f"calibration session {cut.id} {where} stopped before its result (its runs are "
-                                f"kept: `klbisect log --session {cut.id}` lists them); rerun the same `klbisect "
-                                "calibrate` command to finish it", EXIT_USAGE)
+            return cut
     if sess is None:
         raise KlbisectError(f"no klbisect session {where}: start one with `klbisect run` or "
                             "`klbisect start`", EXIT_USAGE)
@@ -92,7 +89,7 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             # Ctrl-C must not read an older calibration as this one
             out["interrupted_calibration"] = {
                 "session": later.id, "rev": later.good, "runs": len(st.session_runs(later.id)),
-                "wanted": later.config.get("runs")}
+                "wanted": later.config.get("runs"), "stopped": stop_reason(st, later.id)}
         if session_id is None:
             # a tester's killed `run` of another question stayed active behind a finished one
             # shown here, and only `reset` ("ended session 11") ever named it

@@ -1513,3 +1513,19 @@ def test_a_shallow_clone_each_night_says_to_fetch_the_history(tmp_path):
     shutil.copytree(d.path / ".git" / "klbisect", ci / ".git" / "klbisect", ignore=shutil.ignore_patterns("worktrees"))
     p = nightly(ci, "2025-03-05", "--runs", "4", "--baseline-nights", "1")
     assert p.returncode == 151 and "this clone is shallow and 1 commit the earlier nights" in p.stderr, p.stdout + p.stderr
+
+
+def test_a_rewritten_branch_is_said_before_it_starts_a_new_baseline(tmp_path):
+    """A tester's force-push brought in a regression: no earlier night's head
+    was in the new history, so the night became the baseline without a word
+    and every night after read good. It says the branch was rewritten."""
+    d = Days(tmp_path)
+    assert tail_json(nightly(d.path, "2025-03-01", "--runs", "4"))["regressed"] is False
+    d.docs(2, 31002)
+    quiet = nightly(d.path, "2025-03-02", "--runs", "4")
+    assert tail_json(quiet) and "rewritten" not in quiet.stderr, quiet.stderr
+    git(d.path, "reset", "-q", "--hard", "HEAD~3")
+    d.docs(3, 31003)
+    p = nightly(d.path, "2025-03-03", "--runs", "4")
+    assert tail_json(p)["regressed"] is False
+    assert "none of the last 2 nights' heads is in" in p.stderr and "force-pushed" in p.stderr, p.stderr
