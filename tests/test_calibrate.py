@@ -411,6 +411,11 @@ def test_calibrate_is_as_patient_with_crashes_as_run_and_counts_them_beside_its_
     # the last two values came after the crashes: none of them in the header
     p = klb("calibrate", "--rev", h.good, "--runs", "2", "--probe-cmd", cmd, cwd=h.path)
     assert p.returncode == 0 and "2 runs with values, 0 without" in p.stdout, p.stdout
+    # status and log show the runs the header counts (a tester's left out its crashes)
+    p = klb("calibrate", "--rev", h.good, "--runs", "3", "--probe-cmd", cmd, cwd=h.path)
+    assert p.returncode == 0 and "3 runs with values, 3 without" in p.stdout, p.stdout
+    assert "0 probe runs (+6 recorded earlier at this commit)" in klb("status", cwd=h.path).stdout
+    assert len(json.loads(klb("log", "--json", cwd=h.path).stdout)) == 6
     # a commit that never prints a value is given up as `run` gives up an endpoint, and named as what it is
     p = klb("calibrate", "--rev", h.bad, "--runs", "3", "--probe-cmd", f"{PY} {probe} {tmp_path / 'm'} 99",
             cwd=h.path)
