@@ -514,10 +514,9 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
     culprit of this series is not in the clone (a reviewer's depth held
     the last nights, "known" ones, and none of the good heads before the
     regression); one that is, but not in tonight's history, is a rewritten
-    branch, skipped as in a full clone. Said on a first night, which can
+    branch, left to the night's note as in a full clone. Said on a first night, which can
     form its baseline but not bisect later."""
     if not gitrepo.is_shallow(ws.repo):
-        _say_rewritten(ws, probe_key, head, progress)
         return
     wanted: dict[str, None] = {}
     for s in _nightly_sessions(ws.store, probe_key):
@@ -541,21 +540,17 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
                  "(`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout)")
 
 
-def _say_rewritten(ws, probe_key: str, head: str, progress: Progress, look_back: int = 20) -> None:
-    """Earlier nights' heads none of which is in tonight's history: the
-    branch was force-pushed, and tonight starts a new baseline without a
-    word of it (a tester's rewrite brought in a regression, and every night
-    after read good)."""
-    heads = list(dict.fromkeys((s.result or {}).get("head") or s.bad
-                               for s in reversed(_nightly_sessions(ws.store, probe_key))
-                               if (s.result or {}).get("verdict") not in (None, "crashed")))[:look_back]
-    if head in heads or not heads or any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
-        return
-    which = "the last night's head is not" if len(heads) == 1 else f"none of the last {len(heads)} nights' heads is"
-    progress(f"klbisect: warning: {which} in {head[:12]}'s "
-             "history (the branch was rewritten, e.g. force-pushed): tonight is judged against no earlier night "
-             "and starts a new baseline; a regression the rewrite brought in is not seen (`klbisect history` "
-             "shows the earlier nights' values to compare by eye)")
+def _apart_from(ws, probe_key: str, head: str, sid: int) -> tuple[int, str] | None:
+    """The judged nights, when none of their heads is ``head`` or in its
+    history (how many, and the last one's night): the branch was rewritten
+    (a tester's force-push brought in a regression, and the night became a
+    silent new baseline), or --branch names another line of history."""
+    nights = [(s.result or {}) for s in _nightly_sessions(ws.store, probe_key)
+              if s.id != sid and (s.result or {}).get("verdict") not in (None, "crashed")]
+    heads = list(dict.fromkeys(r.get("head") for r in reversed(nights) if r.get("head")))
+    if not heads or head in heads or any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
+        return None
+    return len(nights), nights[-1].get("night", "")
 
 
 def _with_earlier(rec: dict, earlier: list[dict]) -> dict:
@@ -976,6 +971,15 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
         rec["notes"].append("the first night of this --probe-cmd: earlier nights ran another, and their runs are "
                             "not compared with its runs (a changed command may measure otherwise); "
                             + series_text(others))
+    apart = (_apart_from(ws, probe_key, head, sid) if j.verdict == "baseline" and not baseline_shas and not same
+             else None)
+    if apart:
+        note = (f"no earlier night's head ({fmt_count(apart[0], 'night')}, the last {apart[1]}) is in "
+                f"{head[:12]}'s history: the branch was rewritten (e.g. force-pushed), or --branch names another "
+                "line of history; tonight starts a new baseline, and a regression a rewrite brought in is not "
+                "seen (`klbisect history` shows the earlier nights' values)")
+        rec["notes"].append(note)
+        progress(f"klbisect: warning: {note}")
     if j.verdict == "suspect":
         rec["notes"].append(f"still borderline after {len(cr.values)} runs: kept out of the baseline; "
                             "the next nights' runs are pooled with this night's until they decide")

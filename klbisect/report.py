@@ -208,10 +208,10 @@ def format_status(st: dict) -> str:
         of = f" (--runs {cut['wanted']})" if cut.get("wanted") else ""
         why = cut.get("stopped") or ""
         # an error says its own way on: the same command would fail the same way (a tester's)
-        how = (f"stopped: {why.rstrip('.')}." if why and not why.startswith("interrupted")
-               else "the same command resumes it.")
+        how = (f", on an error: {why.rstrip('.')}." if why and not why.startswith("interrupted")
+               else "; the same command resumes it.")
         lines.insert(0, f"(A later calibrate of {str(cut['rev'])[:12]}, session {cut['session']}, stopped after "
-                        f"{fmt_count(cut['runs'], 'run')} of its own{of}, before its report; {how} "
+                        f"{fmt_count(cut['runs'], 'run')} of its own{of}, before its report{how} "
                         f"Shown below: session {st['session']}.)")
     m = st.get("model")
     metric = (st.get("config") or {}).get("metric")

@@ -1528,4 +1528,6 @@ def test_a_rewritten_branch_is_said_before_it_starts_a_new_baseline(tmp_path):
     d.docs(3, 31003)
     p = nightly(d.path, "2025-03-03", "--runs", "4")
     assert tail_json(p)["regressed"] is False
-    assert "none of the last 2 nights' heads is in" in p.stderr and "force-pushed" in p.stderr, p.stderr
+    assert "no earlier night's head (2 nights, the last 2025-03-02) is in" in p.stderr, p.stderr
+    [(stored,)] = db(d.path, "SELECT result FROM sessions WHERE kind='nightly' ORDER BY id DESC LIMIT 1")
+    assert any("force-pushed" in n for n in json.loads(stored)["notes"])      # in the night's record too
