@@ -726,10 +726,14 @@ def format_calibration(c: Calibration) -> str:
                              f"(true rate {bound} at {c.confidence:.0%} confidence)")
             k = ls.catch
             if bad and k is not None:
-                lines.append(f"      fails the recommended {fmt_value(k['threshold'])} in {k['above']}/{k['runs']} "
-                             "runs "
-                             f"(true rate >= {k['rate_lower_bound']:.3g} at {c.confidence:.0%} confidence): "
-                             "how often one CI run catches this regression")
+                # the whole test's catch rate is the max's (min's) row, at the test's one threshold: a
+                # label's own line is lower, and its rate read as the test's overstated it (a tester's)
+                whole = len(labs) == 1 or ls.label in (MAX_LABEL, MIN_LABEL)
+                whose = "the" if whole else "this label's"
+                lines.append(f"      fails {whose} recommended "
+                             f"{fmt_value(k['threshold'])} in {k['above']}/{k['runs']} runs "
+                             f"(true rate >= {k['rate_lower_bound']:.3g} at {c.confidence:.0%} confidence)"
+                             + (": how often one CI run catches this regression" if whole else ""))
             elif bad and ls.recommended is None:
                 lines.append("      no recommended threshold to try: the good commit had none for this label")
             elif ls.recommended is not None:
