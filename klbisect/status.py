@@ -60,6 +60,25 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
     return sess
 
 
+def calibration_runs(st, sess) -> set[int]:
+    """The earlier runs a calibration counts, by id: a finished one's as it
+    stored them; an unfinished one's, the last --runs with a value at each
+    commit, as its resume would reuse them (a tester's stopped one said "+8"
+    where the resume reused 3). Empty: not known (results before 2026-12-07)."""
+    if sess.result is not None:
+        return set(sess.result.get("used_runs") or [])
+    want = sess.config.get("runs")
+    if not want:
+        return set()
+    out: set[int] = set()
+    for sha in (sess.good, sess.bad):
+        if sha:
+            valued = [r for r in st.runs(sess.probe_key, [sha], every=True)
+                      if (r.session_id is None or r.session_id < sess.id) and r.value is not None]
+            out.update(r.id for r in valued[-want:])
+    return out
+
+
 def as_ended(sess) -> bool:
     """A session that will not go on: shown with the runs it had when it ended."""
     return sess.kind in ("run", "gitbisect") and sess.state in ("done", "ended")
@@ -108,7 +127,7 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             earlier = [r for r in st.runs(sess.probe_key, at, every=True)
                        if r.session_id is None or r.session_id < sess.id]
             # those it counted: a tester's `--runs 3` over 44 earlier runs said "+44 reused"
-            used = set((sess.result or {}).get("used_runs") or [])
+            used = calibration_runs(st, sess)
             out["reused_runs"] = sum(1 for r in earlier if r.id in used) if used else len(earlier)
             out["calibration"] = sess.result          # None until it finishes; rerun it to resume
             return out
@@ -165,10 +184,10 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
         # earlier sessions of the same probe (a rerun may have reused them all)
         shas = [s for s in {*subjects, sess.good, sess.bad} if s]
         runs = {r.id: r for r in ws.store.runs(sess.probe_key, shas)}
-        used = set((sess.result or {}).get("used_runs") or []) if sess.kind == "calibrate" else set()
+        used = calibration_runs(ws.store, sess) if sess.kind == "calibrate" else set()
         if used:
-            # a finished calibration: the runs its tables counted (a tester's recomputed
-            # percentiles from all 44 runs at the commit, of which it counted 3)
+            # the runs its tables counted (a tester's recomputed percentiles from all 44 runs at
+            # the commit, of which it counted 3)
             runs = {i: r for i, r in runs.items() if i in used}
         runs.update((r.id, r) for r in ws.store.session_runs(sess.id))
         for sha in {r.sha for r in runs.values()} - subjects.keys():

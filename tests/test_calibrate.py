@@ -252,6 +252,21 @@ def test_a_first_calibration_cut_short_is_listed_by_log_and_named_by_status(hist
     assert {r["sha"] for r in rows} == {h.shas[3]}, rows
 
 
+def test_a_stopped_calibration_counts_the_earlier_runs_its_resume_reuses(history, driver_probe):
+    """A tester's Ctrl-C'd `--runs 3` at a commit with 8 earlier runs said
+    "+8 recorded earlier" and listed all 8, where the resume reused 3."""
+    from conftest import interrupted
+    h = history(n_commits=10, seed=14)
+    assert klb("calibrate", "--rev", h.good, "--runs", "6", "--probe-cmd", driver_probe, cwd=h.path).returncode == 0
+    stopped, _ = interrupted("calibrate", "--rev", h.good, "--bad-rev", h.bad, "--runs", "3", "--probe-cmd",
+                             driver_probe, cwd=h.path, env={"KL_DRIVER_SLEEP": "1.0"}, after=7)
+    assert stopped.returncode == 130
+    st = klb("status", "--session", "2", cwd=h.path).stdout
+    assert "Session 2 (calibrate, ended; stopped: interrupted" in st and "(+3 recorded earlier at these commits)" in st, st
+    logged = json.loads(klb("log", "--session", "2", "--json", cwd=h.path).stdout)
+    assert len([r for r in logged if r["sha"] == h.good]) == 3, logged
+
+
 def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interrupted(history, driver_probe):
     """After a new driver, the old runs would blur the threshold: --fresh
     leaves them out, and Ctrl-C loses none of the new ones."""
