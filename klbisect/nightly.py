@@ -519,18 +519,24 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
     if not gitrepo.is_shallow(ws.repo):
         return
     wanted: dict[str, None] = {}
+    heads: dict[str, None] = {}
     for s in _nightly_sessions(ws.store, probe_key):
         r = s.result or {}
         if r.get("verdict") in (None, "crashed"):
             continue
+        heads[r.get("head") or s.bad] = None
         for sha in (r.get("head") or s.bad, r.get("culprit")):
             if sha and sha != head:
                 wanted[sha] = None
     cut = gitrepo.missing_commits(ws.repo, list(wanted))
+    if not cut and heads and head not in heads and not any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
+        # the heads are here, but cut off from tonight's (a reviewer's `git fetch --depth 1` into a kept
+        # checkout): a shallow clone cannot tell that from a rewrite, and a full one can
+        cut = list(heads)
     if cut:
         raise KlbisectError(f"this clone is shallow and {fmt_count(len(cut), 'commit')} the earlier nights "
                             f"measured or named ({cut[-1][:12]}{', ...' if len(cut) > 1 else ''}) {'is' if len(cut) == 1 else 'are'} not in "
-                            "it: nightly judges tonight against earlier nights' heads and bisects between them; "
+                            "its history: nightly judges tonight against earlier nights' heads and bisects between them; "
                             "fetch the whole history (`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` "
                             "in actions/checkout) and run it again (if the branch was force-pushed since, they are "
                             "gone for good, and a night in a full clone starts a new baseline)", EXIT_REVISION)

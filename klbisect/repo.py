@@ -204,8 +204,11 @@ def missing_commits(repo: git.Repo, shas: list[str]) -> list[str]:
     for a year of nightly heads)."""
     if not shas:
         return []
-    out = subprocess.run(["git", "cat-file", "--batch-check"], cwd=repo.git_dir, input="\n".join(shas) + "\n",
-                         capture_output=True, text=True)
+    try:
+        out = subprocess.run(["git", "cat-file", "--batch-check"], cwd=repo.git_dir,
+                             input="\n".join(shas) + "\n", capture_output=True, text=True)
+    except OSError:
+        return []
     lines = out.stdout.splitlines()
     if out.returncode != 0 or len(lines) != len(shas):
         return []     # not known: no claim either way

@@ -73,10 +73,18 @@ def calibration_runs(st, sess) -> set[int]:
     out: set[int] = set()
     for sha in (sess.good, sess.bad):
         if sha:
-            valued = [r for r in st.runs(sess.probe_key, [sha], every=True)
-                      if (r.session_id is None or r.session_id < sess.id) and r.value is not None]
+            valued = [r for r in st.runs(sess.probe_key, [sha], every=True) if _before(sess, r) and r.value is not None]
             out.update(r.id for r in valued[-want:])
     return out
+
+
+def _before(sess, run) -> bool:
+    """A run at a calibration's commits from before it that it may count:
+    under --fresh, only those from the first of its chain on (a reviewer's
+    stopped --fresh calibration counted the 14 runs it had left out)."""
+    if sess.config.get("fresh"):
+        return sess.config.get("fresh_from", sess.id) <= (run.session_id or 0) < sess.id
+    return run.session_id is None or run.session_id < sess.id
 
 
 def as_ended(sess) -> bool:
@@ -124,8 +132,7 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             # a resumed calibration counts the runs its commits already had
             at = [sha for sha in (sess.good, sess.bad) if sha]
             # (those of earlier sessions: later ones' runs at the same commit are not in its table)
-            earlier = [r for r in st.runs(sess.probe_key, at, every=True)
-                       if r.session_id is None or r.session_id < sess.id]
+            earlier = [r for r in st.runs(sess.probe_key, at, every=True) if _before(sess, r)]
             # those it counted: a tester's `--runs 3` over 44 earlier runs said "+44 reused"
             used = calibration_runs(st, sess)
             out["reused_runs"] = sum(1 for r in earlier if r.id in used) if used else len(earlier)

@@ -286,6 +286,9 @@ def test_calibrate_fresh_counts_only_the_new_environment_and_resumes_when_interr
     st = klb("status", cwd=h.path).stdout
     assert st.startswith(f"(A later calibrate of {h.good[:12]}, session 2, stopped after {done_before} runs of its "
                          "own (--runs 6), before its report; the same command resumes it. Shown below: session 1.)"), st
+    # the runs --fresh leaves out are not its own (a reviewer's said "+5 recorded earlier")
+    own = klb("status", "--session", "2", cwd=h.path).stdout.splitlines()[0]
+    assert own.endswith(f"{done_before} probe runs"), own
     again = klb(*args, cwd=h.path, env=new_driver)
     assert again.returncode == 0, again.stderr
     assert "--fresh: leaving out the 5 runs" in again.stderr and "resuming the interrupted --fresh" in again.stderr

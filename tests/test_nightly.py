@@ -1513,6 +1513,15 @@ def test_a_shallow_clone_each_night_says_to_fetch_the_history(tmp_path):
     shutil.copytree(d.path / ".git" / "klbisect", ci / ".git" / "klbisect", ignore=shutil.ignore_patterns("worktrees"))
     p = nightly(ci, "2025-03-05", "--runs", "4", "--baseline-nights", "1")
     assert p.returncode == 151 and "this clone is shallow and 1 commit the earlier nights" in p.stderr, p.stdout + p.stderr
+    # a reviewer's: a kept checkout moved by `git fetch --depth 1`, the old head still stored but cut off
+    keep = tmp_path / "ci-kept"
+    git(tmp_path, "clone", "-q", "--depth", "1", "--branch", "main", f"file://{d.path}", str(keep))
+    assert tail_json(nightly(keep, "2025-03-06", "--runs", "4"))["regressed"] is False
+    d.docs(6, 31006)
+    git(keep, "fetch", "-q", "--depth", "1", "origin", "main")
+    git(keep, "checkout", "-q", "-B", "main", "FETCH_HEAD")
+    p = nightly(keep, "2025-03-07", "--runs", "4")
+    assert p.returncode == 151 and "this clone is shallow" in p.stderr and "rewritten" not in p.stderr, p.stderr
 
 
 def test_a_rewritten_branch_is_said_before_it_starts_a_new_baseline(tmp_path):
