@@ -507,53 +507,52 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
     return _with_earlier(rec, earlier)
 
 
+def _judged_nights(ws, probe_key: str, sid: int | None = None) -> list[dict]:
+    """The records of this series' judged nights, oldest first, each with its
+    head (a crashed night measured nothing)."""
+    return [{**s.result, "head": s.result.get("head") or s.bad} for s in _nightly_sessions(ws.store, probe_key)
+            if s.id != sid and (s.result or {}).get("verdict") not in (None, "crashed")]
+
+
 def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
     """A shallow clone (actions/checkout's default depth of 1) holds no
     earlier night's head: every night found no baseline, became one, and
     exited 0 past a regression (a tester's). Stopped where any head or
-    culprit of this series is not in the clone (a reviewer's depth held
-    the last nights, "known" ones, and none of the good heads before the
-    regression); one that is, but not in tonight's history, is a rewritten
-    branch, left to the night's note as in a full clone. Said on a first night, which can
-    form its baseline but not bisect later."""
+    culprit of this series is not in the clone (a reviewer's depth held the
+    last, "known" nights and none of the good heads before them), or where
+    they are, but cut off from tonight's (a `git fetch --depth 1` into a kept
+    checkout; a shallow clone cannot tell that from a rewrite, a full one
+    can: `_apart_from`). Said on a first night, which can form its baseline
+    but not bisect later."""
     if not gitrepo.is_shallow(ws.repo):
         return
-    wanted: dict[str, None] = {}
-    heads: dict[str, None] = {}
-    for s in _nightly_sessions(ws.store, probe_key):
-        r = s.result or {}
-        if r.get("verdict") in (None, "crashed"):
-            continue
-        heads[r.get("head") or s.bad] = None
-        for sha in (r.get("head") or s.bad, r.get("culprit")):
-            if sha and sha != head:
-                wanted[sha] = None
-    cut = gitrepo.missing_commits(ws.repo, list(wanted))
-    if not cut and heads and head not in heads and not any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
-        # the heads are here, but cut off from tonight's (a reviewer's `git fetch --depth 1` into a kept
-        # checkout): a shallow clone cannot tell that from a rewrite, and a full one can
-        cut = list(heads)
+    nights = _judged_nights(ws, probe_key)
+    wanted = [sha for sha in dict.fromkeys(x for r in nights for x in (r["head"], r.get("culprit")))
+              if sha and sha != head]
+    cut = gitrepo.missing_commits(ws.repo, wanted) or ([r["head"] for r in nights]
+                                                       if _apart_from(ws, probe_key, head) else [])
     if cut:
+        several = len(cut) > 1
         raise KlbisectError(f"this clone is shallow and {fmt_count(len(cut), 'commit')} the earlier nights "
-                            f"measured or named ({cut[-1][:12]}{', ...' if len(cut) > 1 else ''}) {'is' if len(cut) == 1 else 'are'} not in "
-                            "its history: nightly judges tonight against earlier nights' heads and bisects between them; "
-                            "fetch the whole history (`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` "
-                            "in actions/checkout) and run it again (if the branch was force-pushed since, they are "
-                            "gone for good, and a night in a full clone starts a new baseline)", EXIT_REVISION)
-    if not wanted:
+                            f"measured or named ({cut[-1][:12]}{', ...' if several else ''}) "
+                            f"{'are' if several else 'is'} not in its history: nightly judges tonight against "
+                            "earlier nights' heads and bisects between them; fetch the whole history (`git fetch "
+                            "--unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout) and run it "
+                            "again (if the branch was force-pushed since, they are gone for good, and a night in a "
+                            "full clone starts a new baseline)", EXIT_REVISION)
+    if not nights:
         progress("klbisect: warning: this clone is shallow: tonight can become the baseline, but later nights "
                  "need its head in their history to compare with it and to bisect; fetch the whole history "
                  "(`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout)")
 
 
-def _apart_from(ws, probe_key: str, head: str, sid: int) -> tuple[int, str] | None:
+def _apart_from(ws, probe_key: str, head: str, sid: int | None = None) -> tuple[int, str] | None:
     """The judged nights, when none of their heads is ``head`` or in its
     history (how many, and the last one's night): the branch was rewritten
     (a tester's force-push brought in a regression, and the night became a
     silent new baseline), or --branch names another line of history."""
-    nights = [(s.result or {}) for s in _nightly_sessions(ws.store, probe_key)
-              if s.id != sid and (s.result or {}).get("verdict") not in (None, "crashed")]
-    heads = list(dict.fromkeys(r.get("head") for r in reversed(nights) if r.get("head")))
+    nights = _judged_nights(ws, probe_key, sid)
+    heads = list(dict.fromkeys(r["head"] for r in reversed(nights)))
     if not heads or head in heads or any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
         return None
     return len(nights), nights[-1].get("night", "")
@@ -1334,10 +1333,7 @@ def _judged_before(ws, probe_key: str, head: str, sid: int):
     """The judged nights before this one whose heads are ``head`` or its
     ancestors, most recent first; crashed nights are skipped (they say
     nothing about the values)."""
-    for s in reversed(_nightly_sessions(ws.store, probe_key)):
-        r = s.result or {}
-        if s.id == sid or not r.get("verdict") or r["verdict"] == "crashed":
-            continue
+    for r in reversed(_judged_nights(ws, probe_key, sid)):
         if r["head"] == head or gitrepo.is_ancestor(ws.repo, r["head"], head):
             yield r
 

@@ -60,31 +60,25 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
     return sess
 
 
-def calibration_runs(st, sess) -> set[int]:
-    """The earlier runs a calibration counts, by id: a finished one's as it
-    stored them; an unfinished one's, the last --runs with a value at each
-    commit, as its resume would reuse them (a tester's stopped one said "+8"
-    where the resume reused 3). Empty: not known (results before 2026-12-07)."""
+def calibration_runs(st, sess) -> tuple[list, set[int]]:
+    """The runs at a calibration's commits from before it that it may count
+    (under --fresh, its chain's only: a reviewer's stopped --fresh one
+    counted the 14 it had left out), and the ids of those it counts: a
+    finished one's as it stored them; an unfinished one's, the last --runs
+    with a value at each commit, as its resume would reuse them (a tester's
+    stopped one said "+8" where the resume reused 3). No ids: not known
+    (results before 2026-12-07)."""
+    first = sess.config.get("fresh_from", sess.id) if sess.config.get("fresh") else 0
+    earlier = [r for r in st.runs(sess.probe_key, [sha for sha in (sess.good, sess.bad) if sha], every=True)
+               if first <= (r.session_id or 0) < sess.id]
     if sess.result is not None:
-        return set(sess.result.get("used_runs") or [])
-    want = sess.config.get("runs")
-    if not want:
-        return set()
-    out: set[int] = set()
+        return earlier, set(sess.result.get("used_runs") or [])
+    want = sess.config.get("runs") or 0
+    used: set[int] = set()
     for sha in (sess.good, sess.bad):
-        if sha:
-            valued = [r for r in st.runs(sess.probe_key, [sha], every=True) if _before(sess, r) and r.value is not None]
-            out.update(r.id for r in valued[-want:])
-    return out
-
-
-def _before(sess, run) -> bool:
-    """A run at a calibration's commits from before it that it may count:
-    under --fresh, only those from the first of its chain on (a reviewer's
-    stopped --fresh calibration counted the 14 runs it had left out)."""
-    if sess.config.get("fresh"):
-        return sess.config.get("fresh_from", sess.id) <= (run.session_id or 0) < sess.id
-    return run.session_id is None or run.session_id < sess.id
+        valued = [r for r in earlier if r.sha == sha and r.value is not None]
+        used.update(r.id for r in (valued[-want:] if want else []))
+    return earlier, used
 
 
 def as_ended(sess) -> bool:
@@ -129,12 +123,10 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["env_held"] = (sess.config.get("sglang") or {}).get("python") or "the Python klbisect runs in"
         if sess.kind == "calibrate":
             out["probe_runs"] = len(st.session_runs(sess.id))
-            # a resumed calibration counts the runs its commits already had
-            at = [sha for sha in (sess.good, sess.bad) if sha]
-            # (those of earlier sessions: later ones' runs at the same commit are not in its table)
-            earlier = [r for r in st.runs(sess.probe_key, at, every=True) if _before(sess, r)]
-            # those it counted: a tester's `--runs 3` over 44 earlier runs said "+44 reused"
-            used = calibration_runs(st, sess)
+            # a resumed calibration counts the runs its commits already had (those of earlier
+            # sessions: later ones' are not in its table), those it counted: a tester's `--runs 3`
+            # over 44 earlier runs said "+44 reused"
+            earlier, used = calibration_runs(st, sess)
             out["reused_runs"] = sum(1 for r in earlier if r.id in used) if used else len(earlier)
             out["calibration"] = sess.result          # None until it finishes; rerun it to resume
             return out
@@ -191,7 +183,7 @@ def log(path: str | Path | None, session_id: int | None = None) -> list[dict]:
         # earlier sessions of the same probe (a rerun may have reused them all)
         shas = [s for s in {*subjects, sess.good, sess.bad} if s]
         runs = {r.id: r for r in ws.store.runs(sess.probe_key, shas)}
-        used = calibration_runs(ws.store, sess) if sess.kind == "calibrate" else set()
+        used = calibration_runs(ws.store, sess)[1] if sess.kind == "calibrate" else set()
         if used:
             # the runs its tables counted (a tester's recomputed percentiles from all 44 runs at
             # the commit, of which it counted 3)
