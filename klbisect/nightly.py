@@ -459,7 +459,7 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         head = known["head"] = gitrepo.resolve(ws.repo, opts.branch, "branch")
         probe = make_probe(cfg)
         with ws.locked():
-            _check_history(ws, probe.key, head, progress)
+            shallow = _check_history(ws, probe.key, head, progress)
             unfinished = _unfinished_nights(ws, probe.key, head, night, target)
     finally:
         ws.close()
@@ -475,7 +475,7 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         probe_key, build_key = probe.key, (builder.key if builder else None)
         with ws.locked():
             rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
-                                     progress)
+                                     progress, [shallow] if shallow else [])
             if target is not None and not opts.dry_run and _to_post(rec) and "post_to" not in rec:
                 # kept, so that a kill before the post leaves the next night something to finish
                 # (a --dry-run posts nothing and owes nothing: a tester's dry run had its night's
@@ -514,7 +514,7 @@ def _judged_nights(ws, probe_key: str, sid: int | None = None) -> list[dict]:
             if s.id != sid and (s.result or {}).get("verdict") not in (None, "crashed")]
 
 
-def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
+def _check_history(ws, probe_key: str, head: str, progress: Progress) -> str | None:
     """A shallow clone (actions/checkout's default depth of 1) holds no
     earlier night's head: every night found no baseline, became one, and
     exited 0 past a regression (a tester's). Stopped where any head or
@@ -523,9 +523,10 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
     they are, but cut off from tonight's (a `git fetch --depth 1` into a kept
     checkout; a shallow clone cannot tell that from a rewrite, a full one
     can: `_apart_from`). Said on a first night, which can form its baseline
-    but not bisect later."""
+    but not bisect later: returned, for the night's notes (a cron job's
+    stderr is seldom read; its --json and `history` are)."""
     if not gitrepo.is_shallow(ws.repo):
-        return
+        return None
     nights = _judged_nights(ws, probe_key)
     wanted = [sha for sha in dict.fromkeys(x for r in nights for x in (r["head"], r.get("culprit")))
               if sha and sha != head]
@@ -540,10 +541,13 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> None:
                             "--unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout) and run it "
                             "again (if the branch was force-pushed since, they are gone for good, and a night in a "
                             "full clone starts a new baseline)", EXIT_REVISION)
-    if not nights:
-        progress("klbisect: warning: this clone is shallow: tonight can become the baseline, but later nights "
-                 "need its head in their history to compare with it and to bisect; fetch the whole history "
-                 "(`git fetch --unshallow`; in GitHub Actions, `fetch-depth: 0` in actions/checkout)")
+    if nights:
+        return None
+    note = ("this clone is shallow: tonight can become the baseline, but later nights need its head in their "
+            "history to compare with it and to bisect; fetch the whole history (`git fetch --unshallow`; in "
+            "GitHub Actions, `fetch-depth: 0` in actions/checkout)")
+    progress(f"klbisect: warning: {note}")
+    return note
 
 
 def _apart_from(ws, probe_key: str, head: str, sid: int | None = None) -> tuple[int, str] | None:
@@ -637,9 +641,11 @@ class _Meter(WorktreeMeter):
             close_builder(self.builder, self.progress)
 
 
-def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress) -> dict:
+def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key, progress,
+                       notes: list[str] = ()) -> dict:
     """Tonight's session: the head measured until its verdict is decided,
-    then the night's record (verdict, notes, where a bisect starts)."""
+    then the night's record (verdict, ``notes`` and its own, where a bisect
+    starts)."""
     opened = _open_night(ws, cfg, opts, night, head, probe_key, progress)
     if isinstance(opened, dict):
         return opened     # judged already: the same night and head give the same answer
@@ -650,7 +656,7 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
         _measure_head(ws, cfg, opts, sid, head, sides, meter.measure, progress)
     finally:
         meter.close()
-    return _night_record(ws, cfg, opts, night, head, subj, sid, sides, probe, progress)
+    return _night_record(ws, cfg, opts, night, head, subj, sid, sides, probe, progress, notes)
 
 
 def _open_night(ws, cfg, opts, night, head, probe_key, progress):
@@ -895,7 +901,8 @@ def _measure_head(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, pr
             progress(f"  run {len(mine) + 1}: {_shown(run)}")
 
 
-def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, progress) -> dict:
+def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, progress,
+                  notes: list[str] = ()) -> dict:
     """The night's verdict from the head's runs, stored with its notes and,
     for a regression, where its bisect starts and on which label."""
     from .config import make_builder  # noqa: PLC0415
@@ -959,7 +966,8 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
            "head_summary": tonight.head, "baseline_summary": tonight.baseline,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
            "last_good": baseline_shas[0] if baseline_shas else None,
-           "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": [], "drift": drift}
+           "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": list(notes),
+           "drift": drift}
     if drift:
         rec.update(anchor_heads=anchor_shas, anchor_nights=anchor_nights, bisect_good=anchor_shas[-1],
                    anchor_summary=cmp.baseline)

@@ -1493,6 +1493,9 @@ def test_a_shallow_clone_each_night_says_to_fetch_the_history(tmp_path):
     first = ci_night("2025-03-01")
     assert tail_json(first)["regressed"] is False
     assert "this clone is shallow" in first.stderr and "fetch-depth: 0" in first.stderr, first.stderr
+    # in the night's record too (the text a cron job mails): its stderr is seldom read
+    [(stored,)] = db(cache.parent / "ci-2025-03-01", "SELECT result FROM sessions WHERE kind='nightly'")
+    assert any("this clone is shallow" in n for n in json.loads(stored)["notes"]), stored
     d.docs(2, 31001)
     second = ci_night("2025-03-02")
     assert second.returncode == 151, second.stdout + second.stderr
