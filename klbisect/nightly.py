@@ -550,16 +550,37 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> str | N
     return note
 
 
-def _apart_from(ws, probe_key: str, head: str, sid: int | None = None) -> tuple[int, str] | None:
+def _apart_from(ws, probe_key: str, head: str, sid: int | None = None) -> tuple[int, dict] | None:
     """The judged nights, when none of their heads is ``head`` or in its
-    history (how many, and the last one's night): the branch was rewritten
+    history (how many, and the last one's record): the branch was rewritten
     (a tester's force-push brought in a regression, and the night became a
     silent new baseline), or --branch names another line of history."""
     nights = _judged_nights(ws, probe_key, sid)
     heads = list(dict.fromkeys(r["head"] for r in reversed(nights)))
     if not heads or head in heads or any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
         return None
-    return len(nights), nights[-1].get("night", "")
+    return len(nights), nights[-1]
+
+
+def _apart_note(ws, head: str, n: int, last: dict) -> str:
+    """What a night apart from the earlier ones says, with the regression
+    the last of them left open: a rewrite that dropped its culprit ended it
+    without a "fixed" (the night is a new baseline either way)."""
+    note = (f"no earlier night's head ({fmt_count(n, 'night')}, the last {last.get('night', '')}) is in "
+            f"{head[:12]}'s history: the branch was rewritten (e.g. force-pushed), or --branch names another "
+            "line of history; tonight starts a new baseline, and a regression a rewrite brought in is not "
+            "seen (`klbisect history` shows the earlier nights' values)")
+    if last.get("verdict") not in OPEN_VERDICTS:
+        return note
+    since = last.get("known_since") or last.get("night", "")
+    culprit = last.get("culprit")
+    if not culprit:
+        return f"{note}; the regression found on {since} is no longer tracked"
+    named = f"{culprit[:12]}" + (f" (#{last['pr']})" if last.get("pr") else "")
+    # (a culprit in tonight's history is rare here: its parents, the earlier heads, would be too)
+    gone = ("its culprit is not in tonight's history, so the rewrite may have dropped it (not posted as fixed)"
+            if not gitrepo.is_ancestor(ws.repo, culprit, head) else "its culprit is in tonight's history")
+    return f"{note}; the regression found on {since} ({named}) is no longer tracked: {gone}"
 
 
 def _with_earlier(rec: dict, earlier: list[dict]) -> dict:
@@ -987,10 +1008,7 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
     apart = (_apart_from(ws, probe_key, head, sid) if j.verdict == "baseline" and not baseline_shas and not same
              else None)
     if apart:
-        note = (f"no earlier night's head ({fmt_count(apart[0], 'night')}, the last {apart[1]}) is in "
-                f"{head[:12]}'s history: the branch was rewritten (e.g. force-pushed), or --branch names another "
-                "line of history; tonight starts a new baseline, and a regression a rewrite brought in is not "
-                "seen (`klbisect history` shows the earlier nights' values)")
+        note = _apart_note(ws, head, *apart)
         rec["notes"].append(note)
         progress(f"klbisect: warning: {note}")
     if j.verdict == "suspect":

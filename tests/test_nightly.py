@@ -1543,3 +1543,19 @@ def test_a_rewritten_branch_is_said_before_it_starts_a_new_baseline(tmp_path):
     assert "no earlier night's head (2 nights, the last 2025-03-02) is in" in p.stderr, p.stderr
     [(stored,)] = db(d.path, "SELECT result FROM sessions WHERE kind='nightly' ORDER BY id DESC LIMIT 1")
     assert any("force-pushed" in n for n in json.loads(stored)["notes"])      # in the night's record too
+
+
+def test_a_rewrite_that_drops_an_open_regression_says_so(tmp_path):
+    """A nightly tester's force-push took the culprit of the open regression
+    out of the branch: the night became a new baseline and the regression
+    was dropped without a word (nor a "fixed"). The night's note names it."""
+    d = Days(tmp_path)
+    assert tail_json(nightly(d.path, "2025-03-01"))["regressed"] is False
+    culprit = d.set_json(2, d.spec["bad_when"], d.spec["bad_when"]["value"], f"{REG_TITLE} (#{REG_PR})")
+    assert tail_json(nightly(d.path, "2025-03-02"))["culprit"] == culprit
+    git(d.path, "reset", "-q", "--hard", "HEAD~2")
+    d.docs(3, 31003)
+    p = nightly(d.path, "2025-03-03", "--runs", "4")
+    assert tail_json(p)["regressed"] is False and "fixed" not in json.loads(p.stdout.splitlines()[-1])
+    assert (f"the regression found on 2025-03-02 ({culprit[:12]} (#{REG_PR})) is no longer tracked: its culprit "
+            "is not in tonight's history") in p.stderr, p.stderr
