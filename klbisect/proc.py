@@ -3,10 +3,11 @@
 A probe launches servers that fork per GPU; killing only the shell would
 leave GPU memory taken. Every exit path (normal end, timeout, Ctrl-C,
 SIGTERM, SIGHUP, an exception in klbisect) goes through ``kill_tree``. If
-klbisect itself is SIGKILLed, the pid file left in ``pid_dir`` lets the next
-command reap what it left (``reap_stale``): every child carries its owner's
-marker in its environment (``child_environ``), and only processes with the
-marker of an owner that is gone are killed.
+klbisect itself is SIGKILLed, its watchdog (``klbisect.watchdog``, started
+with its first child) reaps what it left at once, and the pid file left in
+``pid_dir`` lets the next command do it too (``reap_stale``): every child
+carries its owner's marker in its environment (``child_environ``), and only
+processes with the marker of an owner that is gone are killed.
 """
 from __future__ import annotations
 
@@ -356,7 +357,8 @@ def _unmarked_orphans(since: int) -> list[psutil.Process]:
             env = p.environ()
         except (OSError, psutil.Error):
             continue
-        if MARK not in env and _OWNER not in env:
+        # a watchdog (ours, or a forked child's, handed to us as subreaper) is at work
+        if MARK not in env and _OWNER not in env and _WATCHDOG not in env:
             found.append(p)
     return found
 
@@ -524,6 +526,7 @@ def _orphan_of(marker: str | None, owner: int) -> bool:
 def write_pid_file(pid_dir: Path, pgid: int) -> Path:
     """Record a process group we started, for ``reap_stale`` should we be
     killed hard: "owner pgid owner-marker" (older files lack the marker)."""
+    _watch(pid_dir)
     pid_dir.mkdir(parents=True, exist_ok=True)
     path = pid_dir / f"{pgid}.pid"
     try:
@@ -725,6 +728,127 @@ def child_environ(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+# ---- the watchdog: what a klbisect killed hard left is reaped at once, not by the next command ----
+
+_WATCHDOG = "KLBISECT_WATCHDOG"        # a watchdog's own (its owner's marker): no sweep takes it for an orphan
+# A test hook only: the tests of the next command's sweep (reap_stale) set it, so that
+# what a killed owner left is still there for the sweep to find.
+_NO_WATCHDOG = "KLBISECT_NO_WATCHDOG"
+
+
+@dataclass
+class _Watchdog:
+    owner: int          # the pid it watches: a forked child is another owner, with its own
+    fd: int             # the write end of its stdin (-1: it could not be started)
+    dirs: set[str]      # the pid dirs it was told of
+
+
+_watchdog: _Watchdog | None = None
+_watchdog_lock = threading.Lock()
+_is_watchdog = False    # set in the watchdog itself: it watches nothing of its own
+
+
+def _watch(pid_dir: Path | None = None) -> None:
+    """Have this process's watchdog (started here the first time) reap,
+    the moment we die, what carries our marker and what the pid files in
+    ``pid_dir`` noted: the probe's shell dies with us (PDEATHSIG), but its
+    server and test ran on, holding the GPU, until the next command."""
+    global _watchdog
+    if _is_watchdog or os.environ.get(_NO_WATCHDOG):
+        return
+    with _watchdog_lock:
+        w = _watchdog
+        if w is None or w.owner != os.getpid():
+            w = _watchdog = _start_watchdog()
+        if pid_dir is None or w.fd < 0:
+            return
+        d = os.path.abspath(pid_dir)
+        line = os.fsencode(d) + b"\n"
+        if d in w.dirs or b"\n" in line[:-1]:   # a newline in it: not told (the next command still reaps)
+            return
+        w.dirs.add(d)
+        try:
+            os.write(w.fd, line)
+        except OSError:    # it died: EPIPE (Python ignores SIGPIPE)
+            pass
+
+
+def _start_watchdog() -> _Watchdog:
+    """``python -m klbisect.watchdog MARKER`` in a session of its own, its
+    stdin a pipe whose write end only we hold (non-inheritable: no child of
+    ours keeps it open), so it reads EOF when we exit, however we die. It
+    forks away at once (we wait for that), so it is no child of ours to
+    wait for, and holds neither our stdout nor stderr: whoever reads ours
+    (a terminal, ``subprocess.run(capture_output=True)``) is not kept waiting."""
+    me, marker = os.getpid(), owner_marker()
+    none = _Watchdog(me, -1, set())
+    if _parse_marker(marker) is None:   # no /proc: it could never tell when we are gone
+        return none
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return none
+    try:
+        starter = subprocess.Popen([sys.executable, "-m", "klbisect.watchdog", marker], stdin=r,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
+                                   env=_watchdog_environ(marker), start_new_session=True)
+        try:
+            code = starter.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = 0    # slow to fork away (a loaded machine): it runs, reading the pipe
+    except (OSError, ValueError, subprocess.SubprocessError):
+        os.close(w)
+        return none
+    except BaseException:
+        os.close(w)    # EOF while we live: it finds us alive and exits
+        raise
+    finally:
+        os.close(r)
+    if code != 0:
+        os.close(w)
+        return none
+    return _Watchdog(me, w, set())
+
+
+def _watchdog_environ(marker: str) -> dict[str, str]:
+    """Ours without klbisect's markers (no sweep may take the watchdog for
+    a probe's leftover) or secrets, and with this klbisect importable."""
+    env = {k: v for k, v in os.environ.items() if k not in (MARK, _OWNER, *PRIVATE_ENV)}
+    env[_WATCHDOG] = marker
+    # a klbisect used from a source tree must be the one the watchdog (started in /) imports; a
+    # site-packages dir is left where it is: put first, it could shadow the standard library
+    root = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    if root not in _site_dirs():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _site_dirs() -> set[str]:
+    import site   # noqa: PLC0415   (only when a watchdog starts)
+    try:
+        dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    except AttributeError:   # an old virtualenv's site module
+        dirs = []
+    return {os.path.realpath(d) for d in dirs}
+
+
+def _forget_watchdog_in_child() -> None:
+    # A forked child holds a copy of the pipe's write end: while it lived, our watchdog would
+    # see no EOF when we died. The child is another owner; it starts its own when it needs one.
+    global _watchdog_lock
+    _watchdog_lock = threading.Lock()   # another thread may have held it when we forked
+    w = _watchdog
+    if w is not None and w.owner != os.getpid() and w.fd >= 0:
+        try:
+            os.close(w.fd)
+        except OSError:
+            pass
+        w.fd = -1
+
+
+os.register_at_fork(after_in_child=_forget_watchdog_in_child)
+
+
 def run_logged(
     cmd: str | Sequence[str],
     cwd: Path,
@@ -742,6 +866,7 @@ def run_logged(
     ``kill_all_active`` killed, and in a thread that may start nothing more.
     """
     refuse_if_stopping()
+    _watch(pid_dir)   # before the run starts: a kill -9 from then on is covered
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = child_environ()
     if env:

@@ -59,10 +59,10 @@ def _until(cond, what: str, timeout: float = 60.0) -> None:
         time.sleep(0.1)
 
 
-def _gone(tag: str) -> bool:
+def _gone(tag: str, within: float = 30) -> bool:
     """Whether every process tagged ``tag`` has gone, waiting generously
     (a SIGTERM grace period, a loaded machine)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + within
     while _alive(tag):
         if time.monotonic() > deadline:
             return False
@@ -422,15 +422,23 @@ time.sleep(300)
 """
 
 
-def _killed_owner(script: str, cmd: str, tags: list[str], work: Path, pids: Path,
-                  zombie: list | None = None) -> int:
-    """Run ``cmd`` under a klbisect-like owner, SIGKILL the owner once every
-    tagged process runs, and return the group id it recorded. With
-    ``zombie`` (a list), the owner is not waited for: it stays a zombie,
-    as under a parent (git bisect run's shell, a container's init) that has
-    not reaped it; the Popen goes into the list for the caller to wait."""
-    owner = subprocess.Popen([sys.executable, "-c", script, str(work), str(pids)],
-                             env=dict(os.environ, KLB_TEST_CMD=cmd))
+def _owner_env(cmd: str, watchdog: bool) -> dict[str, str]:
+    env = dict(os.environ, KLB_TEST_CMD=cmd)
+    env.pop("KLBISECT_NO_WATCHDOG", None)
+    if not watchdog:
+        # what the killed owner left stays for the next command's sweep, the one tested
+        env["KLBISECT_NO_WATCHDOG"] = "1"
+    return env
+
+
+def _kill_9(script: str, cmd: str, tags: list[str], work: Path, pids: Path,
+            zombie: list | None = None, watchdog: bool = False) -> None:
+    """Run ``cmd`` under a klbisect-like owner (with its watchdog or not)
+    and SIGKILL the owner once every tagged process runs. With ``zombie``
+    (a list), the owner is not waited for: it stays a zombie, as under a
+    parent (git bisect run's shell, a container's init) that has not reaped
+    it; the Popen goes into the list for the caller to wait."""
+    owner = subprocess.Popen([sys.executable, "-c", script, str(work), str(pids)], env=_owner_env(cmd, watchdog))
     try:
         _until(lambda: owner.poll() is not None or all(_running(t) for t in tags), "the probe never started")
         assert owner.poll() is None
@@ -441,6 +449,12 @@ def _killed_owner(script: str, cmd: str, tags: list[str], work: Path, pids: Path
         else:
             zombie.append(owner)
             _until(lambda: psutil.Process(owner.pid).status() == psutil.STATUS_ZOMBIE, "no zombie")
+
+
+def _killed_owner(script: str, cmd: str, tags: list[str], work: Path, pids: Path,
+                  zombie: list | None = None) -> int:
+    """``_kill_9`` with no watchdog: the group id the owner recorded."""
+    _kill_9(script, cmd, tags, work, pids, zombie)
     files = list(pids.glob("*.pid"))
     assert len(files) == 1
     return int(files[0].stem)
@@ -464,13 +478,14 @@ def test_what_a_killed_klbisect_left_is_reaped_wherever_it_went(tmp_path, owner)
 
 
 def _kill_9_after_its_daemon_started(tmp_path, tag: str, cmd: str, owner_src: str = _OWNER_RUN_LOGGED,
-                                     adopted: bool = False) -> Path:
-    """Run ``cmd`` under an owner's run_logged, kill -9 the owner once the run
-    has looked at the daemon ``tag`` (and, ``adopted``, once the daemon is
-    the owner's child), and wait until the daemon is orphaned; the pid dir."""
+                                     adopted: bool = False, watchdog: bool = False) -> Path:
+    """Run ``cmd`` under an owner's run_logged (with its watchdog or not),
+    kill -9 the owner once the run has looked at the daemon ``tag`` (and,
+    ``adopted``, once the daemon is the owner's child), and wait until the
+    daemon is orphaned (or gone); the pid dir."""
     pids = tmp_path / "pids"
     owner = subprocess.Popen([sys.executable, "-c", owner_src, str(tmp_path), str(pids)],
-                             env=dict(os.environ, KLB_TEST_CMD=cmd))
+                             env=_owner_env(cmd, watchdog))
     try:
         try:
             _until(lambda: owner.poll() is not None or _running(tag), "the probe never started its daemon")
@@ -546,6 +561,196 @@ def test_an_owner_killed_but_not_yet_waited_for_is_gone(tmp_path):
             p.kill()
         for z in zombie:
             z.wait()
+
+
+# ---- the watchdog: what a klbisect killed with SIGKILL left, reaped with no next command ---------
+
+def _watchdogs_of(marker: str) -> list[psutil.Process]:
+    """The running watchdogs of the owner with this marker."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if (p.info["cmdline"] or [])[-2:] == ["klbisect.watchdog", marker] and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.parametrize("waited", [True, False], ids=["waited-for", "zombie"])
+def test_a_killed_klbisects_watchdog_reaps_what_it_left_at_once(tmp_path, waited):
+    """No server outlives the probe that started it, kill -9 of klbisect
+    included: the probe's shell died with klbisect (PDEATHSIG), but its
+    server (setsid'ed) and its test (in the background) held the GPU until
+    the next klbisect command. Its watchdog reaps them as soon as it is gone
+    (a zombie not yet waited for is gone too), with no next command."""
+    in_group, detached, zombie = uuid.uuid4().hex, uuid.uuid4().hex, []
+    pids = tmp_path / "pids"
+    try:
+        _kill_9(_OWNER_RUN_LOGGED, f"setsid {_sleeper(detached)} & {_sleeper(in_group)} & wait",
+                [in_group, detached], tmp_path, pids, None if waited else zombie, watchdog=True)
+        assert _gone(in_group, within=10) and _gone(detached, within=10), "the probe's processes outlived it"
+        _until(lambda: not list(pids.glob("*.pid")), "its pid file was left", timeout=10)
+    finally:
+        for p in _alive(in_group) + _alive(detached):
+            p.kill()
+        for z in zombie:
+            z.wait()
+
+
+@pytest.mark.parametrize("daemon", ["env -i setsid", "double fork"])
+def test_a_killed_klbisects_watchdog_reaps_the_unmarked_daemons_its_run_noted(tmp_path, daemon):
+    """A daemon that cleared its environment carries no marker: the
+    watchdog finds it where the next command would, in the pid file the run
+    noted it in (a double fork's daemon was the subreaper owner's child, as
+    the owner's watchdog is: the run must note the one, not the other)."""
+    tag = uuid.uuid4().hex
+    if daemon == "env -i setsid":
+        pids = _kill_9_after_its_daemon_started(tmp_path, tag, f"env -i setsid {_sleeper(tag)} & sleep 300",
+                                                watchdog=True)
+    else:
+        script = tmp_path / "daemon.py"
+        script.write_text(_DOUBLE_FORK)
+        owner_src = "from klbisect.proc import become_subreaper\nbecome_subreaper()\n" + _OWNER_RUN_LOGGED
+        pids = _kill_9_after_its_daemon_started(tmp_path, tag, f"env -i {sys.executable} {script} {tag}; sleep 300",
+                                                owner_src, adopted=True, watchdog=True)
+    try:
+        assert _gone(tag, within=10), "the daemon outlived the killed klbisect"
+        _until(lambda: not list(pids.glob("*.pid")), "its pid file was left", timeout=10)
+    finally:
+        for p in _alive(tag):
+            p.kill()
+
+
+_OWNER_TELLS_OF_ITS_WATCHDOG = _OWNER_RUN_LOGGED + """
+import json, psutil
+from klbisect.proc import owner_marker
+me = owner_marker()
+[w] = [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[-2:] == ["klbisect.watchdog", me]]
+env = w.environ()
+print(json.dumps({"marker": me, "fds": [os.readlink(f"/proc/{w.pid}/fd/{n}") for n in os.listdir(f"/proc/{w.pid}/fd")],
+                  "ours": [os.readlink(f"/proc/self/fd/{n}") for n in (1, 2)], "cwd": w.cwd(),
+                  "marked": [k for k in ("KLBISECT_OWNER", "KLBISECT_PROBE_ID") if k in env]}))
+"""
+
+
+def test_an_owner_that_exits_normally_leaves_no_watchdog(tmp_path):
+    """The watchdog holds none of its owner's output (stdout and stderr are
+    /dev/null), carries no marker, keeps no directory busy, and after a
+    normal exit finds nothing to reap and exits too."""
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", _OWNER_TELLS_OF_ITS_WATCHDOG, str(tmp_path), str(tmp_path / "pids")],
+                         capture_output=True, text=True, timeout=60, env=_owner_env("echo done", watchdog=True))
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["fds"].count("/dev/null") == 2 and not set(seen["fds"]) & set(seen["ours"]), seen
+    assert seen["marked"] == [] and seen["cwd"] == "/", seen
+    assert took < 20, f"{took:.1f} s"
+    _until(lambda: not _watchdogs_of(seen["marker"]), "the watchdog outlived its owner's normal exit", timeout=5)
+
+
+_OWNER_KILLED_WITH_A_STUBBORN_LEFTOVER = """
+import os, signal, sys, threading, time, psutil
+from pathlib import Path
+from klbisect.proc import owner_marker, run_logged
+work, tag = Path(sys.argv[1]), os.environ["KLB_TEST_TAG"]
+threading.Thread(target=run_logged, args=(os.environ["KLB_TEST_CMD"], work, work / "run.log"),
+                 kwargs={"pid_dir": Path(sys.argv[2])}, daemon=True).start()
+while not any(tag in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])):
+    time.sleep(0.05)
+print(owner_marker(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_watchdog_keeps_nobody_waiting_for_its_owners_output(tmp_path):
+    """`subprocess.run(klbisect, capture_output=True)` (a test suite, a CI
+    step) returns when klbisect exits, not when its watchdog does: here the
+    watchdog is still at work (its owner's leftover ignores SIGTERM: a grace
+    period, then SIGKILL) when the owner's output ends."""
+    tag = uuid.uuid4().hex
+    env = dict(_owner_env(f"trap '' TERM; {_sleeper(tag)} & wait", watchdog=True), KLB_TEST_TAG=tag)
+    try:
+        out = subprocess.run([sys.executable, "-c", _OWNER_KILLED_WITH_A_STUBBORN_LEFTOVER, str(tmp_path),
+                              str(tmp_path / "pids")], capture_output=True, text=True, timeout=60, env=env)
+        at_work = _watchdogs_of(out.stdout.strip())
+        assert out.returncode == -signal.SIGKILL, out.stderr
+        assert at_work, "no watchdog was at work when its owner's output ended"
+        assert _gone(tag, within=20), "the leftover outlived the killed klbisect"
+    finally:
+        for p in _alive(tag):
+            p.kill()
+
+
+_FORKING_OWNER = """
+import os, sys
+from pathlib import Path
+from klbisect.proc import owner_marker, run_logged
+work = Path(sys.argv[1])
+run_logged("true", work, work / "first.log", pid_dir=work / "pids")   # the parent's watchdog starts before the fork
+who = "child" if os.fork() == 0 else "parent"
+os.write(1, f"{who} {os.getpid()} {owner_marker()}\\n".encode())   # one write: the two lines must not mix
+run_logged(os.environ["KLB_" + who.upper() + "_CMD"], work, work / f"{who}.log", pid_dir=work / f"{who}-pids")
+"""
+
+
+def test_a_forked_owner_has_a_watchdog_of_its_own(tmp_path):
+    """A forked klbisect process is another owner: what it starts carries
+    its marker, and its parent's watchdog neither waits for it (a fork
+    holds a copy of its parent's pipe) nor reaps what it started."""
+    tags = {"parent": uuid.uuid4().hex, "child": uuid.uuid4().hex}
+    env = dict(_owner_env("", watchdog=True), **{f"KLB_{who.upper()}_CMD": f"setsid {_sleeper(t)} & wait"
+                                                 for who, t in tags.items()})
+    owner = subprocess.Popen([sys.executable, "-c", _FORKING_OWNER, str(tmp_path)], env=env, stdout=subprocess.PIPE,
+                             text=True)
+    said: dict[str, tuple[int, str]] = {}
+    try:
+        for _ in range(2):
+            who, pid, marker = owner.stdout.readline().split()
+            said[who] = int(pid), marker
+        _until(lambda: all(_running(t) for t in tags.values()), "the probes never started")
+        assert _watchdogs_of(said["parent"][1]) and _watchdogs_of(said["child"][1])
+        owner.kill()
+        owner.wait()
+        assert _gone(tags["parent"], within=10), "the parent's watchdog waited for its forked child"
+        assert _running(tags["child"]), "the parent's watchdog reaped what its forked child started"
+        os.kill(said["child"][0], signal.SIGKILL)
+        assert _gone(tags["child"], within=10), "the forked child's leftover outlived it"
+        _until(lambda: not any(_watchdogs_of(m) for _, m in said.values()), "a watchdog stayed", timeout=10)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        if "child" in said:
+            try:
+                os.kill(said["child"][0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in _alive(tags["parent"]) + _alive(tags["child"]):
+            p.kill()
+
+
+def test_the_orphan_sweep_spares_a_watchdog(monkeypatch):
+    """A watchdog carries none of the markers, lest a sweep take it for a
+    probe's leftover; the sweep for unmarked orphans, which takes exactly
+    those, must spare it by its own variable (a subreaper's watchdog is its
+    child, and so is a forked child's once that child died)."""
+    from klbisect import proc
+    monkeypatch.setattr(proc, "_subreaper", True)
+    since = proc._boot_ticks() - 100
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KLBISECT_")}
+    code = "import time; time.sleep(300)"
+    kids = [subprocess.Popen([sys.executable, "-c", code], start_new_session=True, env=e)
+            for e in (env, {**env, "KLBISECT_WATCHDOG": "1:2"})]
+    try:
+        _until(lambda: all(psutil.Process(k.pid).cmdline()[-1:] == [code] for k in kids), "never started")
+        found = {p.pid for p in proc._unmarked_orphans(since)}
+        assert kids[0].pid in found and kids[1].pid not in found
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
 
 
 def test_a_group_id_that_went_to_an_unrelated_process_is_not_reaped(tmp_path):
