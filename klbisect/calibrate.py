@@ -749,8 +749,10 @@ def format_calibration(c: Calibration) -> str:
     if c.bad_sha and not c.cost and not c.interrupted:
         sides = (f"{c.runs} runs a side" if c.bad_runs in (0, c.runs)
                  else f"{c.runs} and {c.bad_runs} runs")
+        # a tester's --runs 20 priced nothing and said nothing of how many might (100 did)
         lines.append(f"{c.sha[:12]} and {c.bad_sha[:12]} do not separate: these {sides} do not show a "
-                     "difference; more runs may show one")
+                     f"difference; more runs may show one (the same command with --runs {max(3 * c.runs, 30)} "
+                     "keeps these and adds to them)")
     lines.extend(f"Note: {n}" for n in c.notes)
     if c.cost:
         lines.append(cost_line(c.cost))

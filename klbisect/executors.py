@@ -15,6 +15,7 @@ import os
 import queue
 import shutil
 import socket
+import signal
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -71,7 +72,10 @@ def infrastructure_failure(outcome: Outcome) -> str | None:
     """
     r = outcome.run
     if r is not None and r.status in CRASHED and not r.values and r.exit_code in _KILLED_EXIT:
-        return f"probe killed from outside (exit {r.exit_code}, no value; log {r.log_path})"
+        sig = -r.exit_code if r.exit_code < 0 else r.exit_code - 128
+        # --probe sglang reports its server's status: the probe itself was not the one killed
+        return (f"probe (or its server) killed from outside by {signal.Signals(sig).name} (exit {r.exit_code}, "
+                f"no value; log {r.log_path})")
     return None
 
 

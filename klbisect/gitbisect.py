@@ -525,7 +525,9 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
         instead = (f"; `{cfg.run_command(sess.good[:12], sess.bad[:12], max_runs=False)}` reuses these runs and "
                    "measures until sure" + _max_runs_left_out(cfg)
                    + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model))
-    said = f"its answer {shas[between[-1]][:12]}"
+    # git's answer past skipped commits is the block ("could be any of"), and so is the mass
+    said = (f"its answer {shas[between[-1]][:12]}" if len(between) == 1 else
+            f"its answer, the {len(between)} commits {shas[between[0]][:12]}..{shas[between[-1]][:12]}")
     if best.indices != between and best.mass > mass and (mass < 0.5 or best.mass >= cfg.confidence):
         # "most likely (NOT sure)" must name the most likely: after one wrong verdict (a
         # hand-typed `git bisect bad`, say) git's answer may hold next to nothing

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import BisectConfig
-from .decide import DECISIVE_RUNS, SEPARATION_P, label_separations, labels_apart, worse_tail
+from .decide import DECISIVE_RUNS, SEPARATION_P, label_separations, labels_apart, separation, worse_tail
 from .errors import NoDifference
 from .metric import fmt_count, fmt_summary, fmt_value, over_labels
 from .runs import MEASURED, valued_runs
@@ -169,9 +169,14 @@ def _other_label(ws: Workspace, cfg: BisectConfig, on_good: dict[str, list[float
 def _by_label(runs: list, sha: str) -> dict[str, list[float]]:
     """A commit's values per label; a run its own assertion stopped short
     measured the labels it printed."""
+    return _on_side(runs, {sha})
+
+
+def _on_side(runs: list, shas: set[str]) -> dict[str, list[float]]:
+    """Those commits' values per label, as ``_by_label``."""
     out: dict[str, list[float]] = {}
     for r in runs:
-        if r.sha == sha and r.status in MEASURED:
+        if r.sha in shas and r.status in MEASURED:
             for k, v in r.values.items():
                 out.setdefault(k, []).append(v)
     return out
@@ -243,17 +248,25 @@ CLEARER_LOOK = 50     # ... looked for again at this many session runs, then twi
 
 
 def clearer_label(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig,
-                  p_over: float) -> tuple[str, str]:
+                  p_over: float, placed: tuple[list[str], list[str]] = ([], [])) -> tuple[str, str]:
     """A label that moved the worse way and separates the endpoints far
     more clearly than the max (min) over labels, which they differ on only
     a little (p_over): a bisect of the max over runs that overlap takes
     hundreds of runs where that label alone takes dozens (a tester's: 510
-    runs and 85% right, against 49 and 100% with --metric). (label, a note
-    on it), or ("", "")."""
+    runs and 85% right, against 49 and 100% with --metric). With
+    ``placed``, the commits a search placed good and bad, their runs join
+    their side's (and p_over is read from them too): a search spends its
+    runs inside the range, and a tester's 877 went by with 17 + 12 at the
+    endpoints, never enough to show it. (label, a note on it), or ("", "")."""
     if not _labels_offered(ws, cfg):
         return "", ""
-    stored = ws.store.runs(probe_key, [good, bad])
-    on_good, on_bad = _by_label(stored, good), _by_label(stored, bad)
+    goods, bads = {good, *placed[0]}, {bad, *placed[1]}
+    stored = ws.store.runs(probe_key, [*goods, *bads])
+    on_good, on_bad = _on_side(stored, goods), _on_side(stored, bads)
+    if placed[0] or placed[1]:
+        side = [[r.value for r in stored if r.sha in shas and r.status in MEASURED and r.value is not None]
+                for shas in (goods, bads)]
+        p_over = separation(*side).p_value if min(map(len, side)) >= 2 else 1.0
     apart = labels_apart(on_good, on_bad) if len(on_good) > 1 else []
     if not apart or apart[0][1] * CLEARER_LABEL > p_over:
         return "", ""
@@ -261,6 +274,8 @@ def clearer_label(ws: Workspace, probe_key: str, good: str, bad: str, cfg: Bisec
     moved = _moved(on_good, on_bad, lab)
     if cfg.worse not in ("either", moved):
         return "", ""
-    return lab, (f"label {lab} alone separates the endpoints far more clearly (p={p:.2g}, against p={p_over:.2g} "
+    what = ("the good and the bad side (the endpoints and the commits placed on each)" if placed[0] or placed[1]
+            else "the endpoints")
+    return lab, (f"label {lab} alone separates {what} far more clearly (p={p:.2g}, against p={p_over:.2g} "
                  f"for the {over_labels(ws.worse)} over labels): --metric {shlex.quote(lab)} would need fewer runs, "
                  "and reuses these")

@@ -161,6 +161,7 @@ class Judgement:
     worse_again: bool = False  # a regression on top of the open one
     other_side: str = ""       # "baseline" or "open": whose runs, not tonight's, could also settle it
     label: str = ""            # the one label that decided it, when one did (and a bisect judges)
+    pooled: bool = False       # decided with the suspect nights' runs (borderline across nights already)
 
 
 def judge_night(head: list[float], baseline: list[float], borderline: list[float] | None = None,
@@ -219,7 +220,11 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
         why = (f"{over}tonight's median {fmt_value(mt)} vs the open regression's {fmt_value(mo)} over "
                f"{len(open_bad)} runs ({fmt_ratio(mt, mo) or 'x n/a'}), Mann-Whitney p={fixed.p_value:.2g}")
         if fixed.verdict != "regressed":
-            return Judgement("known", c, fixed.suspicious or c.suspicious, f"not shown fixed: {why}",
+            # tonight above the baseline is what an open regression looks like: more runs only where
+            # tonight may be better than the regression, or worse than it (a label regression's known
+            # nights each ran to --max-runs on the max's borderline against the old baseline)
+            worse = c.suspicious and compare(mine, open_bad, alpha, min_effect, min_baseline).suspicious
+            return Judgement("known", c, fixed.suspicious or worse, f"not shown fixed: {why}",
                              other_side="open" if fixed.suspicious else "")
         if c.suspicious:
             # better than the regression, not yet as good as before it: a partial fix,
@@ -232,12 +237,32 @@ def judge_night(head: list[float], baseline: list[float], borderline: list[float
         pooled = compare(list(head) + list(borderline), baseline, alpha, min_effect, min_baseline)
         why = f"with the {len(borderline)} runs of the suspect nights before: {pooled.reason}"
         if pooled.verdict == "regressed":
-            c, reason = pooled, why
-        elif pooled.suspicious:
+            return Judgement("regressed", pooled, False, why, pooled=True)
+        if pooled.suspicious:
             more, reason = True, (reason if c.suspicious else why)
     if c.verdict == "good":
         return Judgement("suspect" if more else "good", c, more, reason, other_side="baseline" if more else "")
     return Judgement("regressed", c, False, reason)
+
+
+CONFIRM_P = 0.05     # fresh runs of a regressed head must show it at this level (see confirm_night)
+CONFIRM_RUNS = 6     # ... this many of them, at least --runs
+
+
+def confirm_night(fresh: list[float], baseline: list[float], min_effect: float = 0.1) -> Comparison:
+    """A night judged regressed, tested again on head runs measured after
+    the verdict. The runs that decided it are the ones that came out high,
+    as a false alarm's do: a bisect that reused them as its bad end found
+    its endpoints apart (p=0.007) in a range with no change, and searched
+    it for over a thousand runs. Fresh runs carry no such selection, so a
+    plain one-sided test of them at CONFIRM_P tells a false alarm (passed
+    one time in twenty) from a regression (passed almost always)."""
+    return compare(fresh, baseline, CONFIRM_P, min_effect, 1, against="baseline")
+
+
+# A label this near moving asks for more runs. The max's 0.25 would ask on most nights with three
+# labels, and at 0.05 a night's false alarms doubled (scripts/nightly_power.py, docs/statistics.rst).
+LABEL_SUSPECT_P = 0.01
 
 
 def judge_labels_again(head: dict[str, list[float]], open_bad: dict[str, list[float]], alpha: float = 0.001,
@@ -256,7 +281,7 @@ def judge_labels_again(head: dict[str, list[float]], open_bad: dict[str, list[fl
     for lab in labels:
         c = compare(head[lab], open_bad[lab], a, min_effect, min_baseline,
                     against=f"the open regression's {len(open_bad[lab])} runs")
-        if c.verdict == "regressed" or c.suspicious:
+        if c.verdict == "regressed" or (c.suspicious and c.p_value <= LABEL_SUSPECT_P):
             found.append((lab, c))
     if not found:
         return None
@@ -268,6 +293,40 @@ def judge_labels_again(head: dict[str, list[float]], open_bad: dict[str, list[fl
     why = (f", to be confirmed on as many of its runs as tonight's {n_head}" if c.verdict == "regressed"
            else "")
     return Judgement("known", c, True, f"worse again on {lab}? {c.reason}{why}", other_side="open", label=lab)
+
+
+def judge_labels(head: dict[str, list[float]], baseline: dict[str, list[float]],
+                 borderline: dict[str, list[float]] | None = None, alpha: float = 0.001, min_effect: float = 0.1,
+                 min_baseline: int = 3) -> Judgement | None:
+    """A regression of one label that the max over labels hides: a
+    tester's +40% on one label of three moved the max 8%, under
+    --min-effect, and four regressed nights joined the baseline. Each label
+    against the baseline's runs of it at ``alpha`` / labels (looking at
+    several is paid for), with the suspect nights' runs pooled as the
+    max's are. None when no label looks worse."""
+    labels = sorted(k for k in head if head[k] and len(baseline.get(k) or []) >= min_baseline)
+    if len(labels) < 2:
+        return None     # one label is the max: judge_night's test
+    a = alpha / len(labels)
+    found: list[tuple[str, Comparison, str]] = []
+    for lab in labels:
+        c, pooled = compare(head[lab], baseline[lab], a, min_effect, min_baseline), ""
+        more = (borderline or {}).get(lab) or []
+        if c.verdict != "regressed" and more:
+            both = compare(list(head[lab]) + list(more), baseline[lab], a, min_effect, min_baseline)
+            if both.verdict == "regressed" or (both.suspicious and both.p_value < c.p_value):
+                c, pooled = both, f" (with the {len(more)} runs of the suspect nights before)"
+        if c.verdict == "regressed" or (c.suspicious and c.p_value <= LABEL_SUSPECT_P):
+            found.append((lab, c, pooled))
+    if not found:
+        return None
+    lab, c, pooled = min(found, key=lambda x: (x[1].verdict != "regressed", x[1].p_value))
+    over = f" (--alpha {alpha:g} over {fmt_count(len(labels), 'label')})"
+    if c.verdict == "regressed":
+        return Judgement("regressed", c, False, f"label {lab}{pooled}: {c.reason}{over}", label=lab,
+                         pooled=bool(pooled))
+    return Judgement("suspect", c, True, f"label {lab} may have moved{pooled}: {c.reason}{over}",
+                     other_side="baseline", label=lab)
 
 
 def judge_trend(head: list[float], nights: list[list[float]], alpha: float = 0.001, min_effect: float = 0.1,
@@ -675,9 +734,45 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     meter = _Meter(ws, sid, probe, builder, progress)
     try:
         _measure_head(ws, cfg, opts, sid, head, sides, meter.measure, progress)
+        unconfirmed = _confirm(ws, cfg, opts, sid, head, sides, meter.measure, progress)
     finally:
         meter.close()
-    return _night_record(ws, cfg, opts, night, head, subj, sid, sides, probe, progress, notes)
+    return _night_record(ws, cfg, opts, night, head, subj, sid, sides, probe, progress, notes, unconfirmed)
+
+
+def _confirm(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, progress: Progress) -> str:
+    """A regression judged on tonight's runs, measured again on fresh runs
+    of the head (``confirm_night``): why it is not confirmed, or ""."""
+    j = sides.judge(list(sides.head_runs().values))
+    if j.verdict != "regressed" or j.worse_again or j.pooled:
+        return ""   # worse than the open regression is judged against it; the suspect nights were borderline already
+    st = ws.store
+    before = {r.id for r in st.session_runs(sid)}
+    want = max(CONFIRM_RUNS, opts.runs)
+
+    def fresh() -> list:
+        return [r for r in st.session_runs(sid) if r.sha == head and r.id not in before]
+
+    progress(f"  regressed{' on label ' + j.label if j.label else ''}: confirming it on {want} fresh runs of the "
+             "head (the runs that decided it are the ones that came out high)")
+    while len(_run_values(fresh(), j.label)) < want and len(fresh()) < want + cfg.crash_limit:
+        out, run = measure(head)
+        if out.build_failed:
+            break
+        if run is not None:
+            progress(f"  confirming run {len(fresh())}: {_shown(run, j.label or None)}")
+    vals = _run_values(fresh(), j.label)
+    base = label_runs(sides._runs_after(sides.baseline_shas), j.label) if j.label else list(sides.baseline)
+    if len(vals) < 2:
+        return ""   # the head stopped giving values: its runs so far stand
+    c = confirm_night(vals, base, opts.min_effect)
+    if c.verdict == "regressed":
+        progress(f"  confirmed: {c.reason}")
+        return ""
+    progress(f"  not confirmed: {c.reason}")
+    return (f"not confirmed on {len(vals)} fresh runs of the head{' (label ' + j.label + ')' if j.label else ''}: "
+            f"{c.reason}, not <= {CONFIRM_P:g} with a median {1 + opts.min_effect:g}x the baseline's; kept out "
+            "of the baseline, and the next nights' runs are pooled with tonight's")
 
 
 def _open_night(ws, cfg, opts, night, head, probe_key, progress):
@@ -806,12 +901,24 @@ class _Sides:
         again = commit_runs(self.ws, self.probe_key, self.build_key, self.baseline_shas, self.cfg.timeout)
         self.baseline[:] = [v for sha in self.baseline_shas for v in again[sha].values]
 
+    def _labels(self, shas: list[str]) -> dict[str, list[float]]:
+        runs = self._runs_after(shas)
+        labels = {k for r in runs if r.value is not None for k in (r.values or {})}
+        return {lab: label_runs(runs, lab) for lab in labels}
+
     def judge(self, values: list[float]) -> Judgement:
         opts = self.opts
         mine = self._label_values([self.head]) if self.open_bad_label else []
         j = judge_night(values, self.baseline, self.borderline, self.open_bad_label if mine else self.open_bad,
                         opts.alpha, opts.min_effect, opts.min_baseline, open_head=mine or None,
                         open_whole=self.open_bad if mine else None, open_label=self.open_label or "")
+        if j.verdict in ("good", "suspect") and not self.open_bad and not self.cfg.metric and self.baseline_shas:
+            lab = judge_labels(self._labels([self.head]), self._labels(self.baseline_shas),
+                               self._labels(self.suspect_shas) if self.suspect_shas else None,
+                               opts.alpha, opts.min_effect, opts.min_baseline)
+            if lab is not None and (lab.verdict == "regressed" or j.verdict == "good"):
+                # the night's own comparison (the max's) stays what `history` shows; the label's decides
+                return dataclasses.replace(lab, cmp=j.cmp, reason=f"{lab.reason}; the max over labels: {j.reason}")
         if mine and j.verdict == "known" and not j.more:
             # the open regression's label is as it was, but another label may have moved on
             # top of it: the max over labels against the open regression's says so
@@ -923,7 +1030,7 @@ def _measure_head(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, pr
 
 
 def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, progress,
-                  notes: list[str] = ()) -> dict:
+                  notes: list[str] = (), unconfirmed: str = "") -> dict:
     """The night's verdict from the head's runs, stored with its notes and,
     for a regression, where its bisect starts and on which label."""
     from .config import make_builder  # noqa: PLC0415
@@ -933,6 +1040,8 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
     openr, found, found_heads = sides.openr, sides.found, sides.found_heads
     cr = sides.head_runs()
     j = sides.judge(list(cr.values))
+    if unconfirmed and j.verdict == "regressed" and not j.worse_again:
+        j = dataclasses.replace(j, verdict="suspect", reason=f"{j.reason}; {unconfirmed}")
     cmp = j.cmp
     if not cr.values:
         from .endpoints import endpoint_problem  # noqa: PLC0415
@@ -1011,7 +1120,9 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
         note = _apart_note(ws, head, *apart)
         rec["notes"].append(note)
         progress(f"klbisect: warning: {note}")
-    if j.verdict == "suspect":
+    if j.verdict == "suspect" and unconfirmed:
+        rec["notes"].append(unconfirmed)
+    elif j.verdict == "suspect":
         rec["notes"].append(f"still borderline after {len(cr.values)} runs: kept out of the baseline; "
                             "the next nights' runs are pooled with this night's until they decide")
     if j.verdict in ("regressed", "good") and suspect_nights and borderline:
@@ -1057,6 +1168,8 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
     elif openr is not None and j.verdict == "good":
         rec["notes"].append(f"the regression found on {known['known_since']} is fixed")
         rec["fixed"] = known
+    if j.verdict == "regressed" and j.label and not j.worse_again:
+        rec["bisect_metric"] = j.label      # the label that moved: the max would blur it
     if j.verdict == "regressed" and not rec.get("bisect_good"):
         _bisect_from_baseline(ws, probe_key, head, sid, rec)
     if j.verdict == "regressed":

@@ -48,7 +48,9 @@ SIDES = "the commits placed on a side at 99%"
 def format_result(res: Result | dict) -> str:
     r = res if isinstance(res, dict) else res.to_json()
     lines = []
-    if r["culprit"]:
+    if r["culprit"] and not _guess_named(r):
+        lines.append(f"No commit stands out yet: {flat_words(r['confidence'], r['n_commits'])}")
+    elif r["culprit"]:
         # a guess short of the mark does not read as the answer
         lines.append(f"{_first_bad(r.get('complete', True))}: {r['culprit']}")
         lines.append(f"  {_with_pr(r['subject'], r['pr'])}")
@@ -107,6 +109,34 @@ def _format_nightly_status(st: dict) -> str:
         return f"{head}: not judged; {why}"
     from .nightly import format_night  # noqa: PLC0415
     return head + "\n" + format_night(rec)
+
+
+FLAT = 2.0   # a best guess under FLAT times a place's share with no evidence names no one
+
+
+def stands_out(mass: float, n_commits: int) -> bool:
+    """Whether the likeliest place is worth naming: with no evidence each of
+    ``n_commits`` places holds 1/n, and a tie of them all named one of 79
+    commits as "most likely" (a tester's report, after a Ctrl-C)."""
+    return mass >= FLAT / max(n_commits, 1)
+
+
+def flat_words(mass: float, n_commits: int) -> str:
+    return (f"the likeliest place holds {mass:.4f} of the probability, near what any one of the "
+            f"{n_commits} commits would hold with no evidence")
+
+
+def _stop_words(reason: str) -> str:
+    """A reason after "Stopped:", without saying "stopped" twice."""
+    for lead in ("stopped: ", "stopped "):
+        if reason.startswith(lead):
+            return reason[len(lead):]
+    return reason
+
+
+def _guess_named(r: dict) -> bool:
+    """An answer, or a guess that stands out; not a tie of the whole range."""
+    return bool(r.get("culprit")) and (r.get("complete", True) or stands_out(r["confidence"], r["n_commits"]))
 
 
 def _first_bad(complete: bool) -> str:
@@ -233,6 +263,12 @@ def format_status(st: dict) -> str:
                        if bad == good else
                        f"; one run counts for at most {bad:.3g}:1 for bad and {good:.3g}:1 for good (two that "
                        f"agree: {bad ** 2:.3g}:1, {good ** 2:.3g}:1)")
+        if st.get("took_over") and model.separates:
+            # a tester's: "they separate cleanly: each run is judged against them" above a P(bad)
+            # column, and a confidence, that the rank-based model gave
+            regime += (f". But {st['took_over']}: so P(bad) below, and the confidence, weigh every run with both "
+                       "sides' distributions integrated out (rank based), not by this model, and are less sure "
+                       "than its verdicts")
         table = (f", where the {'KL' if worse == 'higher' else 'Metric'} before -> after below counts those at 99%"
                  if (st.get("result") or {}).get("labels") else "")
         lines.append(f"Learned from {m.get('n_good', 0)} good-side and {m.get('n_bad', 0)} bad-side runs (the "
@@ -266,7 +302,17 @@ def format_status(st: dict) -> str:
     elif st.get("later_runs"):
         lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at commits of its range "
                      "are weighed above too)")
-    if st.get("top"):
+    top_mass = st["top"][0]["mass"] if st.get("top") else 0.0
+    if st.get("top") and st.get("no_signal"):
+        # a tester's: a range with no regression listed three commits at 0.0196 as "most likely"
+        lines.append("No commit stands out: the runs of the good and the bad end do not differ now, so there is "
+                     "no regression here to place (" + flat_words(top_mass, st.get("n_commits") or 1) + ")"
+                     if not stands_out(top_mass, st.get("n_commits") or 1) else
+                     "No commit stands out: the runs of the good and the bad end do not differ now, so the "
+                     f"likeliest place ({top_mass:.4f}) names no regression")
+    elif st.get("top") and not stands_out(top_mass, st.get("n_commits") or 1):
+        lines.append(f"No commit stands out yet: {flat_words(top_mass, st.get('n_commits') or 1)}")
+    elif st.get("top"):
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:
             names = ", ".join(s[:12] for s in t["candidates"])
@@ -283,7 +329,7 @@ def format_status(st: dict) -> str:
                 f"{fmt_count(a['commits'], 'commit')} from it on {fmt_value(a['median'])}; the endpoints alone differ "
                 f"at p = {ev['endpoints_p']:.2g} (Welch's t on the log values or Mann-Whitney, the smaller). Over "
                 f"every place the change could be, the posterior puts {ev['mass']:.4f} here"
-                + (f" and {nxt['mass']:.2g} on the next likeliest place ({', '.join(c[:12] for c in nxt['candidates'])})"
+                + (f" and {nxt['mass']:.4f} on the next likeliest place ({', '.join(c[:12] for c in nxt['candidates'])})"
                    if nxt else "") + ".", width=100, initial_indent="  ", subsequent_indent="  "))
         res = st.get("result") or {}
         answer = next((t["mass"] for t in st["top"] if res.get("candidates") == t["candidates"]), None)
@@ -576,6 +622,8 @@ def _headline(data: dict) -> str:
         if not r.get("complete", True):
             # pasted into an issue, a title names the PR to blame: not on a weak guess, and
             # never with its confidence rounded up to the mark it missed (0.9883 is not 0.99)
+            if not _guess_named(r):
+                return f"{kl} regression: not found yet (no commit stands out)"
             if r["confidence"] < 0.5:
                 return (f"{kl} regression: not found yet (best guess {r['culprit'][:12]} at "
                         f"{fmt_confidence(r['confidence'])})")
@@ -666,6 +714,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     if data.get("no_signal"):
         head.append("**No first bad commit:** the runs of the good and the bad end no longer differ, so "
                     "there is no regression between them to find (the reason below says what was seen)")
+    elif r["culprit"] and not _guess_named(r):
+        head.append(f"**No commit stands out yet:** {flat_words(r['confidence'], r['n_commits'])}")
     elif r["culprit"]:
         c = data["culprit_commits"][0] if data.get("culprit_commits") else {
             "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
@@ -686,8 +736,12 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
             head.append(f"- {_sha_link(c['sha'], slug)} {_md_cell(_culprit_title(c, prs), 200)}{pr}"
                         + (f" — {why}" if why else ""))
     head.append("")
-    conf = f"**Confidence:** {fmt_confidence(r['confidence'])}"
-    conf += "" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 2000, code=True)}"
+    # no confidence in anything when nothing was found: the reason is what was seen (a tester's
+    # "No first bad commit" above "Confidence: 0.0196 — NOT reached")
+    conf = (f"**Stopped:** {_md_cell(_stop_words(r['reason']), 2000, code=True)}" if data.get("no_signal") or not (
+        r["complete"] or _guess_named(r) or not r["culprit"]) else
+        f"**Confidence:** {fmt_confidence(r['confidence'])}"
+        + ("" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 2000, code=True)}"))
     head.append(conf + "  ")
     head.append(f"**Range:** good {_sha_link(r['good'], slug)} → bad {_sha_link(r['bad'], slug)}, "
                 f"{fmt_count(r['n_commits'], 'candidate commit')}  ")
@@ -804,6 +858,8 @@ def render_html(data: dict, png: bytes | None = None) -> str:
     if data.get("no_signal"):
         parts.append("<p><b>No first bad commit:</b> the runs of the good and the bad end no longer differ, "
                      "so there is no regression between them to find.</p>")
+    elif r["culprit"] and not _guess_named(r):
+        parts.append(f"<p><b>No commit stands out yet:</b> {e(flat_words(r['confidence'], r['n_commits']))}</p>")
     elif r["culprit"]:
         c = data["culprit_commits"][0] if data.get("culprit_commits") else {
             "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
@@ -821,8 +877,10 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                          + (f" ({pr_a(c['pr'])})" if c.get("pr") else "")
                          + f" <span class='muted'>{e(info.get(c['sha'], {}).get('why', ''))}</span></li>")
         parts.append("</ul>")
-    parts.append(f"<p><b>Confidence:</b> {e(fmt_confidence(r['confidence']))}"
-                 + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})") + "<br>"
+    stopped = data.get("no_signal") or not (r["complete"] or _guess_named(r) or not r["culprit"])
+    parts.append((f"<p><b>Stopped:</b> {e(_stop_words(r['reason']))}" if stopped else
+                  f"<p><b>Confidence:</b> {e(fmt_confidence(r['confidence']))}"
+                  + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})")) + "<br>"
                  f"<b>Range:</b> good {sha_a(r['good'])} → bad {sha_a(r['bad'])}, "
                  f"{fmt_count(r['n_commits'], 'candidate commit')}<br>"
                  f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing (slots added up)"

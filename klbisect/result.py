@@ -241,6 +241,7 @@ SITS_WHY = ("weighs every commit's runs at once, and where good and bad runs ove
             "little alone; the commits on either side of the answer decide it")
 LESS_SURE_WHY = (": it weighs every commit's runs at once, over every place the first bad commit could be, and "
                  "one commit's odds move it less where many places are left")
+LESS_SURE_RANKS = ": it is the rank-based weighing's, not the fitted model's that gave the verdict (see above)"
 _SITS = re.compile(r": P\(bad\) = [0-9.]+ " + re.escape(SITS_WHY))
 
 
@@ -305,7 +306,8 @@ def explain_commit(entry: dict, model) -> str:
         p_bad = entry.get("p_bad")
         if p_bad is not None and 0.01 < p_bad < 0.99 and entry["verdict"] in (GOOD, BAD) and 0 < entry["index"]:
             # a tester read "1.6e+03:1 for good" beside P(bad)=0.28 as a contradiction
-            parts.append("P(bad) is less sure than that verdict" + LESS_SURE_WHY)
+            parts.append("P(bad) is less sure than that verdict" + (LESS_SURE_RANKS if entry.get("took_over")
+                                                                    else LESS_SURE_WHY))
     return "; ".join(parts)
 
 
@@ -356,6 +358,7 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
             # the sides overlap: the search weighs every run with both distributions
             # integrated out, and one commit's ratio under the fitted model is not what it used
             entry["integrated"] = bool(pl.integrated)
+            entry["took_over"] = bool(pl.took_over)
         if sha in verdicts:
             entry["verdict"], entry["reason"] = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
         elif i in (0, n) and (cr.values or pl is not None):

@@ -18,6 +18,7 @@ import numpy as np
 
 from .decide import (MAX_CRASH_SKIP, MAX_ENDPOINT_RUNS, OVERLAP_MAX_RUNS, Model, lost_separation, normal_scores,
                      runs_per_commit, separation)
+from .metric import fmt_count
 
 
 def _block_ends(untestable: np.ndarray) -> np.ndarray:
@@ -442,6 +443,8 @@ class Plan:
     widening: bool = False        # nothing inside is left to run: ``next`` measures the endpoints again
     held: tuple = ()              # commits the likeliest answer rests on that hold all the runs they may get
     held_cap: int = 0             # ... that many (a --max-runs to raise); not those stopped by crashes
+    # why the integrated model judges though ``model`` separates (its answer was not trusted), for status
+    took_over: str = ""
 
 
 def _posterior(commits: Sequence[CommitRuns], model, untestable: np.ndarray, refine: bool):
@@ -536,6 +539,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     # few dozen runs, endpoint samples that ran high or low by chance can
     # lend a wrong boundary 99%. Its values' channel must reach a stricter mark.
     done = decided(post, confidence) if integrated is None else _integrated_done(integrated, post, confidence)
+    took_over = ""
     if done and integrated is None and isinstance(model, Model):
         # Endpoint runs of an overlapping regression can look separated by
         # chance, and the plug-in model then names a confident wrong commit,
@@ -548,7 +552,13 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
                  sum(len(commits[i].values) for i in range(done.first, n)))
         if second is not None:
             alt = _parts_posterior(second, untestable)
-            if float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION or min(sides) < MIN_SIDE_RUNS:
+            if min(sides) < MIN_SIDE_RUNS:
+                took_over = (f"its answer rests on {fmt_count(min(sides), 'run')} of commits inside the range on "
+                             f"one side ({MIN_SIDE_RUNS} needed)")
+            elif float(alt.p_first_bad[done.indices].sum()) < SECOND_OPINION:
+                took_over = (f"a rank-based second opinion gives its answer only "
+                             f"{float(alt.p_first_bad[done.indices].sum()):.2g} (under {SECOND_OPINION:g})")
+            if took_over:
                 integrated, post = second, alt
                 done = _integrated_done(integrated, post, confidence)
     stretch = max_runs is None and integrated is not None     # the default cap, not the user's --max-runs
@@ -629,7 +639,7 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
         lost = lost_separation(commits[0].values, commits[n].values)
     held = tuple(i for i in resting if len(commits[i].values) >= held_cap) if done is None else ()
     return Plan(post, model, done, nxt, untestable, exhausted, integrated is not None, lost, unproven, widening,
-                held, held_cap)
+                held, held_cap, took_over)
 
 
 def _endpoints_wanted(commits: Sequence[CommitRuns], pending: Sequence[int], cap: int, crash_limit: int,

@@ -483,6 +483,7 @@ class _Search:
         # builds that failed in an earlier command stand until the answer is a block they make:
         # then each is built once more (a resumed run rebuilt every one first, a tester's minutes each)
         rebuilding = False
+        told_took_over = False
         while True:
             runs = commit_runs(ws, probe_key, build_key, shas, cfg.timeout,
                                failed_after=first_build if rebuilding else 0)
@@ -491,11 +492,20 @@ class _Search:
             pl = plan(commits, model, cfg.confidence, k=max(ex.free(), 1), max_runs=cfg.max_runs,
                       crash_limit=cfg.crash_limit, pending=pending, max_endpoint_runs=cfg.max_endpoint_runs)
             total = len(st.session_runs(sid))
+            if pl.took_over and not told_took_over:
+                # a tester's best guess fell from 0.970 to 0.774 after a run that looked bad: the
+                # fitted model had an answer, and the rank-based one, less sure, took over
+                told_took_over = True
+                progress(f"the fitted model's answer waits: {pl.took_over}; until then P(bad) and the best guess "
+                         "weigh every run by ranks and read less sure")
             if pl.integrated and total >= look_at:
                 # the endpoints' runs grow as the search goes: a label that stands out
                 # now is worth a note, once
+                inside = [i for i in range(1, len(shas) - 1) if commits[i].values]
+                placed = ([shas[i] for i in inside if pl.posterior.p_bad[i] < PLACED_P],
+                          [shas[i] for i in inside if pl.posterior.p_bad[i] > 1 - PLACED_P])
                 clear = clearer_label(ws, probe_key, good, bad, cfg,
-                                      separation(commits[0].values, commits[-1].values).p_value)[1]
+                                      separation(commits[0].values, commits[-1].values).p_value, placed)[1]
                 look_at = math.inf if clear else 2 * look_at
                 if clear:
                     progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
@@ -559,6 +569,10 @@ class _Search:
                 self.canary(good)
         reason = "confidence reached"
         return finish_result(ws, sid, cands, pl, True, reason, probe_key, build_key, progress)
+
+
+PLACED_P = 0.1      # a commit this sure of its side lends its runs to the label check (at 0.01, a tester's search
+# of 400 runs placed none: an overlapping posterior is seldom that sure far from the answer)
 
 
 def _no_answer(pl, cfg: BisectConfig, shas: list[str], total: int) -> str | None:

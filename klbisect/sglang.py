@@ -515,12 +515,14 @@ def _port_free(port: int) -> bool:
 
 
 def pick_port(port_base: int) -> int:
-    """The first free port of the slot's range, or any free port without one."""
+    """The first free port of the slot's range, or any free port the system
+    gives: the range keeps parallel slots apart, and another program holding
+    all of it (a shared box) is no reason to fail the run (a tester's runs
+    failed as "check --model-path" while the log said the ports were taken)."""
     if port_base:
         for port in range(port_base, port_base + PORTS_PER_SLOT):
             if _port_free(port):
                 return port
-        raise ServerStartError(f"ports {port_base}-{port_base + PORTS_PER_SLOT - 1} are all taken", None)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return s.getsockname()[1]

@@ -155,6 +155,10 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["git_bisect_running"] = there_repo is not None and own_bisect(ws, sess, there_repo)
         if pl is not None:
             out["model"] = pl.model.to_dict()
+            if pl.took_over:
+                out["took_over"] = pl.took_over
+            # the endpoints' runs no longer differ: no place is a regression's
+            out["no_signal"] = pl.lost is not None or pl.unproven is not None
             out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
                            "subjects": [cands[i][1] for i in b.indices]} for b in pl.posterior.top_blocks(5)]
             out["evidence"] = boundary_evidence(commits, pl.posterior, shas)

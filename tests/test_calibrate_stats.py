@@ -148,6 +148,7 @@ def test_commits_that_do_not_separate_on_few_runs_are_not_called_inseparable():
     ls, = label_stats([{"kl": v} for v in lognormal_runs(3, 9)], None, 0.01, 0.95)
     out = text([ls], 3, bad_sha="1" * 40)
     assert "do not separate: these 3 runs a side do not show a difference; more runs may" in out
+    assert "(the same command with --runs 30 keeps these and adds to them)" in out     # and how many to try
     assert "no bisect could" not in out
     assert "these 3 and 5 runs do not show" in text([ls], 3, bad_sha="1" * 40, bad_runs=5)
 

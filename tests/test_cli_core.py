@@ -3195,3 +3195,36 @@ def test_git_failing_says_its_cause_and_a_bare_repository_what_to_do(history, tm
     subprocess.run(["git", "clone", "-q", "--bare", str(h.path), str(bare)], check=True)
     line = error_line(klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), cwd=bare), 151)
     assert "is a bare repository" in line and "git clone" in line and "worktree add" in line, line
+
+
+def test_a_clearer_label_is_seen_in_the_runs_of_commits_placed_on_each_side(tmp_path):
+    """A tester's search spent 877 runs on the max over labels and never
+    named the label that moved: it looked at the endpoints' runs alone, 17
+    and 12 of them, where the search's runs were inside the range. The
+    commits placed on each side lend theirs."""
+    from klbisect.config import BisectConfig  # noqa: PLC0415
+    from klbisect.labels import clearer_label  # noqa: PLC0415
+    from klbisect.workspace import Workspace  # noqa: PLC0415
+    import numpy as np  # noqa: PLC0415
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    rng = np.random.default_rng(3)
+    shas = [f"{i:040x}" for i in range(12)]     # 0: good end, 11: bad end, 1-5 placed good, 6-10 placed bad
+
+    def runs(sha: str, moved: bool, n: int) -> None:
+        for _ in range(n):
+            vals = {"decode": 0.005 * rng.lognormal(0, 0.3),
+                    "prefill": 0.004 * (1.3 if moved else 1) * rng.lognormal(0, 0.05)}
+            ws.store.add_run(1, "k", sha, 0.0, 1.0, 0, "ok", vals, max(vals.values()), None)
+
+    ws = Workspace(tmp_path)
+    try:
+        runs(shas[0], False, 3)
+        runs(shas[11], True, 3)
+        for i in range(1, 11):
+            runs(shas[i], i >= 6, 6)
+        cfg = BisectConfig(probe_cmd="probe")
+        assert clearer_label(ws, "k", shas[0], shas[11], cfg, 0.2) == ("", "")     # three runs a side: no telling
+        lab, note = clearer_label(ws, "k", shas[0], shas[11], cfg, 0.2, (shas[1:6], shas[6:11]))
+        assert lab == "prefill" and "separates the good and the bad side (the endpoints and the commits" in note
+    finally:
+        ws.close()

@@ -1109,3 +1109,27 @@ def test_start_on_overlapping_endpoints_says_what_a_verdict_per_commit_costs():
                   r"cap of (\d+) \(--max-runs\), so commits will be skipped undecided", close)
     assert m and int(m.group(2).replace(",", "")) > int(m.group(3)), close
     assert verdict_cost(Model.fit(good, [v * 2.5 for v in good]), None) == ""      # a few runs: nothing to say
+
+
+def test_status_says_which_model_gave_p_bad_when_the_fitted_one_was_not_trusted(history):
+    """A tester's status said "they separate cleanly: each run is judged
+    against them" above P(bad)s and a confidence that the rank-based model
+    gave: the fitted model's answer rested on no interior run below the
+    culprit (it is the first commit), so the search did not trust it. The
+    header says so, and a verdict surer than its P(bad) says whose P(bad)."""
+    h = history(n_commits=12, culprit_index=1, seed=3, merges=0, noise=SEPARATED)
+    assert klb("start", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), cwd=h.path).returncode == 0
+    assert "first bad commit" in bisect_run(h.path).stdout
+    text = klb("status", cwd=h.path).stdout
+    header = text.splitlines()[1]
+    assert "they separate cleanly" in header, text
+    assert ("But its answer rests on 0 runs of commits inside the range on one side (3 needed): so P(bad) below, "
+            "and the confidence, weigh every run with both sides' distributions integrated out (rank based)") in header
+    assert "over every place the first bad commit could be" not in text     # not the reason here
+    st = json.loads(klb("status", "--json", cwd=h.path).stdout)
+    assert st["culprit"] == h.culprit and st["took_over"].startswith("its answer rests on 0 runs")
+    # `run` says so as it happens (a tester's best guess fell from 0.970 to 0.774, unexplained)
+    h = history(n_commits=12, culprit_index=1, seed=3, merges=0, noise=SEPARATED)
+    r = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--json", cwd=h.path)
+    assert r.returncode == 0 and json_tail(r.stdout)["culprit"] == h.culprit, r.stderr
+    assert r.stderr.count("the fitted model's answer waits: its answer rests on 0 runs") == 1, r.stderr

@@ -356,6 +356,38 @@ def test_post_issue_uses_the_origin_remote(tmp_path):
     assert _post_target(h.path, NightlyOptions(post_to="o-1/r.x#12")) == ("o-1/r.x", 12)
 
 
+def test_judge_labels_finds_a_label_the_max_hides():
+    """A tester's nightly: +40% on one label of three moved the max 8%,
+    under --min-effect, and four regressed nights joined the baseline."""
+    from klbisect.nightly import judge_labels, judge_night
+    rng = np.random.default_rng(5)
+
+    def night(n: int, prefill: float = 1.0) -> dict[str, list[float]]:
+        return {"decode": list(0.005 * np.exp(0.05 * rng.standard_normal(n))),
+                "mixed": list(0.0032 * np.exp(0.05 * rng.standard_normal(n))),
+                "prefill": list(0.002 * prefill * np.exp(0.05 * rng.standard_normal(n)))}
+
+    base, head = night(15), night(6, prefill=1.4)
+    assert judge_night([max(v) for v in zip(*head.values())], [max(v) for v in zip(*base.values())]).verdict \
+        in ("good", "suspect")
+    j = judge_labels(head, base)
+    assert j.verdict == "regressed" and j.label == "prefill" and "over 3 labels" in j.reason
+    # the same runs unmoved: nothing; a single label is the max's own test
+    assert judge_labels(night(6), base) is None
+    assert judge_labels({"prefill": head["prefill"]}, {"prefill": base["prefill"]}) is None
+    # a move too few runs show is suspect (more runs), and pooled with the suspect nights it decides
+    j = judge_labels({k: v[:2] for k, v in head.items()}, base)
+    assert j is not None and (j.verdict, j.more, j.label) == ("suspect", True, "prefill")
+    j = judge_labels({k: v[:2] for k, v in head.items()}, base, borderline={k: v[2:] for k, v in head.items()})
+    assert j.verdict == "regressed" and "suspect nights" in j.reason
+    # under --min-effect: no verdict, however many runs
+    assert judge_labels(night(30, prefill=1.05), night(30)) is None
+    # the second look: fresh runs of a regressed head show it at p <= 0.05; a false alarm's do not
+    from klbisect.nightly import confirm_night
+    assert confirm_night(night(6, prefill=1.4)["prefill"], base["prefill"]).verdict == "regressed"
+    assert confirm_night(night(6)["prefill"], base["prefill"]).verdict == "good"
+
+
 def test_judge_night_on_plain_numbers():
     from klbisect.nightly import compare, judge_night, reachable
     base = [0.0040, 0.0042, 0.0038]
@@ -1559,3 +1591,76 @@ def test_a_rewrite_that_drops_an_open_regression_says_so(tmp_path):
     assert tail_json(p)["regressed"] is False and "fixed" not in json.loads(p.stdout.splitlines()[-1])
     assert (f"the regression found on 2025-03-02 ({culprit[:12]} (#{REG_PR})) is no longer tracked: its culprit "
             "is not in tonight's history") in p.stderr, p.stderr
+
+
+_HIDDEN_PROBE = """import json, random, sys
+scale = json.load(open("scale.json"))["prefill"]
+r = random.Random()
+print(f"[decode] avg_kl_div={r.uniform(0.0050, 0.0055):.6f}")
+print(f"[mixed] avg_kl_div={r.uniform(0.0030, 0.0033):.6f}")
+print(f"[prefill] avg_kl_div={0.002 * scale * r.uniform(0.95, 1.05):.6f}")
+"""
+
+
+def test_a_regression_of_one_label_the_max_hides_is_found(tmp_path):
+    """A new user's nightly: one label of three moved +40%, the max over
+    labels 8% (under --min-effect), and four regressed nights were called
+    good and joined the baseline. Each label is tested too; the bisect
+    judges the one that moved."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "probe.py").write_text(_HIDDEN_PROBE)
+    (repo / "scale.json").write_text('{"prefill": 1.0}\n')
+    git(repo, "init", "-q", "-b", "main")
+    for args in (("config", "user.name", "N"), ("config", "user.email", "n@example.com"), ("add", "-A"),
+                 ("commit", "-q", "-m", "Initial (#1)")):
+        git(repo, *args)
+    assert tail_json(nightly(repo, "2025-03-01", "--runs", "6"))["regressed"] is False
+    (repo / "README.md").write_text("docs\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "Docs (#2)")
+    (repo / "scale.json").write_text('{"prefill": 1.8}\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "Route prefill through the fp8 hook (#3)")
+    culprit = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "NOTES.md").write_text("more docs\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "More docs (#4)")
+    p = nightly(repo, "2025-03-02", "--runs", "6")
+    r = tail_json(p)
+    assert r["regressed"] is True and r["culprit"] == culprit and r["pr"] == 3, p.stderr
+    assert "REGRESSED: label prefill: head median" in p.stderr and "over 3 labels" in p.stderr, p.stderr
+
+
+def test_a_regression_its_fresh_runs_do_not_show_is_suspect_not_bisected(tmp_path):
+    """The runs that decide a regression are the ones that came out high,
+    as a false alarm's do: a tester's false alarm on one label was bisected
+    with those runs as its bad end, found its endpoints apart (p=0.007) in
+    a range with no change, and searched it for over a thousand runs. A
+    regressed night is measured again and must show it on fresh runs."""
+    counter = tmp_path / "count"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    # the head's first eight runs draw high on one label, as chance can; the later ones do not
+    (repo / "probe.py").write_text(_HIDDEN_PROBE.replace(
+        'scale = json.load(open("scale.json"))["prefill"]',
+        f'import os\ncounter = {str(counter)!r}\nn = int(open(counter).read()) if os.path.exists(counter) else 0\n'
+        'spiky = json.load(open("scale.json")).get("spiky")\n'
+        'if spiky:\n    open(counter, "w").write(str(n + 1))\n'
+        'scale = 1.8 if spiky and n < 8 else 1.0'))
+    (repo / "scale.json").write_text('{"prefill": 1.0}\n')
+    git(repo, "init", "-q", "-b", "main")
+    for args in (("config", "user.name", "N"), ("config", "user.email", "n@example.com"), ("add", "-A"),
+                 ("commit", "-q", "-m", "Initial (#1)")):
+        git(repo, *args)
+    assert tail_json(nightly(repo, "2025-03-01", "--runs", "12"))["regressed"] is False
+    (repo / "scale.json").write_text('{"prefill": 1.0, "spiky": true}\n')
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "Docs (#2)")
+    p = nightly(repo, "2025-03-02", "--runs", "8")
+    # all fourteen runs still read regressed, the fresh eight do not: suspect, never bisected
+    assert tail_json(p)["regressed"] is False, p.stderr
+    assert json.loads(p.stdout.splitlines()[-1])["verdict"] == "suspect"
+    assert "regressed on label prefill: confirming it on 8 fresh runs" in p.stderr
+    assert "not confirmed on 8 fresh runs of the head (label prefill)" in p.stderr, p.stderr
+    assert "bisect" not in p.stderr.split("confirming it on")[1].lower(), p.stderr

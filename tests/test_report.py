@@ -27,7 +27,7 @@ from klbisect.decide import Model
 from klbisect.errors import KlbisectError
 from klbisect.histgen import NoiseModel, make_history
 from klbisect.metric import fmt_confidence
-from klbisect.report import GITHUB_COMMENT_LIMIT, report_data, write_report
+from klbisect.report import GITHUB_COMMENT_LIMIT, format_result, render_html, report_data, write_report
 from klbisect.config import BisectConfig, make_probe
 from klbisect.session import run_bisect
 from klbisect.workspace import Workspace
@@ -110,14 +110,26 @@ def test_an_answer_short_of_the_mark_is_not_titled_as_the_culprit(bisected):
     data["result"]["confidence"] = 0.9883
     assert "(confidence 0.9883, not reached)" in render_markdown(data).splitlines()[0]
     # a weak guess is no title to blame a PR with
-    data["result"]["confidence"] = 0.02
+    data["result"]["confidence"] = 0.05
     title = render_markdown(data).splitlines()[0]
-    assert title == f"### KL regression: not found yet (best guess {h.culprit[:12]} at 0.0200)"
-    # and a search that stopped because the ends no longer differ names no one
+    assert title == f"### KL regression: not found yet (best guess {h.culprit[:12]} at 0.0500)"
+    # a tester's Ctrl-C before any commit inside was probed: one of 79 tied commits, named as "most likely"
+    data["result"]["confidence"] = 1 / 80
+    text = render_markdown(data)
+    assert text.splitlines()[0] == "### KL regression: not found yet (no commit stands out)"
+    assert "**No commit stands out yet:** the likeliest place holds 0.0125" in text
+    assert "Most likely" not in text and f"#{h.prs[h.culprit]}" not in text.split("Probed commits")[0]
+    html = render_html({**data, "result": dict(data["result"])})
+    assert "<b>No commit stands out yet:</b>" in html and "Most likely" not in html
+    assert "No commit stands out yet: the likeliest place" in format_result(data["result"])
+    # and a search that stopped because the ends no longer differ names no one, nor a confidence in it
+    data["result"]["confidence"] = 0.02
     text = render_markdown({**data, "no_signal": True})
     assert text.splitlines()[0].startswith("### KL regression: none shown between good")
     assert "**No first bad commit:**" in text and "KL at the good → the bad end, per label" in text
     assert f"#{h.prs[h.culprit]}" not in text.split("Probed commits")[0]
+    assert "**Stopped:** at --max-total-runs 40" in text
+    assert "**Confidence:**" not in text
 
 
 def test_the_command_a_report_says_to_run_is_whole(bisected):

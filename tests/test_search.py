@@ -252,10 +252,13 @@ def test_plug_in_answer_needs_interior_runs_on_both_sides():
     cs[39].values = [0.0044, 0.0046]
     pl = plan(cs, model, 0.99)
     assert pl.done is None and pl.integrated and pl.next
+    # why the rank-based model judges, though the fitted one separates: for status (a tester's
+    # "they separate cleanly" stood above P(bad)s the rank-based model gave)
+    assert pl.took_over == "its answer rests on 0 runs of commits inside the range on one side (3 needed)"
     cs[39].values = [0.011, 0.012, 0.0115]
     cs[38].values += [0.0043]
     pl = plan(cs, model, 0.99)
-    assert pl.done is not None and pl.done.indices == [39] and not pl.integrated
+    assert pl.done is not None and pl.done.indices == [39] and not pl.integrated and not pl.took_over
 
 
 def test_an_answer_on_two_endpoint_runs_a_side_waits_for_each_side_to_hold_decisive_runs():

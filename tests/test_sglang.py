@@ -1678,3 +1678,33 @@ def test_alike_endpoints_in_an_sglang_checkout_probed_without_a_build_say_so(tmp
     # a build given: not this hint
     line = error_line(klb(*args, "--build-cmd", "true", cwd=user), 154)
     assert "do not separate" in line and "--build sglang" not in line, line
+
+
+def test_a_slot_whose_ports_are_all_taken_gets_another_free_port():
+    """A tester's shared box: another program held the slot's whole range,
+    and every run failed with advice to check --model-path."""
+    import socket
+    from klbisect.sglang import PORTS_PER_SLOT
+    held = []
+    try:
+        first = socket.socket()
+        first.bind(("127.0.0.1", 0))
+        base = first.getsockname()[1]
+        held.append(first)
+        for port in range(base + 1, base + PORTS_PER_SLOT):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()       # taken already: taken all the same
+                continue
+            held.append(s)
+        for s in held:
+            s.listen()
+        got = pick_port(base)
+        assert not base <= got < base + PORTS_PER_SLOT
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", got))     # and free
+    finally:
+        for s in held:
+            s.close()
