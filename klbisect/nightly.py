@@ -492,6 +492,11 @@ def run_nightly(path, cfg, opts: NightlyOptions | None = None, progress: Progres
             raise KlbisectError(f"{'--post-to' if opts.post_to else '--post-issue'} ({'%s#%d' % target}) needs "
                                 "GITHUB_TOKEN set to a token that may comment there; or pass --dry-run to print "
                                 "what would be posted", EXIT_USAGE)
+    if cfg.worse != "higher":
+        # its tests are one-sided, higher is worse: an accuracy that dropped would read as a fix
+        raise KlbisectError(f"--worse {cfg.worse}: nightly judges higher values as worse (a KL divergence); for "
+                            "an accuracy, print 1 - accuracy (an error rate) as the value, or bisect a known drop "
+                            "with `klbisect run --worse lower`", EXIT_USAGE)
     cfg = dataclasses.replace(cfg, good="", bad="")
     if cfg.probe == "cmd" and not cfg.probe_cmd:
         raise KlbisectError("no probe given: pass --probe-cmd \"...\" (or --probe sglang)", EXIT_USAGE)
@@ -609,23 +614,25 @@ def _check_history(ws, probe_key: str, head: str, progress: Progress) -> str | N
     return note
 
 
-def _apart_from(ws, probe_key: str, head: str, sid: int | None = None) -> tuple[int, dict] | None:
+def _apart_from(ws, probe_key: str, head: str, sid: int | None = None) -> tuple[int, str, dict] | None:
     """The judged nights, when none of their heads is ``head`` or in its
-    history (how many, and the last one's record): the branch was rewritten
+    history (how many, the last one's night, and the record of the last
+    but suspect nights, which leave a regression open): the branch was rewritten
     (a tester's force-push brought in a regression, and the night became a
     silent new baseline), or --branch names another line of history."""
     nights = _judged_nights(ws, probe_key, sid)
     heads = list(dict.fromkeys(r["head"] for r in reversed(nights)))
     if not heads or head in heads or any(gitrepo.is_ancestor(ws.repo, h, head) for h in heads):
         return None
-    return len(nights), nights[-1]
+    return (len(nights), nights[-1].get("night", ""),
+            next((r for r in reversed(nights) if r["verdict"] != "suspect"), nights[-1]))
 
 
-def _apart_note(ws, head: str, n: int, last: dict) -> str:
+def _apart_note(ws, head: str, n: int, night: str, last: dict) -> str:
     """What a night apart from the earlier ones says, with the regression
     the last of them left open: a rewrite that dropped its culprit ended it
     without a "fixed" (the night is a new baseline either way)."""
-    note = (f"no earlier night's head ({fmt_count(n, 'night')}, the last {last.get('night', '')}) is in "
+    note = (f"no earlier night's head ({fmt_count(n, 'night')}, the last {night}) is in "
             f"{head[:12]}'s history: the branch was rewritten (e.g. force-pushed), or --branch names another "
             "line of history; tonight starts a new baseline, and a regression a rewrite brought in is not "
             "seen (`klbisect history` shows the earlier nights' values)")
@@ -747,11 +754,17 @@ def _confirm(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, progres
     if j.verdict != "regressed" or j.worse_again or j.pooled:
         return ""   # worse than the open regression is judged against it; the suspect nights were borderline already
     st = ws.store
-    before = {r.id for r in st.session_runs(sid)}
+    # where its fresh runs begin, kept: a night interrupted while confirming (a cron retry of a
+    # killed night) goes on with them, not with six more after runs that a failed look has seen
+    key = f"nightly-confirm:{sid}"
+    after = int(st.get(key) or 0)
+    if not after:
+        after = max((r.id for r in st.session_runs(sid)), default=0)
+        st.put(key, str(after))
     want = max(CONFIRM_RUNS, opts.runs)
 
     def fresh() -> list:
-        return [r for r in st.session_runs(sid) if r.sha == head and r.id not in before]
+        return [r for r in st.session_runs(sid) if r.sha == head and r.id > after]
 
     progress(f"  regressed{' on label ' + j.label if j.label else ''}: confirming it on {want} fresh runs of the "
              "head (the runs that decided it are the ones that came out high)")
@@ -764,7 +777,9 @@ def _confirm(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, progres
     vals = _run_values(fresh(), j.label)
     base = label_runs(sides._runs_after(sides.baseline_shas), j.label) if j.label else list(sides.baseline)
     if len(vals) < 2:
-        return ""   # the head stopped giving values: its runs so far stand
+        # the head stopped giving values: its runs so far stand, and the night says so
+        progress("  not confirmed: the head gave no value on its fresh runs; judged on its runs before them")
+        return ""
     c = confirm_night(vals, base, opts.min_effect)
     if c.verdict == "regressed":
         progress(f"  confirmed: {c.reason}")
@@ -917,8 +932,9 @@ class _Sides:
                                self._labels(self.suspect_shas) if self.suspect_shas else None,
                                opts.alpha, opts.min_effect, opts.min_baseline)
             if lab is not None and (lab.verdict == "regressed" or j.verdict == "good"):
-                # the night's own comparison (the max's) stays what `history` shows; the label's decides
-                return dataclasses.replace(lab, cmp=j.cmp, reason=f"{lab.reason}; the max over labels: {j.reason}")
+                # the label's comparison is the night's (its p, ratio and summaries beside the verdict:
+                # a reviewer's "REGRESSED — label l2" stood above the max's medians, barely apart)
+                return dataclasses.replace(lab, reason=f"{lab.reason}; the max over labels: {j.reason}")
         if mine and j.verdict == "known" and not j.more:
             # the open regression's label is as it was, but another label may have moved on
             # top of it: the max over labels against the open regression's says so
@@ -1041,7 +1057,7 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
     cr = sides.head_runs()
     j = sides.judge(list(cr.values))
     if unconfirmed and j.verdict == "regressed" and not j.worse_again:
-        j = dataclasses.replace(j, verdict="suspect", reason=f"{j.reason}; {unconfirmed}")
+        j = dataclasses.replace(j, verdict="suspect", reason=f"{j.reason}; not confirmed on fresh runs (note)")
     cmp = j.cmp
     if not cr.values:
         from .endpoints import endpoint_problem  # noqa: PLC0415
@@ -1094,6 +1110,8 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
                                   session=sid)[head].crashes,
            "build_failed": bool(cr.build_failed),
            "head_summary": tonight.head, "baseline_summary": tonight.baseline,
+           # whose values the summaries are, when one label's decided (else the max over labels)
+           "judged_label": j.label if j.label and not j.worse_again and not drift else None,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
            "last_good": baseline_shas[0] if baseline_shas else None,
            "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": list(notes),
@@ -1833,11 +1851,12 @@ def format_night(rec: dict) -> str:
     lines = [f"Nightly {rec['night']}: {rec['branch']} at {rec['head'][:12]} {fmt_subject(rec['subject'])}",
              f"  verdict: {rec['verdict'].upper()} — {rec['reason']}"]
     hs, bs = rec.get("head_summary") or {}, rec.get("baseline_summary") or {}
+    of = f" (label {rec['judged_label']})" if rec.get("judged_label") else ""
     if hs.get("n"):
-        lines.append(f"  head:     {fmt_summary(hs)}"
+        lines.append(f"  head:     {fmt_summary(hs)}{of}"
                      + (f", {rec['crashes']} crashed" if rec.get("crashes") else ""))
     if bs.get("n"):
-        lines.append(f"  baseline: {fmt_summary(bs)} "
+        lines.append(f"  baseline: {fmt_summary(bs)}{of} "
                      f"from nights {', '.join(rec.get('baseline_nights') or [])}")
     if (rec.get("anchor_summary") or {}).get("n"):
         lines.append(f"  anchor:   {fmt_summary(rec['anchor_summary'])} "

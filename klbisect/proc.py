@@ -526,12 +526,17 @@ def _orphan_of(marker: str | None, owner: int) -> bool:
 def write_pid_file(pid_dir: Path, pgid: int) -> Path:
     """Record a process group we started, for ``reap_stale`` should we be
     killed hard: "owner pgid owner-marker" (older files lack the marker)."""
-    _watch(pid_dir)
+    watch(pid_dir)
     pid_dir.mkdir(parents=True, exist_ok=True)
     path = pid_dir / f"{pgid}.pid"
+    tmp = pid_dir / f"{pgid}.pid.tmp"
     try:
-        path.write_text(f"{os.getpid()} {pgid} {owner_marker()}\n")
+        # whole or not at all: a sweep (every watchdog's, at every exit) that read it empty, half
+        # written, unlinked it, and the run's notes then began a file with no owner line
+        tmp.write_text(f"{os.getpid()} {pgid} {owner_marker()}\n")
+        os.replace(tmp, path)
     except OSError:
+        tmp.unlink(missing_ok=True)
         path.unlink(missing_ok=True)
         raise
     return path
@@ -744,11 +749,12 @@ class _Watchdog:
 
 
 _watchdog: _Watchdog | None = None
+_pending_fd = -1        # the pipe's write end while its watchdog starts: a fork then must close it too
 _watchdog_lock = threading.Lock()
 _is_watchdog = False    # set in the watchdog itself: it watches nothing of its own
 
 
-def _watch(pid_dir: Path | None = None) -> None:
+def watch(pid_dir: Path | None = None) -> None:
     """Have this process's watchdog (started here the first time) reap,
     the moment we die, what carries our marker and what the pid files in
     ``pid_dir`` noted: the probe's shell dies with us (PDEATHSIG), but its
@@ -780,6 +786,7 @@ def _start_watchdog() -> _Watchdog:
     forks away at once (we wait for that), so it is no child of ours to
     wait for, and holds neither our stdout nor stderr: whoever reads ours
     (a terminal, ``subprocess.run(capture_output=True)``) is not kept waiting."""
+    global _pending_fd
     me, marker = os.getpid(), owner_marker()
     none = _Watchdog(me, -1, set())
     if _parse_marker(marker) is None:   # no /proc: it could never tell when we are gone
@@ -788,6 +795,9 @@ def _start_watchdog() -> _Watchdog:
         r, w = os.pipe()
     except OSError:
         return none
+    # a thread that forks (no exec) while we wait for the starter must not carry the write end
+    # off: its watchdog would see no EOF while that child lived (a reviewer's race)
+    _pending_fd = w
     try:
         starter = subprocess.Popen([sys.executable, "-m", "klbisect.watchdog", marker], stdin=r,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd="/",
@@ -804,6 +814,7 @@ def _start_watchdog() -> _Watchdog:
         raise
     finally:
         os.close(r)
+        _pending_fd = -1
     if code != 0:
         os.close(w)
         return none
@@ -835,8 +846,14 @@ def _site_dirs() -> set[str]:
 def _forget_watchdog_in_child() -> None:
     # A forked child holds a copy of the pipe's write end: while it lived, our watchdog would
     # see no EOF when we died. The child is another owner; it starts its own when it needs one.
-    global _watchdog_lock
+    global _watchdog_lock, _pending_fd
     _watchdog_lock = threading.Lock()   # another thread may have held it when we forked
+    if _pending_fd >= 0:
+        try:
+            os.close(_pending_fd)
+        except OSError:
+            pass
+        _pending_fd = -1
     w = _watchdog
     if w is not None and w.owner != os.getpid() and w.fd >= 0:
         try:
@@ -866,7 +883,8 @@ def run_logged(
     ``kill_all_active`` killed, and in a thread that may start nothing more.
     """
     refuse_if_stopping()
-    _watch(pid_dir)   # before the run starts: a kill -9 from then on is covered
+    watch(pid_dir)   # before the run starts: a kill -9 from then on is covered
+    refuse_if_stopping()   # a Ctrl-C while the watchdog started (it may take a while on a loaded machine)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     full_env = child_environ()
     if env:

@@ -48,18 +48,19 @@ SIDES = "the commits placed on a side at 99%"
 def format_result(res: Result | dict) -> str:
     r = res if isinstance(res, dict) else res.to_json()
     lines = []
-    if r["culprit"] and not _guess_named(r):
-        lines.append(f"No commit stands out yet: {flat_words(r['confidence'], r['n_commits'])}")
+    if _flat(r):
+        lines.append(f"No commit stands out yet: {_flat_line(r)}")
     elif r["culprit"]:
         # a guess short of the mark does not read as the answer
         lines.append(f"{_first_bad(r.get('complete', True))}: {r['culprit']}")
         lines.append(f"  {_with_pr(r['subject'], r['pr'])}")
     else:
-        lines.append(f"First bad commit is one of {len(r['candidates'])} commits "
-                     "that cannot be told apart (untestable ones are in the way):")
+        lines.append(f"{'First bad commit is' if r.get('complete', True) else 'Most likely (NOT sure), the first bad commit is'}"
+                     f" one of {len(r['candidates'])} commits that cannot be told apart (untestable ones are in the way):")
         for c in r.get("candidate_info", []):
             lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
-    lines.append(f"Confidence: {fmt_confidence(r['confidence'])}"
+    lines.append(f"Stopped: {_stop_words(r['reason'])}" if _flat(r) else
+                 f"Confidence: {fmt_confidence(r['confidence'])}"
                  f"{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
     reused = f" + {r['reused_runs']} reused from other sessions" if r.get("reused_runs") else ""
     lines.append(f"Probe runs: {r['probe_runs']}{reused} ({r['probe_seconds']:.0f}s probing, slots added up"
@@ -111,19 +112,21 @@ def _format_nightly_status(st: dict) -> str:
     return head + "\n" + format_night(rec)
 
 
-FLAT = 2.0   # a best guess under FLAT times a place's share with no evidence names no one
+FLAT = 2.0   # a best guess under FLAT times its share with no evidence names no one
 
 
-def stands_out(mass: float, n_commits: int) -> bool:
-    """Whether the likeliest place is worth naming: with no evidence each of
-    ``n_commits`` places holds 1/n, and a tie of them all named one of 79
-    commits as "most likely" (a tester's report, after a Ctrl-C)."""
-    return mass >= FLAT / max(n_commits, 1)
+def stands_out(mass: float, n_commits: int, size: int = 1) -> bool:
+    """Whether the likeliest place is worth naming: with no evidence a
+    block of ``size`` of the ``n_commits`` places holds size/n, and a tie
+    of them all named one of 79 commits as "most likely" (a tester's
+    report, after a Ctrl-C)."""
+    return mass >= FLAT * size / max(n_commits, 1)
 
 
-def flat_words(mass: float, n_commits: int) -> str:
-    return (f"the likeliest place holds {mass:.4f} of the probability, near what any one of the "
-            f"{n_commits} commits would hold with no evidence")
+def flat_words(mass: float, n_commits: int, size: int = 1) -> str:
+    what = "one commit" if size == 1 else f"{size} commits"
+    return (f"the likeliest place holds {mass:.4f} of the probability, near what any {what} of the "
+            f"{n_commits} would hold with no evidence")
 
 
 def _stop_words(reason: str) -> str:
@@ -134,9 +137,15 @@ def _stop_words(reason: str) -> str:
     return reason
 
 
-def _guess_named(r: dict) -> bool:
-    """An answer, or a guess that stands out; not a tie of the whole range."""
-    return bool(r.get("culprit")) and (r.get("complete", True) or stands_out(r["confidence"], r["n_commits"]))
+def _flat(r: dict) -> bool:
+    """An unfinished answer (a commit or a block) that does not stand out
+    from a tie of the whole range: no place is named, nor a confidence."""
+    size = max(len(r.get("candidates") or []), 1)
+    return not r.get("complete", True) and not stands_out(r["confidence"], r["n_commits"], size)
+
+
+def _flat_line(r: dict) -> str:
+    return flat_words(r["confidence"], r["n_commits"], max(len(r.get("candidates") or []), 1))
 
 
 def _first_bad(complete: bool) -> str:
@@ -302,17 +311,17 @@ def format_status(st: dict) -> str:
     elif st.get("later_runs"):
         lines.append(f"  ({fmt_count(st['later_runs'], 'run')} that later sessions recorded at commits of its range "
                      "are weighed above too)")
-    top_mass = st["top"][0]["mass"] if st.get("top") else 0.0
-    if st.get("top") and st.get("no_signal"):
+    top = st["top"][0] if st.get("top") else None
+    n = st.get("n_commits") or 1
+    flat = top is not None and not stands_out(top["mass"], n, len(top["candidates"]))
+    if top is not None and st.get("no_signal"):
         # a tester's: a range with no regression listed three commits at 0.0196 as "most likely"
-        lines.append("No commit stands out: the runs of the good and the bad end do not differ now, so there is "
-                     "no regression here to place (" + flat_words(top_mass, st.get("n_commits") or 1) + ")"
-                     if not stands_out(top_mass, st.get("n_commits") or 1) else
-                     "No commit stands out: the runs of the good and the bad end do not differ now, so the "
-                     f"likeliest place ({top_mass:.4f}) names no regression")
-    elif st.get("top") and not stands_out(top_mass, st.get("n_commits") or 1):
-        lines.append(f"No commit stands out yet: {flat_words(top_mass, st.get('n_commits') or 1)}")
-    elif st.get("top"):
+        lines.append("No commit stands out: the runs of the good and the bad end no longer differ, so there is "
+                     "no regression here to place" + (f" ({flat_words(top['mass'], n, len(top['candidates']))})"
+                                                      if flat else f" (the likeliest place holds {top['mass']:.4f})"))
+    elif flat:
+        lines.append(f"No commit stands out yet: {flat_words(top['mass'], n, len(top['candidates']))}")
+    elif top is not None:
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:
             names = ", ".join(s[:12] for s in t["candidates"])
@@ -622,7 +631,7 @@ def _headline(data: dict) -> str:
         if not r.get("complete", True):
             # pasted into an issue, a title names the PR to blame: not on a weak guess, and
             # never with its confidence rounded up to the mark it missed (0.9883 is not 0.99)
-            if not _guess_named(r):
+            if _flat(r):
                 return f"{kl} regression: not found yet (no commit stands out)"
             if r["confidence"] < 0.5:
                 return (f"{kl} regression: not found yet (best guess {r['culprit'][:12]} at "
@@ -630,6 +639,11 @@ def _headline(data: dict) -> str:
             return (f"{kl} regression: most likely first bad commit {r['culprit'][:12]}{pr} "
                     f"(confidence {fmt_confidence(r['confidence'])}, not reached)")
         return f"{kl} regression: first bad commit {r['culprit'][:12]}{pr}"
+    if _flat(r):
+        return f"{kl} regression: not found yet (no commit stands out)"
+    if not r.get("complete", True):
+        return (f"{kl} regression: most likely one of {len(r['candidates'])} commits that cannot be told apart "
+                f"(confidence {fmt_confidence(r['confidence'])}, not reached)")
     return f"{kl} regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
 
@@ -714,8 +728,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     if data.get("no_signal"):
         head.append("**No first bad commit:** the runs of the good and the bad end no longer differ, so "
                     "there is no regression between them to find (the reason below says what was seen)")
-    elif r["culprit"] and not _guess_named(r):
-        head.append(f"**No commit stands out yet:** {flat_words(r['confidence'], r['n_commits'])}")
+    elif _flat(r):
+        head.append(f"**No commit stands out yet:** {_flat_line(r)}")
     elif r["culprit"]:
         c = data["culprit_commits"][0] if data.get("culprit_commits") else {
             "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
@@ -726,8 +740,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
                     f"{_sha_link(c['sha'], slug)} "
                     f"{_md_cell(_culprit_title(c, prs), 200)}{pr}{author}")
     else:
-        head.append(f"**The first bad commit is one of these {len(r['candidates'])} commits** "
-                    "(untestable commits stand in the way):")
+        head.append(f"**{'The' if r.get('complete', True) else 'Most likely (NOT sure), the'} first bad commit is one "
+                    f"of these {len(r['candidates'])} commits** (untestable commits stand in the way):")
         head.append("")
         info = {i["sha"]: i for i in r.get("candidate_info", [])}
         for c in data.get("culprit_commits", []):
@@ -738,8 +752,8 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     head.append("")
     # no confidence in anything when nothing was found: the reason is what was seen (a tester's
     # "No first bad commit" above "Confidence: 0.0196 — NOT reached")
-    conf = (f"**Stopped:** {_md_cell(_stop_words(r['reason']), 2000, code=True)}" if data.get("no_signal") or not (
-        r["complete"] or _guess_named(r) or not r["culprit"]) else
+    conf = (f"**Stopped:** {_md_cell(_stop_words(r['reason']), 2000, code=True)}" if data.get("no_signal") or _flat(r)
+            else
         f"**Confidence:** {fmt_confidence(r['confidence'])}"
         + ("" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 2000, code=True)}"))
     head.append(conf + "  ")
@@ -858,8 +872,8 @@ def render_html(data: dict, png: bytes | None = None) -> str:
     if data.get("no_signal"):
         parts.append("<p><b>No first bad commit:</b> the runs of the good and the bad end no longer differ, "
                      "so there is no regression between them to find.</p>")
-    elif r["culprit"] and not _guess_named(r):
-        parts.append(f"<p><b>No commit stands out yet:</b> {e(flat_words(r['confidence'], r['n_commits']))}</p>")
+    elif _flat(r):
+        parts.append(f"<p><b>No commit stands out yet:</b> {e(_flat_line(r))}</p>")
     elif r["culprit"]:
         c = data["culprit_commits"][0] if data.get("culprit_commits") else {
             "sha": r["culprit"], "subject": r["subject"], "pr": r.get("pr")}
@@ -870,14 +884,14 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                      + (f" ({pr_a(c['pr'])})" if c.get("pr") else "") + "</p>")
     else:
         info = {i["sha"]: i for i in r.get("candidate_info", [])}
-        parts.append(f"<p><b>The first bad commit is one of these {len(r['candidates'])} commits</b> "
-                     "(untestable commits stand in the way):</p><ul>")
+        parts.append(f"<p><b>{'The' if r.get('complete', True) else 'Most likely (NOT sure), the'} first bad commit is "
+                     f"one of these {len(r['candidates'])} commits</b> (untestable commits stand in the way):</p><ul>")
         for c in data.get("culprit_commits", []):
             parts.append(f"<li>{sha_a(c['sha'])} {e(_culprit_title(c, prs))}"
                          + (f" ({pr_a(c['pr'])})" if c.get("pr") else "")
                          + f" <span class='muted'>{e(info.get(c['sha'], {}).get('why', ''))}</span></li>")
         parts.append("</ul>")
-    stopped = data.get("no_signal") or not (r["complete"] or _guess_named(r) or not r["culprit"])
+    stopped = data.get("no_signal") or _flat(r)
     parts.append((f"<p><b>Stopped:</b> {e(_stop_words(r['reason']))}" if stopped else
                   f"<p><b>Confidence:</b> {e(fmt_confidence(r['confidence']))}"
                   + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})")) + "<br>"

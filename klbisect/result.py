@@ -292,7 +292,7 @@ def explain_commit(entry: dict, model) -> str:
         else:
             # a start killed while calibrating: "3 probe runs" in the header, none below (a tester's)
             parts.append(f"{len(vals)} run(s) [{shown}], median {fmt_value(statistics.median(vals))}; no model "
-                         "weighs them yet (the endpoints have not been found to differ)")
+                         "weighs them (the endpoints' runs have not been shown to differ)")
     own = entry.get("own_log_lr")
     says_itself = own is not None and abs(own) >= math.log(VERDICT_LR) and (own > 0) == (entry.get("verdict") == BAD)
     if vals and entry.get("integrated") and entry.get("verdict") in (GOOD, BAD) and not entry.get("reason") \
@@ -361,6 +361,12 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
             entry["took_over"] = bool(pl.took_over)
         if sha in verdicts:
             entry["verdict"], entry["reason"] = verdicts[sha]["verdict"], verdicts[sha].get("reason", "")
+        elif i in (0, n) and pl is None and cr.values:
+            # no model: the endpoints were not shown to differ (a tester read "verdict bad" of a
+            # --bad whose runs looked like the good end's as a finding)
+            entry["verdict"], entry["reason"] = ((GOOD, "the good end as given (--good)") if i == 0 else
+                                                 (BAD, "the bad end as given (--bad), not shown to differ from "
+                                                       "the good end"))
         elif i in (0, n) and (cr.values or pl is not None):
             entry["verdict"], entry["reason"] = (GOOD, "good endpoint") if i == 0 else (BAD, "bad endpoint")
         elif i in (0, n):

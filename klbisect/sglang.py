@@ -565,6 +565,8 @@ class SGLangServer:
         """Launch and wait for ``/health_generate``; raises ServerStartError
         (after killing the tree) when the server exits or is never ready."""
         t0 = time.monotonic()
+        # before the server starts: a kill -9 of klbisect from then on leaves its watchdog to reap it
+        proc.watch(self.pid_dir)
         # a slot past its checkout when Ctrl-C came would load a model on its GPUs for minutes
         proc.refuse_if_stopping()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -1353,6 +1355,9 @@ def _pytest_kept_quiet(log: str) -> bool:
             and all(_PYTEST_CHROME.match(ln) for ln in lines))
 
 
+_KL_NAMED = re.compile(r"(?<![a-z])kl\w*\s*[=:]\s*[-+]?(\d|\.\d)", re.IGNORECASE)
+
+
 def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: str = "") -> str:
     """What to check when a commit printed no value: --metric-regex applies to
     --probe-cmd output only, the SGLang probe writes its own lines. ``log``:
@@ -1378,7 +1383,9 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
     if bad_json:
         return (f"its log has {bad_json[:80]!r}, which is not read: a KLBISECT line is a JSON object with a "
                 'number "value" and a "label", e.g. KLBISECT {"label": "kl", "value": 0.004}')
-    near = next((ln.strip() for ln in log.splitlines() if "avg_kl_div" in ln), "")
+    # a KL printed under another name ("prefill avg_kl=0.0041", "kl_div: 0.004"): a tester's format
+    near = next((ln.strip() for ln in log.splitlines() if "avg_kl_div" in ln), "") or next(
+        (ln.strip() for ln in log.splitlines() if _KL_NAMED.search(ln)), "")
     if near:
         return (f"its log has {near[:80]!r}, which is not read: a value line starts with avg_kl_div=, after an "
                 "optional [label] (print \"[label]\" on its own line or at the start of the value's), or set "

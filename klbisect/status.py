@@ -157,8 +157,6 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
             out["model"] = pl.model.to_dict()
             if pl.took_over:
                 out["took_over"] = pl.took_over
-            # the endpoints' runs no longer differ: no place is a regression's
-            out["no_signal"] = pl.lost is not None or pl.unproven is not None
             out["top"] = [{"candidates": [shas[i] for i in b.indices], "mass": b.mass,
                            "subjects": [cands[i][1] for i in b.indices]} for b in pl.posterior.top_blocks(5)]
             out["evidence"] = boundary_evidence(commits, pl.posterior, shas)
@@ -168,6 +166,9 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
         else:
             out["result"] = answered(st, sess)     # an ended git bisect's: as `reset` found it
         res = out["result"] or {}
+        # the endpoints' runs no longer differ (the search stops): no place is a regression's, as
+        # the report says it; not an answer of the whole range still waiting for them to differ
+        out["no_signal"] = pl is not None and pl.lost is not None and not res.get("complete")
         # the same top-level keys as `run --json`, so one parser reads both
         out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
                    complete=bool(res.get("complete")), candidates=res.get("candidates") or [])

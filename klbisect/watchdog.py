@@ -1,7 +1,7 @@
 """Reap what a klbisect process left running the moment it dies, kill -9 included.
 
 ``python -m klbisect.watchdog MARKER``, started by ``klbisect.proc`` with its
-first child (``proc._watch``). Its stdin is a pipe whose write end only that
+first child (``proc.watch``). Its stdin is a pipe whose write end only that
 owner holds, so EOF means the owner has exited, however it died; each line
 before it is a pid dir the owner writes pid files in. The probe's shell dies
 with its owner (PDEATHSIG), its server and test did not: they held the GPU
@@ -16,7 +16,9 @@ import os
 import sys
 import time
 
-GONE_WAIT = 5.0   # s from EOF until the owner must read as gone (its exit is under way)
+# s from EOF until the owner must read as gone: its exit is under way, though closing its last files
+# (a GPU's) can take a while; after this it is taken to live on (an exec), and nothing is reaped
+GONE_WAIT = 300.0
 
 
 def main(argv: list[str]) -> int:
@@ -36,15 +38,16 @@ def main(argv: list[str]) -> int:
     proc._is_watchdog = True
     marker = argv[0]
     dirs: dict[Path, None] = {}
-    for line in sys.stdin.buffer:   # until EOF: the owner has exited
+    for line in sys.stdin.buffer:
         d = line.rstrip(b"\n")
         if d:
             dirs[Path(os.fsdecode(d))] = None
-    deadline = time.monotonic() + GONE_WAIT
+    start = time.monotonic()
     while proc.marker_alive(marker):   # a zombie already reads as gone
-        if time.monotonic() > deadline:
+        waited = time.monotonic() - start
+        if waited > GONE_WAIT:
             return 0   # it closed the pipe and lives on (an exec): not gone, nothing to reap
-        time.sleep(0.02)
+        time.sleep(0.02 if waited < 5 else 0.5)
     for d in dirs:
         proc.reap_stale(d)   # its groups, its marked and its noted processes, in one kill
     proc.reap_orphans_of(marker)   # what no pid file named: a run it was starting when it died

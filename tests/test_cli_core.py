@@ -3228,3 +3228,17 @@ def test_a_clearer_label_is_seen_in_the_runs_of_commits_placed_on_each_side(tmp_
         assert lab == "prefill" and "separates the good and the bad side (the endpoints and the commits" in note
     finally:
         ws.close()
+
+
+def test_status_of_endpoints_that_never_differed_calls_the_bad_end_given_not_found(history):
+    """A tester's: after 154 ("do not separate"), status listed the bad
+    endpoint as "BAD ... verdict bad, when it was given: bad endpoint", as
+    if its runs had shown it; they look like the good end's."""
+    from klbisect.histgen import NoiseModel  # noqa: PLC0415
+    h = history(n_commits=12, seed=2, merges=0, noise=NoiseModel(good=(0.003, 0.006), bad=(0.003, 0.006)))
+    p = klb("run", "--good", h.good, "--bad", "main", "--probe-cmd", probe_cmd(), "--max-endpoint-runs", "10",
+            cwd=h.path)
+    assert p.returncode == 154, p.stdout + p.stderr
+    text = klb("status", cwd=h.path).stdout
+    assert "the bad end as given (--bad), not shown to differ from the good end" in text, text
+    assert "no model weighs them (the endpoints' runs have not been shown to differ)" in text

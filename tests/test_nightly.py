@@ -322,6 +322,8 @@ def test_no_probe_and_bad_post_target_are_usage_errors(tmp_path):
     assert p.returncode == 150 and "klbisect: error:" in p.stderr and "Traceback" not in p.stderr
     p = nightly(d.path, "2025-03-01", "--post-to", "not-a-target")
     assert p.returncode == 150 and "owner/repo#ISSUE" in p.stderr
+    # a reviewer's: its tests are one-sided, higher is worse; an accuracy's drop would read as a fix
+    assert "nightly judges higher values as worse" in error_line(nightly(d.path, "2025-03-01", "--worse", "lower"), 150)
     # --json: the failure is the last stdout line, with the keys a night's answer has
     obj = json.loads(p.stdout.splitlines()[-1])
     assert {"regressed", "verdict", "culprit", "pr", "report", "posted"} <= set(obj)
@@ -1602,30 +1604,35 @@ print(f"[prefill] avg_kl_div={0.002 * scale * r.uniform(0.95, 1.05):.6f}")
 """
 
 
-def test_a_regression_of_one_label_the_max_hides_is_found(tmp_path):
-    """A new user's nightly: one label of three moved +40%, the max over
-    labels 8% (under --min-effect), and four regressed nights were called
-    good and joined the baseline. Each label is tested too; the bisect
-    judges the one that moved."""
-    repo = tmp_path / "repo"
+def _labelled_repo(repo: Path, probe: str) -> Path:
+    """A one-commit repository whose probe prints three labels, prefill's scaled by scale.json."""
     repo.mkdir()
-    (repo / "probe.py").write_text(_HIDDEN_PROBE)
+    (repo / "probe.py").write_text(probe)
     (repo / "scale.json").write_text('{"prefill": 1.0}\n')
     git(repo, "init", "-q", "-b", "main")
     for args in (("config", "user.name", "N"), ("config", "user.email", "n@example.com"), ("add", "-A"),
                  ("commit", "-q", "-m", "Initial (#1)")):
         git(repo, *args)
+    return repo
+
+
+def _commit(repo: Path, name: str, text: str, subject: str) -> str:
+    (repo / name).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", subject)
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+def test_a_regression_of_one_label_the_max_hides_is_found(tmp_path):
+    """A new user's nightly: one label of three moved +40%, the max over
+    labels 8% (under --min-effect), and four regressed nights were called
+    good and joined the baseline. Each label is tested too; the bisect
+    judges the one that moved."""
+    repo = _labelled_repo(tmp_path / "repo", _HIDDEN_PROBE)
     assert tail_json(nightly(repo, "2025-03-01", "--runs", "6"))["regressed"] is False
-    (repo / "README.md").write_text("docs\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "Docs (#2)")
-    (repo / "scale.json").write_text('{"prefill": 1.8}\n')
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "Route prefill through the fp8 hook (#3)")
-    culprit = git(repo, "rev-parse", "HEAD").strip()
-    (repo / "NOTES.md").write_text("more docs\n")
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "More docs (#4)")
+    _commit(repo, "README.md", "docs\n", "Docs (#2)")
+    culprit = _commit(repo, "scale.json", '{"prefill": 1.8}\n', "Route prefill through the fp8 hook (#3)")
+    _commit(repo, "NOTES.md", "more docs\n", "More docs (#4)")
     p = nightly(repo, "2025-03-02", "--runs", "6")
     r = tail_json(p)
     assert r["regressed"] is True and r["culprit"] == culprit and r["pr"] == 3, p.stderr
@@ -1639,24 +1646,15 @@ def test_a_regression_its_fresh_runs_do_not_show_is_suspect_not_bisected(tmp_pat
     a range with no change, and searched it for over a thousand runs. A
     regressed night is measured again and must show it on fresh runs."""
     counter = tmp_path / "count"
-    repo = tmp_path / "repo"
-    repo.mkdir()
     # the head's first eight runs draw high on one label, as chance can; the later ones do not
-    (repo / "probe.py").write_text(_HIDDEN_PROBE.replace(
+    repo = _labelled_repo(tmp_path / "repo", _HIDDEN_PROBE.replace(
         'scale = json.load(open("scale.json"))["prefill"]',
         f'import os\ncounter = {str(counter)!r}\nn = int(open(counter).read()) if os.path.exists(counter) else 0\n'
         'spiky = json.load(open("scale.json")).get("spiky")\n'
         'if spiky:\n    open(counter, "w").write(str(n + 1))\n'
         'scale = 1.8 if spiky and n < 8 else 1.0'))
-    (repo / "scale.json").write_text('{"prefill": 1.0}\n')
-    git(repo, "init", "-q", "-b", "main")
-    for args in (("config", "user.name", "N"), ("config", "user.email", "n@example.com"), ("add", "-A"),
-                 ("commit", "-q", "-m", "Initial (#1)")):
-        git(repo, *args)
     assert tail_json(nightly(repo, "2025-03-01", "--runs", "12"))["regressed"] is False
-    (repo / "scale.json").write_text('{"prefill": 1.0, "spiky": true}\n')
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", "Docs (#2)")
+    _commit(repo, "scale.json", '{"prefill": 1.0, "spiky": true}\n', "Docs (#2)")
     p = nightly(repo, "2025-03-02", "--runs", "8")
     # all fourteen runs still read regressed, the fresh eight do not: suspect, never bisected
     assert tail_json(p)["regressed"] is False, p.stderr

@@ -122,6 +122,18 @@ def test_an_answer_short_of_the_mark_is_not_titled_as_the_culprit(bisected):
     html = render_html({**data, "result": dict(data["result"])})
     assert "<b>No commit stands out yet:</b>" in html and "Most likely" not in html
     assert "No commit stands out yet: the likeliest place" in format_result(data["result"])
+    assert "Stopped: at --max-total-runs 40" in format_result(data["result"])
+    assert "Confidence:" not in format_result(data["result"])
+    # a reviewer's: a block of five untestable commits holds 5/80 with no evidence at all, and was
+    # "most likely"; a block that does stand out, short of the mark, is not stated as the answer
+    block = {**data["result"], "culprit": None, "candidates": [h.culprit] * 5, "confidence": 0.09}
+    assert render_markdown({**data, "result": block}).splitlines()[0] == \
+        "### KL regression: not found yet (no commit stands out)"
+    assert "any 5 commits of the 79" in format_result(block)
+    block["confidence"] = 0.4
+    assert render_markdown({**data, "result": block}).splitlines()[0] == \
+        "### KL regression: most likely one of 5 commits that cannot be told apart (confidence 0.4000, not reached)"
+    assert format_result(block).startswith("Most likely (NOT sure), the first bad commit is one of 5 commits")
     # and a search that stopped because the ends no longer differ names no one, nor a confidence in it
     data["result"]["confidence"] = 0.02
     text = render_markdown({**data, "no_signal": True})

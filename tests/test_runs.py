@@ -68,7 +68,8 @@ def test_a_commit_measured_before_any_model_shows_its_runs():
     from klbisect.result import explain_commit
     said = explain_commit({"index": 0, "values": [0.005779, 0.005183], "verdict": "good",
                            "reason": "good endpoint"}, None)
-    assert said.startswith("2 run(s) [0.005779, 0.005183], median 0.005481; no model weighs them yet"), said
+    assert said.startswith("2 run(s) [0.005779, 0.005183], median 0.005481; no model weighs them (the endpoints' "
+                           "runs have not been shown to differ)"), said
 
 
 def test_a_commit_placed_by_the_integrated_search_says_its_place_decided_it():

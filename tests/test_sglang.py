@@ -562,6 +562,10 @@ def test_failure_hints_name_the_option_in_use(tmp_path):
     assert "--metric-regex" not in no_value_hint(sglang_probe) and "--model-path" in no_value_hint(sglang_probe)
     assert build_fix_hint(CommandBuilder("make").key) == "fix --build-cmd"
     assert "--metric-regex" in no_value_hint(CommandProbe("true").key)
+    # a KL under another name is pointed at (a new user's "prefill avg_kl=0.0041" got the generic line)
+    said = no_value_hint(CommandProbe("true").key, None, "loading\nprefill avg_kl=0.004094\n")
+    assert said.startswith("its log has 'prefill avg_kl=0.004094', which is not read"), said
+    assert no_value_hint(CommandProbe("true").key, None, "skills=3\n").startswith("expected avg_kl_div")
 
 
 # ---------------------------------------------------------------------------
