@@ -741,53 +741,61 @@ def _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, bu
     meter = _Meter(ws, sid, probe, builder, progress)
     try:
         _measure_head(ws, cfg, opts, sid, head, sides, meter.measure, progress)
-        unconfirmed = _confirm(ws, cfg, opts, sid, head, sides, meter.measure, progress)
+        confirmation = _confirm(ws, cfg, opts, sid, head, sides, meter.measure, progress)
     finally:
         meter.close()
-    return _night_record(ws, cfg, opts, night, head, subj, sid, sides, probe, progress, notes, unconfirmed)
+    return _night_record(ws, cfg, opts, night, head, subj, sid, sides, probe, progress, notes, confirmation)
 
 
-def _confirm(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, progress: Progress) -> str:
+@dataclass
+class _Confirmation:
+    unconfirmed: str = ""   # why fresh runs did not show it (the night is then suspect)
+    note: str = ""          # what the night says of a confirmation that could not be made
+
+
+def _confirm(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, progress: Progress) -> _Confirmation:
     """A regression judged on tonight's runs, measured again on fresh runs
-    of the head (``confirm_night``): why it is not confirmed, or ""."""
+    of the head (``confirm_night``)."""
     j = sides.judge(list(sides.head_runs().values))
     if j.verdict != "regressed" or j.worse_again or j.pooled:
-        return ""   # worse than the open regression is judged against it; the suspect nights were borderline already
+        return _Confirmation()   # worse than the open regression is judged against it; the suspect nights were borderline already
     st = ws.store
-    # where its fresh runs begin, kept: a night interrupted while confirming (a cron retry of a
-    # killed night) goes on with them, not with six more after runs that a failed look has seen
+    # the runs taken to confirm it, kept: a night interrupted while confirming (a cron retry of a
+    # killed night) goes on with them, and runs its judging took after them are not fresh
     key = f"nightly-confirm:{sid}"
-    after = int(st.get(key) or 0)
-    if not after:
-        after = max((r.id for r in st.session_runs(sid)), default=0)
-        st.put(key, str(after))
+    taken: list[int] = json.loads(st.get(key) or "[]")
     want = max(CONFIRM_RUNS, opts.runs)
 
     def fresh() -> list:
-        return [r for r in st.session_runs(sid) if r.sha == head and r.id > after]
+        return [r for r in st.session_runs(sid) if r.id in set(taken)]
 
     progress(f"  regressed{' on label ' + j.label if j.label else ''}: confirming it on {want} fresh runs of the "
              "head (the runs that decided it are the ones that came out high)")
-    while len(_run_values(fresh(), j.label)) < want and len(fresh()) < want + cfg.crash_limit:
+    while len(_run_values(fresh(), j.label)) < want and len(taken) < want + cfg.crash_limit:
+        before = {r.id for r in st.session_runs(sid)}
         out, run = measure(head)
+        taken += [r.id for r in st.session_runs(sid) if r.id not in before and r.sha == head]
+        st.put(key, json.dumps(taken))
         if out.build_failed:
             break
         if run is not None:
-            progress(f"  confirming run {len(fresh())}: {_shown(run, j.label or None)}")
+            progress(f"  confirming run {len(taken)}: {_shown(run, j.label or None)}")
     vals = _run_values(fresh(), j.label)
     base = label_runs(sides._runs_after(sides.baseline_shas), j.label) if j.label else list(sides.baseline)
     if len(vals) < 2:
-        # the head stopped giving values: its runs so far stand, and the night says so
-        progress("  not confirmed: the head gave no value on its fresh runs; judged on its runs before them")
-        return ""
+        said = (f"not confirmed: the head gave {fmt_count(len(vals), 'value')} on its {len(taken)} fresh runs; "
+                "judged on its runs before them")
+        progress(f"  {said}")
+        return _Confirmation(note=said)
     c = confirm_night(vals, base, opts.min_effect)
     if c.verdict == "regressed":
         progress(f"  confirmed: {c.reason}")
-        return ""
+        return _Confirmation()
     progress(f"  not confirmed: {c.reason}")
-    return (f"not confirmed on {len(vals)} fresh runs of the head{' (label ' + j.label + ')' if j.label else ''}: "
-            f"{c.reason}, not <= {CONFIRM_P:g} with a median {1 + opts.min_effect:g}x the baseline's; kept out "
-            "of the baseline, and the next nights' runs are pooled with tonight's")
+    return _Confirmation(f"not confirmed on {len(vals)} fresh runs of the head"
+                         f"{' (label ' + j.label + ')' if j.label else ''}: {c.reason}, not <= {CONFIRM_P:g} with a "
+                         f"median {1 + opts.min_effect:g}x the baseline's; kept out of the baseline, and the next "
+                         "nights' runs are pooled with tonight's")
 
 
 def _open_night(ws, cfg, opts, night, head, probe_key, progress):
@@ -1046,7 +1054,7 @@ def _measure_head(ws, cfg, opts, sid: int, head: str, sides: _Sides, measure, pr
 
 
 def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, progress,
-                  notes: list[str] = (), unconfirmed: str = "") -> dict:
+                  notes: list[str] = (), confirmation: _Confirmation | None = None) -> dict:
     """The night's verdict from the head's runs, stored with its notes and,
     for a regression, where its bisect starts and on which label."""
     from .config import make_builder  # noqa: PLC0415
@@ -1056,6 +1064,8 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
     openr, found, found_heads = sides.openr, sides.found, sides.found_heads
     cr = sides.head_runs()
     j = sides.judge(list(cr.values))
+    confirmation = confirmation or _Confirmation()
+    unconfirmed = confirmation.unconfirmed
     if unconfirmed and j.verdict == "regressed" and not j.worse_again:
         j = dataclasses.replace(j, verdict="suspect", reason=f"{j.reason}; not confirmed on fresh runs (note)")
     cmp = j.cmp
@@ -1111,10 +1121,13 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
            "build_failed": bool(cr.build_failed),
            "head_summary": tonight.head, "baseline_summary": tonight.baseline,
            # whose values the summaries are, when one label's decided (else the max over labels)
-           "judged_label": j.label if j.label and not j.worse_again and not drift else None,
+           # (a "known" night's label is the open regression's, its numbers the max's against the baseline)
+           "judged_label": j.label if j.label and j.verdict in ("regressed", "suspect") and not j.worse_again
+           and not drift else None,
            "baseline_heads": baseline_shas, "baseline_nights": baseline_nights,
            "last_good": baseline_shas[0] if baseline_shas else None,
-           "culprit": None, "pr": None, "report": None, "bisect_session": None, "notes": list(notes),
+           "culprit": None, "pr": None, "report": None, "bisect_session": None,
+           "notes": list(notes) + ([confirmation.note] if confirmation.note and j.verdict == "regressed" else []),
            "drift": drift}
     if drift:
         rec.update(anchor_heads=anchor_shas, anchor_nights=anchor_nights, bisect_good=anchor_shas[-1],
@@ -1625,7 +1638,8 @@ def _write_failed_report(path, opts: NightlyOptions, rec: dict) -> str | None:
         ws.close()
     if opts.report_format == "json":
         body = json.dumps({k: rec.get(k) for k in ("night", "branch", "head", "verdict", "reason", "notes",
-                                                   "head_summary", "baseline_summary", "baseline_heads")},
+                                                   "head_summary", "baseline_summary", "judged_label",
+                                                   "baseline_heads")},
                           indent=2) + "\n"
     elif opts.report_format == "html":
         import html  # noqa: PLC0415

@@ -700,6 +700,12 @@ def reap_stale(pid_dir: Path) -> list[int]:
     reaped: list[int] = []
     if not pid_dir.is_dir():
         return reaped
+    for f in pid_dir.glob("*.pid.tmp"):
+        # a klbisect killed between writing its pid file and naming it: what it started is its
+        # marker's, which the sweep below (or reap_orphans_of) finds without the file
+        rec = _read_pid_file(f)
+        if rec is None or _owner_gone(f, rec[0], rec[2]):
+            f.unlink(missing_ok=True)
     marked: list[tuple[psutil.Process, str]] | None = None
     for f in pid_dir.glob("*.pid"):
         rec = _read_pid_file(f)

@@ -119,8 +119,12 @@ def stands_out(mass: float, n_commits: int, size: int = 1) -> bool:
     """Whether the likeliest place is worth naming: with no evidence a
     block of ``size`` of the ``n_commits`` places holds size/n, and a tie
     of them all named one of 79 commits as "most likely" (a tester's
-    report, after a Ctrl-C)."""
-    return mass >= FLAT * size / max(n_commits, 1)
+    report, after a Ctrl-C). Its odds against the rest must be FLAT times
+    those (on mass alone a block of half the range could never pass)."""
+    rest = max(n_commits, 1) - size
+    if rest <= 0:
+        return False     # the whole range: no place is singled out
+    return mass >= 1.0 or mass / (1.0 - mass) >= FLAT * size / rest
 
 
 def flat_words(mass: float, n_commits: int, size: int = 1) -> str:
@@ -313,10 +317,11 @@ def format_status(st: dict) -> str:
                      "are weighed above too)")
     top = st["top"][0] if st.get("top") else None
     n = st.get("n_commits") or 1
-    flat = top is not None and not stands_out(top["mass"], n, len(top["candidates"]))
+    flat = (top is not None and not (st.get("result") or {}).get("complete")
+            and not stands_out(top["mass"], n, len(top["candidates"])))
     if top is not None and st.get("no_signal"):
         # a tester's: a range with no regression listed three commits at 0.0196 as "most likely"
-        lines.append("No commit stands out: the runs of the good and the bad end no longer differ, so there is "
+        lines.append("No commit stands out: the runs of the good and the bad end do not differ, so there is "
                      "no regression here to place" + (f" ({flat_words(top['mass'], n, len(top['candidates']))})"
                                                       if flat else f" (the likeliest place holds {top['mass']:.4f})"))
     elif flat:

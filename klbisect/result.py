@@ -365,8 +365,9 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
             # no model: the endpoints were not shown to differ (a tester read "verdict bad" of a
             # --bad whose runs looked like the good end's as a finding)
             entry["verdict"], entry["reason"] = ((GOOD, "the good end as given (--good)") if i == 0 else
-                                                 (BAD, "the bad end as given (--bad), not shown to differ from "
-                                                       "the good end"))
+                                                 (BAD, "the bad end as given (--bad), not judged by its runs: no "
+                                                       "model was fitted to the endpoints (see why the session "
+                                                       "stopped)"))
         elif i in (0, n) and (cr.values or pl is not None):
             entry["verdict"], entry["reason"] = (GOOD, "good endpoint") if i == 0 else (BAD, "bad endpoint")
         elif i in (0, n):

@@ -1355,7 +1355,9 @@ def _pytest_kept_quiet(log: str) -> bool:
             and all(_PYTEST_CHROME.match(ln) for ln in lines))
 
 
-_KL_NAMED = re.compile(r"(?<![a-z])kl\w*\s*[=:]\s*[-+]?(\d|\.\d)", re.IGNORECASE)
+# a KL under another name: "avg_kl=", "kl_div:", "mean_kl =", "KL divergence: " (not kl_weight, klass)
+_KL_NAMED = re.compile(r"(?<![a-z])(?:avg_|mean_)?kl(?:[ _]div(?:ergence)?)?\s*[=:]\s*[-+]?(?:\d|\.\d|nan|inf)",
+                       re.IGNORECASE)
 
 
 def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: str = "") -> str:

@@ -166,9 +166,10 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
         else:
             out["result"] = answered(st, sess)     # an ended git bisect's: as `reset` found it
         res = out["result"] or {}
-        # the endpoints' runs no longer differ (the search stops): no place is a regression's, as
-        # the report says it; not an answer of the whole range still waiting for them to differ
-        out["no_signal"] = pl is not None and pl.lost is not None and not res.get("complete")
+        # the endpoints' runs do not differ (now, or at the answer's level): no place is a
+        # regression's, as the report says it
+        out["no_signal"] = (pl is not None and (pl.lost is not None or pl.unproven is not None)
+                            and not res.get("complete"))
         # the same top-level keys as `run --json`, so one parser reads both
         out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
                    complete=bool(res.get("complete")), candidates=res.get("candidates") or [])

@@ -3240,5 +3240,5 @@ def test_status_of_endpoints_that_never_differed_calls_the_bad_end_given_not_fou
             cwd=h.path)
     assert p.returncode == 154, p.stdout + p.stderr
     text = klb("status", cwd=h.path).stdout
-    assert "the bad end as given (--bad), not shown to differ from the good end" in text, text
+    assert "the bad end as given (--bad), not judged by its runs" in text, text
     assert "no model weighs them (the endpoints' runs have not been shown to differ)" in text

@@ -1646,19 +1646,20 @@ def test_a_regression_its_fresh_runs_do_not_show_is_suspect_not_bisected(tmp_pat
     a range with no change, and searched it for over a thousand runs. A
     regressed night is measured again and must show it on fresh runs."""
     counter = tmp_path / "count"
-    # the head's first eight runs draw high on one label, as chance can; the later ones do not
+    # the head's first ten runs draw high on one label, as chance can; the later ones do not
     repo = _labelled_repo(tmp_path / "repo", _HIDDEN_PROBE.replace(
         'scale = json.load(open("scale.json"))["prefill"]',
         f'import os\ncounter = {str(counter)!r}\nn = int(open(counter).read()) if os.path.exists(counter) else 0\n'
         'spiky = json.load(open("scale.json")).get("spiky")\n'
         'if spiky:\n    open(counter, "w").write(str(n + 1))\n'
-        'scale = 1.8 if spiky and n < 8 else 1.0'))
+        'scale = 1.8 if spiky and n < 10 else 1.0'))
     assert tail_json(nightly(repo, "2025-03-01", "--runs", "12"))["regressed"] is False
     _commit(repo, "scale.json", '{"prefill": 1.0, "spiky": true}\n', "Docs (#2)")
     p = nightly(repo, "2025-03-02", "--runs", "8")
-    # all fourteen runs still read regressed, the fresh eight do not: suspect, never bisected
+    # the fresh eight (two of them high) do not show it: never bisected; all sixteen runs, ten high, then
+    # read regressed (made suspect), or borderline (suspect), or now and then good
     assert tail_json(p)["regressed"] is False, p.stderr
-    assert json.loads(p.stdout.splitlines()[-1])["verdict"] == "suspect"
+    assert json.loads(p.stdout.splitlines()[-1])["verdict"] in ("suspect", "good")
     assert "regressed on label prefill: confirming it on 8 fresh runs" in p.stderr
-    assert "not confirmed on 8 fresh runs of the head (label prefill)" in p.stderr, p.stderr
+    assert "not confirmed: head median" in p.stderr, p.stderr
     assert "bisect" not in p.stderr.split("confirming it on")[1].lower(), p.stderr

@@ -1086,3 +1086,17 @@ def test_cleanup_after_a_stop_may_start_processes_and_a_swallowed_stop_still_sto
     # with no stop noted, it is a plain block
     with proc.despite_a_stop():
         pass
+
+
+def test_a_pid_file_a_killed_klbisect_never_named_is_cleared(tmp_path):
+    """Pid files are written whole, then named (a sweep read one empty and
+    unlinked it); one left by a klbisect killed between the two goes at
+    the next sweep once its owner is gone, and stays while it lives."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (pids / "111.pid.tmp").write_text(f"{gone.pid} 111 {gone.pid}:1\n")     # a start that no process has
+    (pids / "222.pid.tmp").write_text(f"{os.getpid()} 222 {owner_marker()}\n")
+    assert reap_stale(pids) == []
+    assert sorted(p.name for p in pids.iterdir()) == ["222.pid.tmp"]

@@ -134,6 +134,9 @@ def test_an_answer_short_of_the_mark_is_not_titled_as_the_culprit(bisected):
     assert render_markdown({**data, "result": block}).splitlines()[0] == \
         "### KL regression: most likely one of 5 commits that cannot be told apart (confidence 0.4000, not reached)"
     assert format_result(block).startswith("Most likely (NOT sure), the first bad commit is one of 5 commits")
+    # by its odds against the rest, not its mass: a block of half a small range at 0.97 stands out
+    from klbisect.report import stands_out
+    assert stands_out(0.97, 6, 3) and stands_out(0.95, 2) and not stands_out(0.999, 4, 4)
     # and a search that stopped because the ends no longer differ names no one, nor a confidence in it
     data["result"]["confidence"] = 0.02
     text = render_markdown({**data, "no_signal": True})
