@@ -1566,7 +1566,9 @@ def test_run_that_stops_short_of_confidence_exits_157_with_json(history):
     res = json_tail(p.stdout)
     assert res["complete"] is False and "max-total-runs" in res["reason"]
     assert res["confidence"] < 0.99 and res["probe_runs"] <= 13
-    assert "NOT reached" in p.stderr
+    # short of the mark; on the endpoints' runs alone no commit stands out, and none is named
+    assert "NOT reached" in p.stderr or ("No commit stands out yet" in p.stderr
+                                         and "Stopped: at --max-total-runs 12" in p.stderr), p.stderr
     # what to do next (a tester's: the reason named the cap and no next step)
     assert "the same command with a higher --max-total-runs goes on from here" in p.stderr, p.stderr
     assert worktrees(h.path) == [str(h.path)]
@@ -2522,7 +2524,8 @@ def test_a_rerun_with_another_metric_reads_the_stored_runs_by_that_label(history
     if p.returncode == 154:
         assert "First bad commit" not in p.stdout, p.stdout
     else:
-        assert "NOT reached" in p.stdout and len(db_query(h.path, "SELECT id FROM runs")) > n, p.stdout
+        assert "NOT reached" in p.stdout or "No commit stands out yet" in p.stdout, p.stdout
+        assert len(db_query(h.path, "SELECT id FROM runs")) > n
     # the moving label: the same culprit, from the stored runs
     p = klb("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--metric",
             spec["moving_label"], "--json", cwd=h.path)

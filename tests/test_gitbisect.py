@@ -670,7 +670,8 @@ def test_a_git_answer_the_runs_do_not_back_is_not_reported_as_sure(history):
     assert s["culprit"] == wrong and s["complete"] is False
     assert "only" in s["result"]["reason"] and "klbisect run --good" in s["result"]["reason"]
     text = klb("report", cwd=repo).stdout
-    assert "NOT sure" in text or "NOT reached" in text, text
+    # git's answer short of the mark; where the runs single out no commit, none is named
+    assert "NOT sure" in text or "NOT reached" in text or "no commit stands out" in text, text
     klb("reset", cwd=repo)
 
 
