@@ -246,8 +246,11 @@ def probe_options(f):
     return f
 
 
-def search_options(f):
-    """How to decide and when to stop (bisecting commands only)."""
+def search_options(f=None, *, worse=("higher", "lower", "either")):
+    """How to decide and when to stop (bisecting commands only); nightly's
+    one-sided tests take a narrower --worse."""
+    if f is None:
+        return lambda g: search_options(g, worse=worse)
     opts = [
         click.option("--threshold", type=VALUE, default=None,
                      help="Classic mode: a run fails at or above this value (no learning)."),
@@ -267,10 +270,13 @@ def search_options(f):
                      help="Give up when the endpoints still do not separate after this many runs each."),
         click.option("--confidence", type=CONFIDENCE, default=0.99, show_default=True,
                      help="Stop when the most likely culprit (or block) reaches this probability."),
+        # nightly parses every choice so that its refusal of the others says what to run instead
         click.option("--worse", type=click.Choice(["higher", "lower", "either"]), default="higher",
-                     show_default=True,
+                     show_default=True, metavar=f"[{'|'.join(worse)}]",
                      help="Which way the metric gets worse: a KL divergence is worse higher; an accuracy lower. "
-                          "Endpoints that moved the other way are a fix, or swapped, and stop with 154."),
+                          "Endpoints that moved the other way are a fix, or swapped, and stop with 154."
+                     if len(worse) > 1 else "Higher values are worse (a KL divergence): nightly's tests are "
+                                            "one-sided; bisect an accuracy with `klbisect run --worse lower`."),
         click.option("--all-commits", is_flag=True, help="Also consider commits of merged side branches."),
         click.option("--max-total-runs", type=COUNT, default=MAX_TOTAL_RUNS, show_default=True,
                      help="Stop searching after this many runs of this session (endpoint runs included; "
@@ -452,7 +458,8 @@ def run(repo, as_json, **kw):
     code = 0 if res.complete else EXIT_NOT_SURE
     if as_json:
         # what measured it (a stored answer of --kl-flow multiturn read like a single-turn one: a tester's)
-        _emit_json({**res.to_json(), "probe": shlex.join(cfg.measure_argv()), "exit_code": code})
+        _emit_json({**res.to_json(), "stands_out": res.stands_out(), "probe": shlex.join(cfg.measure_argv()),
+                    "exit_code": code})
     return code
 
 

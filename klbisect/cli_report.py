@@ -61,7 +61,7 @@ def report(repo, fmt, out, session_id, plot, offline):
 @click.option("--json", "as_json", is_flag=True,
               help='End stdout with {"regressed", "verdict", "culprit", "pr", "report", "posted"}.')
 @probe_options
-@search_options
+@search_options(worse=("higher",))
 def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, out, post_to, post_issue,
             dry_run, offline, as_json, **kw):
     """Measure the branch head (the caller updates the repo), compare with

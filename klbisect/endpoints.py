@@ -19,7 +19,7 @@ from .labels import (check_direction, clearer_label, goes_better, judged_on, lab
                      silent_when_passing, spikes_note)
 from .metric import broke, fmt_count, fmt_seconds, fmt_summary, fmt_vals, last_exception, over_labels
 from .proc import log_tail
-from .runs import MEASURED, STATUS_FAILED, STATUS_NOTFOUND, STATUS_TIMEOUT, failed_launches, missed_worse, repeated_runs, typical_values, usual_labels
+from .runs import CRASHED, MEASURED, STATUS_FAILED, STATUS_NOTFOUND, STATUS_TIMEOUT, failed_launches, missed_worse, repeated_runs, typical_values, usual_labels
 from .search import CommitRuns
 from .workspace import Progress, Workspace, commit_runs, since
 
@@ -233,6 +233,31 @@ def never_built(ws: Workspace, build_key: str | None, log_path: str | None,
 REBUILD_BATCH = 3   # endpoint runs a side per round when each switch of endpoint rebuilds
 
 
+MOSTLY_CRASHES = 4   # crashes a value past which an endpoint's probe is broken there, not flaky
+
+
+def mostly_crashes(ws: Workspace, which: str, sha: str, probe_key: str, now: CommitRuns, before: CommitRuns,
+                   most: int) -> KlbisectError | None:
+    """An endpoint that printed a value and crashes nearly every run since:
+    its values count toward --max-endpoint-runs, its crashes did not, and a
+    reviewer's spent all 2,000 of --max-total-runs there. Given up once
+    this command's crashes there reach ``most`` and over MOSTLY_CRASHES
+    times its values in this command (a crash rate over 80%): the same
+    command, once what crashes is fixed, measures it again (a reviewer's
+    rerun stopped on the old crashes before a run)."""
+    crashes, values = now.crashes - before.crashes, len(now.values) - len(before.values)
+    if not now.values or crashes < most or crashes < MOSTLY_CRASHES * max(values, 1):
+        return None
+    last = next((r for r in reversed(ws.store.runs(probe_key, [sha])) if r.status in CRASHED), None)
+    log = last.log_path if last else "?"
+    exc = last_exception(log_tail(log)) if last else None
+    return KlbisectError(f"the {which} endpoint {sha[:12]} crashed in {crashes} of {crashes + values} runs "
+                         f"of this command (a value in {values}; {len(now.values)} in all)"
+                         + (f", the last with {exc}" if exc else "")
+                         + f": the probe cannot measure it; fix what crashes there and rerun the same command, "
+                         f"or pick another {which} commit; log: {log}", EXIT_NO_SIGNAL, detail=log_tail(log))
+
+
 def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, bad: str, execute,
                         probe_key: str, build_key: str | None, progress: Progress, width: int = 1,
                         pooled: bool = True):
@@ -271,7 +296,8 @@ def calibrate_endpoints(ws: Workspace, cfg: BisectConfig, sid: int, good: str, b
             side_limit = endpoint_crash_limit(cfg.crash_limit, 0 if silent else other.crashes,
                                               other.crashes + len(other.values))
             err = endpoint_problem(ws, which, sha, probe_key, build_key, cr, side_limit, note=note,
-                                   metric_regex=cfg.metric_regex, other=bad if sha == good else good)
+                                   metric_regex=cfg.metric_regex, other=bad if sha == good else good) \
+                or mostly_crashes(ws, which, sha, probe_key, now[sha], before[sha], max(cfg.max_endpoint_runs, side_limit))
             if err:
                 # one endpoint that cannot be measured while the other can: a fact of that commit
                 # (`run --all-commits` leaves a merge standing on it), not of the environment

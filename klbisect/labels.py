@@ -248,14 +248,14 @@ CLEARER_LOOK = 50     # ... looked for again at this many session runs, then twi
 
 
 def clearer_label(ws: Workspace, probe_key: str, good: str, bad: str, cfg: BisectConfig,
-                  p_over: float, placed: tuple[list[str], list[str]] = ([], [])) -> tuple[str, str]:
+                  p_over: float | None, placed: tuple[list[str], list[str]] = ([], [])) -> tuple[str, str]:
     """A label that moved the worse way and separates the endpoints far
     more clearly than the max (min) over labels, which they differ on only
     a little (p_over): a bisect of the max over runs that overlap takes
     hundreds of runs where that label alone takes dozens (a tester's: 510
     runs and 85% right, against 49 and 100% with --metric). With
     ``placed``, the commits a search placed good and bad, their runs join
-    their side's (and p_over is read from them too): a search spends its
+    their side's (and p_over, None to read it here, is read from them): a search spends its
     runs inside the range, and a tester's 877 went by with 17 + 12 at the
     endpoints, never enough to show it. (label, a note on it), or ("", "")."""
     if not _labels_offered(ws, cfg):
@@ -263,7 +263,7 @@ def clearer_label(ws: Workspace, probe_key: str, good: str, bad: str, cfg: Bisec
     goods, bads = {good, *placed[0]}, {bad, *placed[1]}
     stored = ws.store.runs(probe_key, [*goods, *bads])
     on_good, on_bad = _on_side(stored, goods), _on_side(stored, bads)
-    if placed[0] or placed[1]:
+    if p_over is None or placed[0] or placed[1]:
         side = [[r.value for r in stored if r.sha in shas and r.status in MEASURED and r.value is not None]
                 for shas in (goods, bads)]
         p_over = separation(*side).p_value if min(map(len, side)) >= 2 else 1.0

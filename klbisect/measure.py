@@ -77,7 +77,11 @@ class Measurer:
         where = str(slot.checkout)
         out = Outcome(sha, slot.index, started, checkout=where)
         if self.use_worktree:
-            gitrepo.worktree_checkout(self.repo, slot.checkout, sha)
+            # a build in place keeps what it made: a reviewer's build wrote an output that is not
+            # in .gitignore, the clean before the next run removed it, and the checkout, still
+            # taken as built, crashed 1,999 runs in a row
+            in_place = self.builder is not None and self.last_built.get(where) is not None
+            gitrepo.worktree_checkout(self.repo, slot.checkout, sha, clean=not in_place)
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
         if self.builder is not None:
             last = self.last_built.get(where)

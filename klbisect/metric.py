@@ -9,6 +9,7 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Iterable, Iterator
 
 from rich.cells import cell_len, set_cell_size
 
@@ -41,7 +42,15 @@ NONFINITE = 1e9
 BROKEN_MAGNITUDE = 1e30
 
 
-def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
+def _lines(text: str | Iterable[str]) -> Iterator[str]:
+    """A text's lines, or an open log's one at a time (a probe's log may be
+    hundreds of megabytes: read whole, a tester's 700 MB one ran out of
+    memory), without colour codes."""
+    for line in (text.splitlines() if isinstance(text, str) else text):
+        yield _ANSI.sub("", line).rstrip("\r\n")
+
+
+def parse_values(text: str | Iterable[str], regex: str | None = None) -> dict[str, float]:
     """Return label -> value for every metric the output printed.
 
     Without ``regex``: every ``avg_kl_div=<float>`` line (or ``avg KL:``,
@@ -71,7 +80,8 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
 
     if regex:
         pattern = re.compile(regex)
-        for m in pattern.finditer(text):
+        # the user's pattern may span lines: it reads the whole text
+        for m in pattern.finditer(text if isinstance(text, str) else "".join(text)):
             groups = m.groupdict()
             raw = groups.get("value") if "value" in groups else (m.group(1) if m.groups() else m.group(0))
             # without a label group each match is its own label ("value", "value2", ...), so
@@ -82,7 +92,7 @@ def parse_values(text: str, regex: str | None = None) -> dict[str, float]:
                 positional(raw)
         return values
     label = None      # the label line's, until a value takes it
-    for line in _ANSI.sub("", text).splitlines():
+    for line in _lines(text):
         if line.startswith(JSON_PREFIX):
             try:
                 obj = json.loads(line[len(JSON_PREFIX):])
@@ -109,7 +119,7 @@ _PYTEST_ASSERT = re.compile(r"^E\s+assert\b")
 _UNITTEST_SUMMARY = re.compile(r"^FAILED \(([^)]*)\)")
 
 
-def failed_its_check(text: str) -> bool:
+def failed_its_check(text: str | Iterable[str]) -> bool:
     """Did the run end on an assertion of its own (a test that printed a KL
     and then failed ``assert kl < threshold``), not a crash? Such a run
     stopped because a value it printed was too high, so the values it did
@@ -117,7 +127,7 @@ def failed_its_check(text: str) -> bool:
     unittest's summary decides when there is one (failures only, no
     errors); otherwise the last exception line does."""
     last = None
-    for line in _ANSI.sub("", text).splitlines():
+    for line in _lines(text):
         m = _UNITTEST_SUMMARY.match(line)
         if m:
             return "failures=" in m.group(1) and "errors=" not in m.group(1)

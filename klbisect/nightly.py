@@ -51,6 +51,7 @@ model of ``scripts/nightly_power.py``; ``docs/statistics.rst``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -895,11 +896,11 @@ class _Sides:
     def _label_values(self, shas: list[str], after: int = 0) -> list[float]:
         return label_runs(self._runs_after(shas, after), self.open_label)
 
-    def _by_label(self, shas: list[str], after: int = 0) -> dict[str, list[float]]:
-        """Every label but the open one's, from one read of the runs."""
+    def _by_label(self, shas: list[str], after: int = 0, but_open: bool = True) -> dict[str, list[float]]:
+        """Every label's values (but the open one's), from one read of the runs."""
         runs = self._runs_after(shas, after)
-        labels = {k for r in runs if r.value is not None for k in (r.values or {})} - {self.open_label}
-        return {lab: label_runs(runs, lab) for lab in labels}
+        labels = {k for r in runs if r.value is not None for k in (r.values or {})}
+        return {lab: label_runs(runs, lab) for lab in labels - ({self.open_label} if but_open else set())}
 
     def refresh_open(self) -> None:
         """The open regression's reference values (max, label) and how many
@@ -924,11 +925,6 @@ class _Sides:
         again = commit_runs(self.ws, self.probe_key, self.build_key, self.baseline_shas, self.cfg.timeout)
         self.baseline[:] = [v for sha in self.baseline_shas for v in again[sha].values]
 
-    def _labels(self, shas: list[str]) -> dict[str, list[float]]:
-        runs = self._runs_after(shas)
-        labels = {k for r in runs if r.value is not None for k in (r.values or {})}
-        return {lab: label_runs(runs, lab) for lab in labels}
-
     def judge(self, values: list[float]) -> Judgement:
         opts = self.opts
         mine = self._label_values([self.head]) if self.open_bad_label else []
@@ -936,8 +932,9 @@ class _Sides:
                         opts.alpha, opts.min_effect, opts.min_baseline, open_head=mine or None,
                         open_whole=self.open_bad if mine else None, open_label=self.open_label or "")
         if j.verdict in ("good", "suspect") and not self.open_bad and not self.cfg.metric and self.baseline_shas:
-            lab = judge_labels(self._labels([self.head]), self._labels(self.baseline_shas),
-                               self._labels(self.suspect_shas) if self.suspect_shas else None,
+            every = functools.partial(self._by_label, but_open=False)
+            lab = judge_labels(every([self.head]), every(self.baseline_shas),
+                               every(self.suspect_shas) if self.suspect_shas else None,
                                opts.alpha, opts.min_effect, opts.min_baseline)
             if lab is not None and (lab.verdict == "regressed" or j.verdict == "good"):
                 # the label's comparison is the night's (its p, ratio and summaries beside the verdict:

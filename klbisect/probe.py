@@ -14,6 +14,7 @@ import shutil
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 from .metric import failed_its_check, parse_values
@@ -74,12 +75,12 @@ def config_key(kind: str, **parts) -> str:
 
 
 def classify(values: dict[str, float], exit_code: int | None, timed_out: bool,
-             text: str = "") -> str:
+             text: str | Callable[[], Iterable[str]] = "") -> str:
     # a run stopped at --timeout is a crash even after printing values: the
     # labels it never reached are missing from its max (the values are kept)
     if timed_out:
         return STATUS_TIMEOUT
-    if values and exit_code and failed_its_check(text):
+    if values and exit_code and failed_its_check(text if isinstance(text, str) else text()):
         return STATUS_FAILED
     if values:
         return STATUS_OK
@@ -165,7 +166,13 @@ class CommandProbe:
             env.update(python_env(self.python, Path(log_path).parent, env.get("PATH", os.environ.get("PATH", ""))))
         res = run_logged(self.cmd, cwd=checkout, log_path=log_path, timeout=self.timeout,
                          env=env, pid_dir=slot.pid_dir)
-        text = Path(log_path).read_text(errors="replace")
-        values = parse_values(text, self.metric_regex)
-        status = classify(values, res.exit_code, res.timed_out, text)
+        # line by line: a log of hundreds of megabytes is not held whole (but for a --metric-regex,
+        # which may span lines)
+        with open(log_path, errors="replace") as log:
+            values = parse_values(log.read() if self.metric_regex else log, self.metric_regex)
+
+        def lines() -> Iterator[str]:
+            with open(log_path, errors="replace") as log:
+                yield from log
+        status = classify(values, res.exit_code, res.timed_out, lines)
         return RunResult(values, res.exit_code, status, res.duration, str(log_path))

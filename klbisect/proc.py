@@ -897,22 +897,33 @@ def run_logged(
         full_env.update(env)
     mark = full_env[MARK] = uuid.uuid4().hex
     start = time.monotonic()
+    begin_running()
+    try:
+        return _run_marked(cmd, cwd, log_path, timeout, full_env, mark, pid_dir, header, start)
+    finally:
+        end_running()
+
+
+def begin_running() -> None:
+    """A probe run or a server starts: what the last of them to end finds
+    adopted and unmarked since the first began is theirs to kill."""
     global _running, _running_since
     with _running_lock:
         if _running == 0:
             _running_since = _boot_ticks() - 1   # a tick early: /proc rounds a start down
         _running += 1
-    try:
-        return _run_marked(cmd, cwd, log_path, timeout, full_env, mark, pid_dir, header, start)
-    finally:
-        with _unkillable_cleanup():
-            with _running_lock:
-                _running -= 1
-                # with other runs in flight an orphan may be theirs (still in use): the last one
-                # sweeps, and no run starts until it has (its child would be taken for an orphan)
-                if _running == 0:
-                    _kill_unmarked_orphans(_running_since)
-            _reap_adopted_zombies()
+
+
+def end_running() -> None:
+    global _running
+    with _unkillable_cleanup():
+        with _running_lock:
+            _running -= 1
+            # with other runs in flight an orphan may be theirs (still in use): the last one
+            # sweeps, and no run starts until it has (its child would be taken for an orphan)
+            if _running == 0:
+                _kill_unmarked_orphans(_running_since)
+        _reap_adopted_zombies()
 
 
 def _run_marked(cmd: str | Sequence[str], cwd: Path, log_path: Path, timeout: float | None,

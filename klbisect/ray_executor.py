@@ -352,11 +352,15 @@ def _quiet_ray() -> Iterator[None]:
     """Ray's notices while it starts (a local cluster's "Token authentication
     is enabled ...") are not klbisect's to print: its errors still raise."""
     import logging  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
     log = logging.getLogger("ray")
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        yield
+        # (a Ray Client timeout's UserWarning printed its source line: the error says it in one)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
         log.setLevel(level)
 
@@ -380,17 +384,44 @@ def _check_address(address: str | None) -> None:
         address, given = os.environ.get("RAY_ADDRESS"), f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS')}"
     if not address or address in ("auto", "local"):
         return
-    hostport = address.split("://", 1)[1] if "://" in address else address
+    scheme, _, hostport = address.rpartition("://")
     host, _, port = hostport.rstrip("/").rpartition(":")
-    if not host or not port.isdigit():
+    if scheme not in ("", "ray") or not host or not port.isdigit():
+        # (http://HOST:8265 is the dashboard's, for job submission: a tester's got Ray's text with its \n)
         raise KlbisectError(f"{given}: give HOST:PORT (the address `ray start --head` prints), "
                             "ray://HOST:10001 for Ray Client, or auto on a node of a running cluster", EXIT_USAGE)
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT) as conn:
+            grpc = _speaks_grpc(conn)
     except OSError as e:
         raise KlbisectError(f"{given}: nothing answers at {host}:{port} ({e.strerror or e}); "
                             "start the cluster (`ray start --head` prints its address), or leave --ray-address "
                             "out for a cluster of this machine that klbisect starts", EXIT_USAGE) from None
+    if grpc is False and os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true"):
+        # a tester's dashboard port (8265) and an HTTP server: ray.init waited on them for good, deaf to
+        # Ctrl-C and SIGTERM
+        raise KlbisectError(f"{given}: what answers at {host}:{port} is not a Ray cluster (no gRPC there: "
+                            "the dashboard's port, 8265, or another server?); give the address `ray start --head` "
+                            "prints (port 6379 by default), or ray://HOST:10001 for Ray Client", EXIT_USAGE)
+
+
+def _speaks_grpc(conn: socket.socket) -> bool | None:
+    """Whether the server at ``conn`` speaks HTTP/2, as Ray's GCS and Ray
+    Client (gRPC) do: it answers the client preface with a SETTINGS frame.
+    None when it says nothing in time (left to ray.init, as before)."""
+    conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+    got = b""
+    try:
+        while len(got) < 9:
+            more = conn.recv(9 - len(got))
+            if not more:
+                break
+            got += more
+    except socket.timeout:
+        return None if not got else False
+    except OSError:
+        return False
+    return len(got) == 9 and got[3] == 4     # frame type 4: SETTINGS
 
 
 def _cannot_connect(address: str | None, e: Exception):
@@ -483,6 +514,14 @@ class RayExecutor:
                              log_to_driver=False, configure_logging=False)
                 except (ConnectionError, ValueError, RuntimeError, TimeoutError) as e:
                     raise _cannot_connect(cfg.ray_address, e) from None
+                except SystemExit as e:
+                    if e.code not in (signal.SIGTERM, -signal.SIGTERM):
+                        raise
+                    # Ray's SIGTERM handler while it starts a cluster (a tester's exit 15, no line):
+                    # klbisect's own stop, exit 130 with what it saved
+                    with contextlib.suppress(Exception):
+                        ray.shutdown()
+                    raise KeyboardInterrupt from None
             owns = True
         gpus = float(ray.cluster_resources().get("GPU", 0))
         if cfg.gpus_per_probe > gpus and owns and not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):

@@ -402,13 +402,16 @@ def head_sha(checkout: Path) -> str:
 _WORKTREE_RECORDS = threading.Lock()
 
 
-def worktree_checkout(repo: git.Repo, path: Path, sha: str) -> None:
-    """A detached worktree at ``sha``, created on first use and reused after."""
+def worktree_checkout(repo: git.Repo, path: Path, sha: str, clean: bool = True) -> None:
+    """A detached worktree at ``sha``, created on first use and reused after.
+    ``clean``: remove untracked files too (not ignored ones); not where a
+    build is in place, whose outputs need not be ignored."""
     if (path / ".git").exists():
         g = git.Git(str(path))
         try:
             g.execute(["git", "checkout", "--quiet", "--force", "--detach", sha])
-            g.execute(["git", "clean", "-fdq", "-e", ".klbisect-keep"])
+            if clean:
+                g.execute(["git", "clean", "-fdq", "-e", ".klbisect-keep"])
             return
         except git.GitCommandError:
             worktree_remove(repo, path)

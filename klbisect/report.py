@@ -11,7 +11,7 @@ from .decide import Model
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_json, redact_text
-from .result import Result, said_once
+from .result import Result, said_once, stands_out
 from .search import POOL_P, PROVISIONAL_POOL_P
 from .workspace import answered as answer_of, shown_session
 
@@ -110,21 +110,6 @@ def _format_nightly_status(st: dict) -> str:
         return f"{head}: not judged; {why}"
     from .nightly import format_night  # noqa: PLC0415
     return head + "\n" + format_night(rec)
-
-
-FLAT = 2.0   # a best guess under FLAT times its share with no evidence names no one
-
-
-def stands_out(mass: float, n_commits: int, size: int = 1) -> bool:
-    """Whether the likeliest place is worth naming: with no evidence a
-    block of ``size`` of the ``n_commits`` places holds size/n, and a tie
-    of them all named one of 79 commits as "most likely" (a tester's
-    report, after a Ctrl-C). Its odds against the rest must be FLAT times
-    those (on mass alone a block of half the range could never pass)."""
-    rest = max(n_commits, 1) - size
-    if rest <= 0:
-        return False     # the whole range: no place is singled out
-    return mass >= 1.0 or mass / (1.0 - mass) >= FLAT * size / rest
 
 
 def flat_words(mass: float, n_commits: int, size: int = 1) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -51,8 +51,35 @@ class Result:
     # last stage's, where the culprit was found)
     stages: list[dict] = field(default_factory=list)
 
+    def stands_out(self) -> bool:
+        """A finished answer, or an unfinished one worth naming as likeliest
+        (what the report's "No commit stands out yet" line tells a reader)."""
+        return self.complete or stands_out(self.confidence, self.n_commits, max(len(self.candidates), 1))
+
     def to_json(self) -> dict:
+        """What is stored (and read back by from_json): the fields alone."""
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Result":
+        """A stored answer: to_json's derived keys are left out."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+FLAT = 2.0   # a best guess under FLAT times its share with no evidence names no one
+
+
+def stands_out(mass: float, n_commits: int, size: int = 1) -> bool:
+    """Whether the likeliest place is worth naming: with no evidence a
+    block of ``size`` of the ``n_commits`` places holds size/n, and a tie
+    of them all named one of 79 commits as "most likely" (a tester's
+    report, after a Ctrl-C). Its odds against the rest must be FLAT times
+    those (on mass alone a block of half the range could never pass)."""
+    rest = max(n_commits, 1) - size
+    if rest <= 0:
+        return False     # the whole range: no place is singled out
+    return mass >= 1.0 or mass / (1.0 - mass) >= FLAT * size / rest
 
 
 def _label_summaries(values_before: list[dict], values_after: list[dict]) -> dict:

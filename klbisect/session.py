@@ -17,7 +17,7 @@ from . import repo as gitrepo
 from .buildenv import (close_builder, hold_env, keep_env, pins_moved, slots_for, warn_build_paths,
                        warn_probe_python)
 from .config import RERUN_KEYS, BisectConfig, make_builder, make_probe, question_of
-from .decide import OVERLAP_P, VERDICT_LR, Model, ThresholdModel, separation
+from .decide import OVERLAP_P, VERDICT_LR, Model, ThresholdModel
 from .endpoints import calibrate_endpoints, disk_full, infrastructure_error, never_built, unbuilt_sglang_hint
 from .errors import EXIT_NO_SIGNAL, Interrupted, KlbisectError, NoDifference, OutOfRuns
 from .executors import Executor, Failure, LocalExecutor, make_slots
@@ -504,8 +504,7 @@ class _Search:
                 inside = [i for i in range(1, len(shas) - 1) if commits[i].values]
                 placed = ([shas[i] for i in inside if pl.posterior.p_bad[i] < PLACED_P],
                           [shas[i] for i in inside if pl.posterior.p_bad[i] > 1 - PLACED_P])
-                clear = clearer_label(ws, probe_key, good, bad, cfg,
-                                      separation(commits[0].values, commits[-1].values).p_value, placed)[1]
+                clear = clearer_label(ws, probe_key, good, bad, cfg, None, placed)[1]
                 look_at = math.inf if clear else 2 * look_at
                 if clear:
                     progress(f"note: {clear}: stop (Ctrl-C) and rerun with it")
@@ -625,16 +624,20 @@ def _open_session(ws: Workspace, cfg: BisectConfig, good: str, bad: str, cands: 
         else:
             prev = None
     if prev and prev.state == "done" and prev.result:
-        done = Result(**prev.result)
+        done = Result.from_json(prev.result)
         # an answer left as a block by failed builds is worth one more build each:
         # the user who reruns it may have fixed what broke them
         unbuilt = [i["sha"] for i in done.candidate_info if i["why"] == "untestable: build failed"]
         # runs recorded since it finished (a git bisect of the same range, whose answer
-        # status doubted and sent the user here) are weighed with its own
-        # (a finished run keeps no end time: its last run's start stands for it)
-        finished_at = max(prev.ended or 0.0, st.last_touched(prev))
+        # status doubted and sent the user here) are weighed with its own: those after the
+        # last run id when it finished (a reviewer's reopened session, done again with no run
+        # of its own, counted the same runs as newer on every rerun), or, for one that finished
+        # before that id was kept, after its last run's start
         ours = chain_sessions(st, prev.id)
-        newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id not in ours and r.started > finished_at)
+        last_id = st.finished_at_run(prev)
+        finished_at = max(prev.ended or 0.0, st.last_touched(prev))
+        newer = sum(1 for r in st.runs(probe_key, shas) if r.session_id not in ours
+                    and (r.id > last_id if last_id is not None else r.started > finished_at))
         # (with no room left under --max-total-runs a reopened block could only fall apart unmeasured)
         room = cfg.runs_left(len(st.session_runs(prev.id))) > 0
         if not (build_key and len(done.candidates) > 1 and unbuilt and room) and not newer:

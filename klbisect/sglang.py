@@ -544,6 +544,8 @@ class SGLangServer:
         self._pid_file: Path | None = None
         self._lock = threading.Lock()
         self._stopped = False
+        self._counted = False     # in proc's runs in flight, whose last to end sweeps unmarked orphans
+        self._noted: set[int] = set()
         self.launch_seconds = 0.0
 
     @property
@@ -574,8 +576,12 @@ class SGLangServer:
             with proc.private_log(self.log_path, "ab") as log:
                 log.write(("$ " + redact(shlex.join(self.argv), flag_secrets(self.argv)) + "\n").encode())
                 log.flush()
-                # its own marker: a worker that left the tree (setsid, its parent gone) still carries it
+                # its own marker: a worker that left the tree (setsid, its parent gone) still carries it;
+                # one that also cleared its environment is an unmarked orphan, swept when it stops
                 self._mark = uuid.uuid4().hex
+                with proc._unkillable_cleanup():    # counted once, and known to be (a Ctrl-C waits)
+                    proc.begin_running()
+                    self._counted = True
                 fut = _SPAWNER.submit(
                     subprocess.Popen, self.argv, cwd=str(self.cwd), env={**self.env, proc.MARK: self._mark},
                     stdin=subprocess.DEVNULL,
@@ -613,6 +619,7 @@ class SGLangServer:
                 # Another process on our port would answer too: the listener
                 # must belong to the tree we launched.
                 if r.status_code == 200 and self._owns_port():
+                    self.note_descendants()
                     return
             except requests.RequestException:
                 pass
@@ -641,12 +648,20 @@ class SGLangServer:
                 return True
         return False
 
+    def note_descendants(self) -> None:
+        """Its tree in its pid file, for the watchdog or the next command
+        after a kill -9: a worker that cleared its environment and left the
+        tree is found by nothing else."""
+        if self._pid_file is not None and self.proc is not None:
+            proc.note_descendants(self._pid_file, self.proc.pid, self._noted)
+
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def healthy(self, timeout: float = 10.0) -> bool:
         if not self.alive():
             return False
+        self.note_descendants()    # asked before each reuse: what it started since is noted too
         try:
             s = requests.Session()
             s.trust_env = False
@@ -658,10 +673,16 @@ class SGLangServer:
     def returncode(self) -> int | None:
         return self.proc.poll() if self.proc else None
 
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            proc.end_running()
+
     def stop(self) -> None:
         # a Ctrl-C during the grace turns it into SIGKILL now, and is raised once the tree is gone
         with self._lock, proc._unkillable_cleanup():
             if self.proc is None or self._stopped:
+                self._uncount()     # a spawn that failed was counted all the same
                 return
             self._stopped = True
             kill_tree(self.proc.pid, grace=5.0)
@@ -674,6 +695,7 @@ class SGLangServer:
             except subprocess.TimeoutExpired:
                 pass
             proc._ACTIVE.discard(self.proc.pid)
+            self._uncount()
             if self._pid_file is not None:
                 self._pid_file.unlink(missing_ok=True)
                 self._pid_file = None
@@ -1035,7 +1057,9 @@ class SGLangProbe:
             except (requests.RequestException, ProtocolError, KeyError, TypeError, IndexError, ValueError) as e:
                 # A server that died or answered nonsense mid-run: no value for the rest.
                 say(f"request failed: {type(e).__name__}: {e}")
-                exit_code = self._fail(slot, held, say)
+                # a server that exited 0 mid-test did not finish it: a clean exit would make the labels
+                # it never reached skipped on purpose (runs.cut_off), its partial max a measurement
+                exit_code = self._fail(slot, held, say) or None
             except BaseException:
                 # Ctrl-C or a bug in klbisect: nothing recorded, nothing left running.
                 say("interrupted; killing the server")

@@ -351,6 +351,12 @@ class Store:
                               "AND id < ? ORDER BY id DESC LIMIT 1", (*kinds, before or 1 << 62)).fetchone()
         return row[0] if row else None
 
+    def finished_at_run(self, sess: SessionRow) -> int | None:
+        """The newest run id recorded when ``sess`` last finished (None for one
+        that finished before that was kept)."""
+        last = self.get(_last_run_key(sess.id))
+        return int(last) if last else None
+
     def last_touched(self, sess: SessionRow) -> float:
         """When a session last recorded a run (its creation, before any)."""
         return float(self.db.execute(f"SELECT {_TOUCHED} FROM sessions s WHERE s.id=?", (sess.id,)).fetchone()[0])

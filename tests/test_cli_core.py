@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
@@ -304,6 +305,7 @@ def test_a_block_answer_rerun_at_its_run_cap_stands_as_it_was(history):
     again = klb(*args, "--max-total-runs", spent, cwd=h.path)
     res = json_tail(again.stdout)
     assert again.returncode == 0 and res["complete"] and res["candidates"] == [h.shas[9], h.culprit], again.stderr
+    assert res["stands_out"] is True
 
 
 def test_a_run_cap_that_cuts_the_check_of_reused_runs_short_is_no_answer(history):
@@ -1005,6 +1007,29 @@ def test_probe_values_read_whatever_the_exit_code(tmp_path):
     assert r.values == {"a": 0.02} and r.status == "failed"
 
 
+def test_a_probe_log_larger_than_memory_allows_is_read(tmp_path):
+    """A reviewer's: a 700 MB log was read whole (and split into lines) and
+    the run ended in an internal error, 159. It is read a line at a time."""
+    slot = _slot(tmp_path)
+    # 400 MB of 200-character lines, then the value, then the test's failed assertion
+    cmd = ("echo '[a]'; head -c 400000000 /dev/zero | tr '\\0' x | fold -w 200; echo; echo avg_kl_div=0.02; "
+           "echo 'AssertionError: 0.02 not less than 0.01'; exit 1")
+    script = f"""
+import resource, sys
+from pathlib import Path
+from klbisect.probe import CommandProbe, Slot
+vm = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (vm + 250 * 2**20, resource.RLIM_INFINITY))
+r = CommandProbe({cmd!r}).run(Path({str(slot.checkout)!r}), Path({str(tmp_path / "big.log")!r}),
+                              Slot(0, Path({str(slot.checkout)!r}), {{}}, 0, Path({str(tmp_path / "pids")!r})))
+print(r.values, r.status)
+"""
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "KLBISECT_NO_WATCHDOG": "1"})
+    (tmp_path / "big.log").unlink(missing_ok=True)
+    assert p.returncode == 0 and p.stdout.split() == ["{'a':", "0.02}", "failed"], p.stdout + p.stderr[-2000:]
+
+
 def test_probe_without_value_is_a_crash_even_on_success(tmp_path):
     slot = _slot(tmp_path)
     ok = CommandProbe("echo all fine").run(slot.checkout, tmp_path / "a.log", slot)
@@ -1569,6 +1594,10 @@ def test_run_that_stops_short_of_confidence_exits_157_with_json(history):
     # short of the mark; on the endpoints' runs alone no commit stands out, and none is named
     assert "NOT reached" in p.stderr or ("No commit stands out yet" in p.stderr
                                          and "Stopped: at --max-total-runs 12" in p.stderr), p.stderr
+    # a script reads the same from --json, in run's answer and in status's
+    flat = "No commit stands out yet" in p.stderr
+    assert res["stands_out"] is not flat
+    assert json_tail(klb("status", "--json", cwd=h.path).stdout)["stands_out"] is not flat
     # what to do next (a tester's: the reason named the cap and no next step)
     assert "the same command with a higher --max-total-runs goes on from here" in p.stderr, p.stderr
     assert worktrees(h.path) == [str(h.path)]
@@ -2221,6 +2250,53 @@ def test_endpoints_measured_before_that_crash_now_stop_the_command(small, tmp_pa
     p = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", "pyhton3 probe.py", cwd=small.path)
     assert "was not found" in error_line(p, 155)
     assert len(db_query(small.path, "SELECT id FROM runs")) - before == 1
+
+
+def test_an_endpoint_that_printed_once_and_then_crashes_is_given_up(small, tmp_path):
+    """A reviewer's: a bad endpoint whose probe printed a value once and
+    crashed on every run after it ran all 2,000 of --max-total-runs there:
+    its crashes never counted toward --max-endpoint-runs."""
+    count, fixed = tmp_path / "bad-runs", tmp_path / "fixed"
+    cmd = (f"if [ ! -e {fixed} ] && [ \"$(git rev-parse HEAD)\" = {small.bad} ]; then echo x >> {count}; "
+           f"if [ $(wc -l < {count}) -gt 1 ]; then echo 'RuntimeError: CUDA error: out of memory' >&2; exit 1; fi; "
+           f"fi; {probe_cmd()}")
+    p = klb("run", "--good", small.good, "--bad", small.bad, "--probe-cmd", cmd, "--max-endpoint-runs", "10",
+            cwd=small.path)
+    line = error_line(p, 154)
+    assert f"the bad endpoint {small.bad[:12]} crashed in " in line and "(a value in 1; 1 in all)" in line, line
+    assert "RuntimeError" in line and "rerun the same command" in line
+    assert len(count.read_text().splitlines()) <= 14
+    # fixed: the same command measures it again, not stopped by the crashes before (a reviewer's)
+    fixed.touch()
+    again = klb("run", "--good", small.good, "--bad", small.bad, "--probe-cmd", cmd,
+                "--max-endpoint-runs", "10", "--json", cwd=small.path)
+    assert again.returncode == 0 and json_tail(again.stdout)["culprit"] == small.culprit, again.stderr
+
+
+def test_a_build_output_git_does_not_ignore_stays_for_the_runs_after_it(small, tmp_path):
+    """A reviewer's: the worktree was cleaned of untracked files before every
+    run, so a build output not in .gitignore was there for the first run
+    after a build only, and every later run crashed."""
+    p = klb("run", "--good", small.good, "--bad", small.bad, "--probe-cmd", f"test -f built.txt && {probe_cmd()}",
+            "--build-cmd", "echo built > built.txt", "--build-paths", "*", "--json", cwd=small.path)
+    assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == small.culprit, p.stderr
+    assert not db_query(small.path, "SELECT id FROM runs WHERE status NOT IN ('ok', 'failed')")
+
+
+def test_a_finished_run_reopened_for_newer_runs_is_finished_after(small):
+    """A reviewer's: runs a calibration recorded in the range after a `run`
+    finished reopen it once; done again with no run of its own, it counted
+    the same runs as newer and reopened on every rerun."""
+    args = ("run", "--good", small.good, "--bad", small.bad, "--probe-cmd", probe_cmd(), "--json")
+    assert json_tail(klb(*args, cwd=small.path).stdout)["culprit"] == small.culprit
+    assert klb("calibrate", "--rev", small.good, "--runs", "8", "--probe-cmd", probe_cmd(),
+               cwd=small.path).returncode == 0
+    first = klb(*args, cwd=small.path)
+    assert re.search(r"answered this before; \d+ runs? recorded in this range since then", first.stderr), first.stderr
+    for _ in range(2):
+        again = klb(*args, cwd=small.path)
+        assert json_tail(again.stdout)["culprit"] == small.culprit
+        assert "this bisect already finished (session 1)" in again.stderr, again.stderr
 
 
 def test_an_endpoint_build_fixed_outside_klbisect_is_built_again(small, tmp_path):

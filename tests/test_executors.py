@@ -501,6 +501,51 @@ def test_a_ray_address_where_no_cluster_answers_is_one_line_before_any_session(h
     assert db_query(history.path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
 
 
+def test_a_ray_address_where_another_server_answers_is_one_line(tmp_path):
+    """A tester's --ray-address of the dashboard's port (or any HTTP server)
+    passed the port check and hung in ray.init for good, deaf to Ctrl-C and
+    SIGTERM; http://HOST:8265 passed Ray's own text through, newlines escaped."""
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # noqa: PLC0415
+    from klbisect.errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
+    from klbisect.ray_executor import _check_address  # noqa: PLC0415
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = httpd.server_address[1]
+    try:
+        for address, words in ((f"127.0.0.1:{port}", "is not a Ray cluster (no gRPC there"),
+                               (f"ray://127.0.0.1:{port}", "is not a Ray cluster (no gRPC there"),
+                               (f"http://127.0.0.1:{port}", "give HOST:PORT")):
+            with pytest.raises(KlbisectError) as e:
+                _check_address(address)
+            assert e.value.code == EXIT_USAGE and words in str(e.value), str(e.value)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_a_sigterm_while_ray_starts_its_cluster_is_klbisects_stop(monkeypatch):
+    """A tester's SIGTERM in the seconds ray.init starts a local cluster met
+    Ray's handler, sys.exit(15): exit 15 and no line. It is klbisect's stop
+    (KeyboardInterrupt: exit 130 with what was saved); another exit passes."""
+    import types  # noqa: PLC0415
+    from klbisect.ray_executor import RayExecutor  # noqa: PLC0415
+    shut = []
+
+    def init(**kw):
+        raise SystemExit(code)
+    fake = types.SimpleNamespace(is_initialized=lambda: False, init=init, shutdown=lambda: shut.append(1))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = types.SimpleNamespace(ray_address=None)
+    code = signal.SIGTERM
+    with pytest.raises(KeyboardInterrupt):
+        RayExecutor.from_config(cfg, None, None)
+    assert shut == [1]
+    code = 3
+    with pytest.raises(SystemExit):
+        RayExecutor.from_config(cfg, None, None)
+
+
 def test_ray_address_auto_with_no_cluster_is_one_line_not_an_internal_error(history):
     """A tester's `--ray-address auto` with no cluster running was ray.init's
     ConnectionError as "internal error" (159)."""

@@ -736,6 +736,11 @@ def test_the_run_a_doubted_git_answer_advises_weighs_that_sessions_runs(history,
     else:
         assert "session 1 answered this before; " in p.stderr and "going on from its answer with them" in p.stderr
         assert "reopening session 1: " in p.stderr, p.stderr
+        # and once it has weighed them, the same command again shows that answer (a reviewer's
+        # reopened session, done again with no run of its own, reopened on every rerun)
+        again = klb(*argv, "--json", cwd=repo)
+        assert json_tail(again.stdout)["culprit"] == h.culprit, again.stderr
+        assert "this bisect already finished (session 1)" in again.stderr, again.stderr
     # git bisect still names its commit; status says where all the runs now put the answer
     reason = json_tail(klb("status", "--json", cwd=repo).stdout)["result"]["reason"]
     assert f"on {h.culprit[:12]}" in reason and "instead" in reason and "klbisect run" not in reason, reason

@@ -324,6 +324,9 @@ def test_no_probe_and_bad_post_target_are_usage_errors(tmp_path):
     assert p.returncode == 150 and "owner/repo#ISSUE" in p.stderr
     # a reviewer's: its tests are one-sided, higher is worse; an accuracy's drop would read as a fix
     assert "nightly judges higher values as worse" in error_line(nightly(d.path, "2025-03-01", "--worse", "lower"), 150)
+    helptext = subprocess.run([PY, "-m", "klbisect", "nightly", "--help"], env=_env(), capture_output=True,
+                              text=True, timeout=60).stdout
+    assert "--worse [higher] " in helptext and "either" not in helptext.split("--worse")[1].split("--")[0]
     # --json: the failure is the last stdout line, with the keys a night's answer has
     obj = json.loads(p.stdout.splitlines()[-1])
     assert {"regressed", "verdict", "culprit", "pr", "report", "posted"} <= set(obj)

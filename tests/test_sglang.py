@@ -1051,22 +1051,43 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     assert all(f.stat().st_mode & 0o077 == 0 for f in state_dir(clone).glob("state.db*"))
 
 
-def test_a_server_worker_that_left_its_tree_goes_with_the_server(repo, tmp_path):
+@pytest.mark.parametrize("noenv", [False, True])
+def test_a_server_worker_that_left_its_tree_goes_with_the_server(repo, tmp_path, noenv):
     """A reviewer's: a worker that called setsid and lost its parent is
     adopted by klbisect, out of the server's tree, and lived on (holding
-    its GPU) until the next klbisect command reaped it."""
+    its GPU) until the next klbisect command reaped it. Another's: one that
+    also cleared its environment carries no marker; it outlived every
+    launch of a calibration (one per run) and the command itself."""
     from conftest import klb, processes_with
     tag = f"klbdaemon{uuid.uuid4().hex[:10]}"
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
-    p = klb("calibrate", "--rev", repo.good, "--runs", "1", "--probe", "sglang", "--model-path", "fake-tiny",
-            "--prompts", str(repo.prompts), cwd=clone, env={"FAKE_SGLANG_DAEMON": tag})
+    env = {"FAKE_SGLANG_DAEMON": tag, **({"FAKE_SGLANG_DAEMON_NOENV": "1"} if noenv else {})}
     try:
+        p = klb("calibrate", "--rev", repo.good, "--runs", "2", "--runs-per-launch", "1", "--probe", "sglang",
+                "--model-path", "fake-tiny", "--prompts", str(repo.prompts), cwd=clone, env=env)
         assert p.returncode == 0, p.stderr
         assert not processes_with(tag), "the server's setsid worker outlived the command"
     finally:
         for q in processes_with(tag):
             q.kill()
+
+
+def test_a_server_that_exits_cleanly_mid_test_gives_no_measurement(repo, tmp_path):
+    """A reviewer's: the server's exit 0 became the run's, so the labels it
+    never reached read as skipped on purpose and the one it did as the
+    run's value: a partial max, which may read good on a bad commit."""
+    wt = _worktree(repo, tmp_path / "wt", repo.culprit)
+    probe = _probe(repo)
+    try:
+        run = probe.run(wt, tmp_path / "r.log", Slot(0, wt, env={"FAKE_SGLANG_EXIT_AFTER_FLUSHES": "3"}))
+    finally:
+        probe.close()
+    text = Path(run.log_path).read_text()
+    assert "request failed" in text and 0 < len(run.values) < len(LABELS), text
+    assert run.exit_code != 0
+    from klbisect.runs import cut_off
+    assert cut_off(run, frozenset(LABELS))
 
 
 def test_probe_separates_good_and_culprit(repo, tmp_path):

@@ -18,6 +18,10 @@ Test hooks, read from the environment:
   FAKE_SGLANG_READY_AFTER seconds from start before /health_generate answers 200 (0.5)
   FAKE_SGLANG_DAEMON      start a worker that leaves the tree (setsid, its parent
                           gone), its command line holding this value
+  FAKE_SGLANG_DAEMON_NOENV  that worker also clears its environment (klbisect's
+                          marker with it)
+  FAKE_SGLANG_EXIT_AFTER_FLUSHES  exit 0 on this many /flush_cache calls (a server
+                          that quits cleanly mid-test)
 """
 from __future__ import annotations
 
@@ -297,6 +301,8 @@ class State:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.count_lock = threading.Lock()
+        self.flushes = 0
+        self.listen_fd = -1
         self.never_ready = bool(os.environ.get("FAKE_SGLANG_NEVER_READY"))
         self.delay = float(os.environ.get("FAKE_SGLANG_GENERATE_DELAY", "0") or 0)
         self.ready_after = float(os.environ.get("FAKE_SGLANG_READY_AFTER", "0.5") or 0.5)
@@ -399,7 +405,15 @@ def make_handler(state: State):
                     state.in_flight -= 1
 
         def _flush(self):
+            quit_after = int(os.environ.get("FAKE_SGLANG_EXIT_AFTER_FLUSHES", "0") or 0)
             with state.count_lock:
+                state.flushes += 1
+                if quit_after and state.flushes >= quit_after:
+                    print(f"[fake sglang] exiting 0 on flush {state.flushes}", flush=True)
+                    # the client notices only once the exit is over: a process holding the
+                    # sockets outlives it by a second
+                    subprocess.Popen(["sleep", "1"], pass_fds=(self.connection.fileno(), state.listen_fd))
+                    os._exit(0)
                 busy = state.in_flight > 0
             if busy or state.engine is None:
                 return self._send(400, "Cache not flushed: requests are running.\n")
@@ -453,6 +467,7 @@ def serve(argv: list[str]) -> None:
     state = State(args)
     httpd = ThreadingHTTPServer((args.host, args.port), make_handler(state))
     httpd.daemon_threads = True
+    state.listen_fd = httpd.fileno()
     # A helper process like SGLang's scheduler/detokenizer, so that tests see
     # whether the whole tree is killed, not just the launcher.
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
@@ -462,7 +477,10 @@ def serve(argv: list[str]) -> None:
         if middle == 0:
             os.setsid()
             if os.fork() == 0:
-                os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(300)", tag])
+                argv = [sys.executable, "-c", "import time; time.sleep(300)", tag]
+                if os.environ.get("FAKE_SGLANG_DAEMON_NOENV"):
+                    os.execve(sys.executable, argv, {})
+                os.execv(sys.executable, argv)
             os._exit(0)
         os.waitpid(middle, 0)
     pidfile = os.environ.get("FAKE_SGLANG_PIDFILE")
