@@ -81,7 +81,8 @@ class Measurer:
             # in .gitignore, the clean before the next run removed it, and the checkout, still
             # taken as built, crashed 1,999 runs in a row
             in_place = self.builder is not None and self.last_built.get(where) is not None
-            gitrepo.worktree_checkout(self.repo, slot.checkout, sha, clean=not in_place)
+            if gitrepo.worktree_checkout(self.repo, slot.checkout, sha, keep=in_place):
+                self.last_built[where] = None    # the build's changes to tracked files were put back
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
         if self.builder is not None:
             last = self.last_built.get(where)

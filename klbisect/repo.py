@@ -402,17 +402,27 @@ def head_sha(checkout: Path) -> str:
 _WORKTREE_RECORDS = threading.Lock()
 
 
-def worktree_checkout(repo: git.Repo, path: Path, sha: str, clean: bool = True) -> None:
-    """A detached worktree at ``sha``, created on first use and reused after.
-    ``clean``: remove untracked files too (not ignored ones); not where a
-    build is in place, whose outputs need not be ignored."""
+def worktree_checkout(repo: git.Repo, path: Path, sha: str, keep: bool = False) -> bool:
+    """A detached worktree at ``sha``, created on first use and reused after,
+    cleaned of untracked files (not ignored ones). ``keep``: a build is in
+    place, whose outputs need not be ignored, nor untracked: at ``sha``
+    already nothing is touched (a tester's build rewrote a tracked file,
+    which the checkout put back before every run), elsewhere untracked files
+    stay. True when the checkout put back tracked files the build had
+    changed: it must build again."""
     if (path / ".git").exists():
         g = git.Git(str(path))
         try:
+            changed = False
+            if keep:
+                if g.execute(["git", "rev-parse", "HEAD"]).strip() == sha:
+                    return False
+                changed = bool(g.execute(["git", "status", "--porcelain", "--untracked-files=no",
+                                          "--ignore-submodules=all"]).strip())
             g.execute(["git", "checkout", "--quiet", "--force", "--detach", sha])
-            if clean:
+            if not keep:
                 g.execute(["git", "clean", "-fdq", "-e", ".klbisect-keep"])
-            return
+            return changed
         except git.GitCommandError:
             worktree_remove(repo, path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -420,6 +430,7 @@ def worktree_checkout(repo: git.Repo, path: Path, sha: str, clean: bool = True) 
     # prune`, which would also forget the user's own worktrees on an unmounted disk
     with _WORKTREE_RECORDS:
         _git(repo, "worktree", "add", "--force", "--detach", str(path), sha)
+    return False
 
 
 def worktree_remove(repo: git.Repo, path: Path) -> None:

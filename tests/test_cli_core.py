@@ -2283,6 +2283,17 @@ def test_a_build_output_git_does_not_ignore_stays_for_the_runs_after_it(small, t
     assert not db_query(small.path, "SELECT id FROM runs WHERE status NOT IN ('ok', 'failed')")
 
 
+def test_a_build_that_changes_a_tracked_file_is_kept_and_redone_after_a_checkout(small):
+    """A tester's: the worktree was checked out (--force) before every run,
+    so a build that rewrites a tracked file was undone after the first run
+    and every later run crashed; the error blamed the probe. Runs of the
+    built commit keep it; a checkout that puts it back builds again."""
+    p = klb("run", "--good", small.good, "--bad", small.bad, "--probe-cmd", f"grep -q stamped README.md && {probe_cmd()}",
+            "--build-cmd", "echo stamped >> README.md", "--json", cwd=small.path)
+    assert p.returncode == 0 and json_tail(p.stdout)["culprit"] == small.culprit, p.stderr
+    assert not db_query(small.path, "SELECT id FROM runs WHERE status NOT IN ('ok', 'failed')")
+
+
 def test_a_finished_run_reopened_for_newer_runs_is_finished_after(small):
     """A reviewer's: runs a calibration recorded in the range after a `run`
     finished reopen it once; done again with no run of its own, it counted
