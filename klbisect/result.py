@@ -62,7 +62,7 @@ class Result:
 
     @classmethod
     def from_json(cls, d: dict) -> "Result":
-        """A stored answer: to_json's derived keys are left out."""
+        """A stored answer; keys it does not know (a later version's) are left out."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
