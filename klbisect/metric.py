@@ -30,6 +30,9 @@ _RUNNER_LABEL = re.compile(r"^(?:.* \.\.\. |\S+::\S+ )\[([\w.:/-]+)\] \d+ sample
 # numpy 2 prints an f"{x=}" of a numpy scalar as "np.float64(0.004)"
 _AVG_KL = re.compile(r"^\s*(?:\[[^\]]*\][^\n]*?\s)?(?:avg_kl_div|avg KL)\s*[=:]\s*(?:np\.float\d+\()?"
                      r"([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?nan|[-+]?inf)", re.IGNORECASE)
+# A --metric-regex's ^ and $ match at every line of the log: matched against the
+# whole text, '^\[(?P<label>\w+)\] ...' read only the first label of three (a new user's)
+REGEX_FLAGS = re.MULTILINE
 # colour codes a test runner or logger wraps around the line
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 JSON_PREFIX = "KLBISECT "  # JSON-lines form: KLBISECT {"label": "x", "value": 0.004}
@@ -79,7 +82,7 @@ def parse_values(text: str | Iterable[str], regex: str | None = None) -> dict[st
         _put(values, DEFAULT_LABEL if unlabelled == 1 else f"{DEFAULT_LABEL}{unlabelled}", raw)
 
     if regex:
-        pattern = re.compile(regex)
+        pattern = re.compile(regex, REGEX_FLAGS)
         # the user's pattern may span lines: it reads the whole text
         for m in pattern.finditer(text if isinstance(text, str) else "".join(text)):
             groups = m.groupdict()
@@ -156,7 +159,7 @@ def last_exception(text: str) -> str | None:
 def check_regex(regex: str) -> None:
     """A --metric-regex that cannot work, refused before the first run."""
     try:
-        pattern = re.compile(regex)
+        pattern = re.compile(regex, REGEX_FLAGS)
     except re.error as e:
         raise KlbisectError(f"--metric-regex {shlex.quote(regex)} is not a valid regular expression ({e})",
                             EXIT_USAGE) from None

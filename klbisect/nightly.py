@@ -639,15 +639,34 @@ def _apart_note(ws, head: str, n: int, night: str, last: dict) -> str:
             "seen (`klbisect history` shows the earlier nights' values)")
     if last.get("verdict") not in OPEN_VERDICTS:
         return note
+    return f"{note}; {_untracked(ws, head, last)}"
+
+
+def _untracked(ws, head: str, last: dict) -> str:
+    """What becomes of the regression ``last`` left open when its head is
+    not in tonight's history."""
     since = last.get("known_since") or last.get("night", "")
     culprit = last.get("culprit")
     if not culprit:
-        return f"{note}; the regression found on {since} is no longer tracked"
+        return f"the regression found on {since} is no longer tracked"
     named = f"{culprit[:12]}" + (f" (#{last['pr']})" if last.get("pr") else "")
-    # (a culprit in tonight's history is rare here: its parents, the earlier heads, would be too)
     gone = ("its culprit is not in tonight's history, so the rewrite may have dropped it (not posted as fixed)"
             if not gitrepo.is_ancestor(ws.repo, culprit, head) else "its culprit is in tonight's history")
-    return f"{note}; the regression found on {since} ({named}) is no longer tracked: {gone}"
+    return f"the regression found on {since} ({named}) is no longer tracked: {gone}"
+
+
+def _rewritten_open(ws, probe_key: str, head: str, sid: int | None = None) -> dict | None:
+    """The last judged night (suspect ones aside) when it left a regression
+    open on a head that is not in tonight's history while older nights'
+    heads are (a force-push that rewrote only the newest commits): the
+    night was skipped as if it had never been, so a dropped culprit read as
+    a quiet good night and a rebased one as a new regression (a tester's)."""
+    nights = [r for r in _judged_nights(ws, probe_key, sid) if r["verdict"] != "suspect"]
+    last = nights[-1] if nights else None
+    if last is None or last["verdict"] not in OPEN_VERDICTS or last["head"] == head \
+            or gitrepo.is_ancestor(ws.repo, last["head"], head):
+        return None
+    return last
 
 
 def _with_earlier(rec: dict, earlier: list[dict]) -> dict:
@@ -699,7 +718,8 @@ def _unfinished_nights(ws, probe_key: str, head: str, night: str, target) -> lis
     _, _, found = _open_regression(ws, probe_key, head, sid)
     if found and found.get("verdict") == "regressed" and found.get("state") == "bisecting" \
             and "complete" not in found:
-        out[found["session"]] = (found, "its bisect was interrupted")
+        out[found["session"]] = (found, "its bisect failed on its night" if found.get("unfinished_error")
+                                 else "its bisect was interrupted")
     if target is not None:
         recent = _nightly_sessions(st, probe_key)[-POST_RETRY_NIGHTS:]
         # a regression a later night found fixed is old news: the fix's post names it
@@ -1144,10 +1164,16 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
                             + series_text(others))
     apart = (_apart_from(ws, probe_key, head, sid) if j.verdict == "baseline" and not baseline_shas and not same
              else None)
-    if apart:
-        note = _apart_note(ws, head, *apart)
+    rewritten = None if apart else _rewritten_open(ws, probe_key, head, sid)
+    if apart or rewritten:
+        note = (_apart_note(ws, head, *apart) if apart else
+                f"night {rewritten.get('night', '')}'s head {rewritten['head'][:12]} is not in {head[:12]}'s "
+                f"history (the branch was rewritten, e.g. force-pushed): {_untracked(ws, head, rewritten)}")
         rec["notes"].append(note)
         progress(f"klbisect: warning: {note}")
+    if rewritten and rewritten.get("culprit"):
+        rec["rewritten_open"] = {"night": rewritten.get("known_since") or rewritten.get("night"),
+                                 "culprit": rewritten["culprit"], "pr": rewritten.get("pr")}
     if j.verdict == "suspect" and unconfirmed:
         rec["notes"].append(unconfirmed)
     elif j.verdict == "suspect":
@@ -1557,6 +1583,11 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
         res = run_bisect(path, bcfg, progress, check_reused=False)
         rec.update(culprit=res.culprit, pr=res.pr, bisect_session=res.session,
                    candidates=res.candidates, confidence=res.confidence, complete=res.complete)
+        was = rec.get("rewritten_open") or {}
+        if res.pr and was.get("pr") == res.pr and was.get("culprit") != res.culprit:
+            rec["notes"].append(f"the same PR (#{res.pr}) as the culprit {was['culprit'][:12]} of the regression "
+                                f"found on {was['night']}, before the branch was rewritten: the rewrite "
+                                "carried it over")
         if not res.complete:
             # the most likely commit, not an answer: not posted, exit 157, and the
             # night's bisect resumes when the night is run again
@@ -1607,9 +1638,10 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
                                     "night's until they decide")
             progress(f"nightly {rec['night']}: {rec['verdict'].upper()}: the bisect did not confirm it: "
                      f"{e.message}")
-        elif keep_unfinished:
-            # an earlier night's bisect, finished tonight: what failed is tonight's (a broken
-            # environment), not that night's answer; the next night tries again
+        elif keep_unfinished or e.code == EXIT_NO_SIGNAL:
+            # what failed is tonight's machine (endpoints that no longer build or run), not
+            # the night's answer: the next night tries again. Tonight's own bisect too: "no
+            # culprit could be isolated" was posted, and no later night took it up.
             rec["unfinished_error"] = e.message
             progress(f"nightly {rec['night']}: its bisect failed tonight, left for the next night: {e.message}")
             _save(path, rec)
@@ -1812,7 +1844,9 @@ def summary(rec: dict) -> dict:
     else:
         posted = post.get("url") or True
     out = {"night": rec.get("night"), "branch": rec.get("branch"), "head": rec.get("head"),
-           "regressed": rec.get("verdict") in OPEN_VERDICTS, "verdict": rec.get("verdict"),
+           "verdict": rec.get("verdict"),
+           # a crashed night measured nothing: "false" read as "no longer regressed" under an open one
+           "regressed": None if rec.get("verdict") == "crashed" else rec.get("verdict") in OPEN_VERDICTS,
            "culprit": rec.get("culprit"), "pr": rec.get("pr"), "report": rec.get("report"),
            "posted": posted}
     if rec.get("fixed"):
@@ -1843,14 +1877,15 @@ def summary(rec: dict) -> dict:
 
 def exit_code(rec: dict) -> int:
     """0; EXIT_POST_FAILED when a regression's report could not be posted,
-    and EXIT_NO_SIGNAL when the head printed no value: a cron job must
-    notice that nobody was told, or that nothing was measured."""
+    and EXIT_NO_SIGNAL when the head printed no value or the machine broke
+    in the bisect: a cron job must notice that nobody was told, or that
+    nothing was measured."""
     post = rec.get("post") or {}
     if post.get("error"):
         return EXIT_POST_FAILED
     if rec.get("verdict") == "regressed" and rec.get("complete") is False:
         return EXIT_NOT_SURE
-    if rec.get("verdict") == "crashed":
+    if rec.get("verdict") == "crashed" or rec.get("unfinished_error"):
         return EXIT_NO_SIGNAL
     if rec.get("report_error"):
         return EXIT_USAGE

@@ -11,7 +11,7 @@ from .decide import Model
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_json, redact_text
-from .result import Result, said_once, stands_out
+from .result import Result, said_once, stands_out, top_stands_out
 from .search import POOL_P, PROVISIONAL_POOL_P
 from .workspace import answered as answer_of, shown_session
 
@@ -302,8 +302,7 @@ def format_status(st: dict) -> str:
                      "are weighed above too)")
     top = st["top"][0] if st.get("top") else None
     n = st.get("n_commits") or 1
-    flat = (top is not None and not (st.get("result") or {}).get("complete")
-            and not stands_out(top["mass"], n, len(top["candidates"])))
+    flat = top is not None and not (st.get("result") or {}).get("complete") and not top_stands_out(top, n)
     if top is not None and st.get("no_signal"):
         # a tester's: a range with no regression listed three commits at 0.0196 as "most likely"
         lines.append("No commit stands out: the runs of the good and the bad end do not differ, so there is "

@@ -527,7 +527,13 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     # chances than one far from it: two flaky crashes in a row at the culprit
     # would otherwise widen the answer to a block.
     rate = _flaky_crash_rate(commits)
-    answer_limit = _crashes_for(rate, crash_limit, ANSWER_FALSE_ALARM, cap=ANSWER_MAX_CRASHES)
+    # ... at the rate of the end that crashes more: when only bad commits crash
+    # (a regression that runs out of memory 40% of the time), the rate pooled
+    # over both sides is half the culprit's, and a culprit that crashed six
+    # times in a row was written off as untestable (a tester's 98.7% right).
+    answer_rate = max([rate] + [_flaky_crash_rate(commits[i:i + 1]) for i in (0, n)
+                                if commits[i].values and commits[i].crashes])
+    answer_limit = _crashes_for(answer_rate, crash_limit, ANSWER_FALSE_ALARM, cap=ANSWER_MAX_CRASHES)
     crash_limit = _crashes_for(rate, crash_limit, GIVE_UP_FALSE_ALARM)
     untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)
                            for c in commits], bool)

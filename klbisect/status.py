@@ -13,7 +13,7 @@ from . import repo as gitrepo
 from .buildenv import env_key, restore_env
 from .errors import EXIT_USAGE, KlbisectError
 from .gitbisect import bisect_checkout, gitbisect_result, own_bisect
-from .result import boundary_evidence, current_analysis, probed_commits, stands_out
+from .result import boundary_evidence, current_analysis, probed_commits, top_stands_out
 from .runs import valued_runs
 from .workspace import Workspace, answered, note_stop, shown_session, stop_reason
 
@@ -173,11 +173,9 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
         # the same top-level keys as `run --json`, so one parser reads both
         out.update({k: res.get(k) for k in ("culprit", "pr", "subject", "confidence")},
                    complete=bool(res.get("complete")), candidates=res.get("candidates") or [])
-        top = out.get("top") or []
+        top = (out.get("top") or [None])[0]
         # as status's text reads it: "No commit stands out" names no place (a script's flag for it)
-        out["stands_out"] = out["complete"] or bool(
-            top and not out["no_signal"]
-            and stands_out(top[0]["mass"], out["n_commits"] or 1, len(top[0]["candidates"])))
+        out["stands_out"] = out["complete"] or (not out["no_signal"] and top_stands_out(top, out["n_commits"]))
         return out
     finally:
         ws.close()

@@ -142,6 +142,14 @@ def test_regex_without_a_label_keeps_every_match():
     assert scalar(got) == 0.012
 
 
+def test_regex_anchors_match_at_every_line():
+    """A new user's anchored regex (^ at each label line) read the first of three
+    labels, and the run's min was over that one alone."""
+    text = "[gsm8k] Accuracy: 0.780\n[mmlu] Accuracy: 0.620\n[arc] Accuracy: 0.850\n"
+    rx = r"^\[(?P<label>\w+)\] Accuracy: (?P<value>[0-9.]+)$"
+    assert parse_values(text, rx) == {"gsm8k": 0.78, "mmlu": 0.62, "arc": 0.85}
+
+
 def test_regex_disables_the_default_format():
     assert parse_values("avg_kl_div=0.1\nscore=0.7", r"score=(?P<value>[0-9.]+)") == {DEFAULT_LABEL: 0.7}
 

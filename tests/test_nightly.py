@@ -192,7 +192,7 @@ def test_day_by_day(tmp_path, loopback):
     # recorded, not a regression, and an exit code a cron job sees: nothing was measured
     assert p2.returncode == 154 and "CRASHED" in p2.stderr, p2.stderr
     o2 = json.loads(p2.stdout.strip().splitlines()[-1])
-    assert o2["regressed"] is False and o2["verdict"] == "crashed" and o2["exit_code"] == 154
+    assert o2["regressed"] is None and o2["verdict"] == "crashed" and o2["exit_code"] == 154
     # it crashed, and says how: not "printed no metric value", which reads as a parsing problem
     assert "crashed before printing a metric value" in o2["error"] and "RuntimeError: CUDA error" in o2["error"]
     assert "the log's last lines:" in p2.stderr
@@ -492,6 +492,8 @@ rng = random.Random(os.urandom(16))
 time.sleep(float(os.environ.get("KL_PROBE_SLEEP", "0")))   # long enough to be killed mid-bisect
 if os.environ.get("KL_BROKEN"):
     raise SystemExit("RuntimeError: CUDA error: no CUDA-capable device is detected")   # a broken machine
+if spec["level"] < float(os.environ.get("KL_BROKEN_BELOW", "0")):   # old commits no longer run here
+    raise SystemExit("ImportError: libcudart.so.12: cannot open shared object file")
 if os.environ.get("KL_FIRST_RUN_BROKEN"):       # a counter file: only the first run dies before printing
     c = os.environ["KL_FIRST_RUN_BROKEN"]
     first = not os.path.exists(c)
@@ -1068,6 +1070,61 @@ def test_an_earlier_bisect_a_broken_machine_cannot_finish_is_left_unposted(tmp_p
     [(rec,)] = db(lv.path, "SELECT result FROM sessions WHERE kind='nightly' AND config LIKE '%\"d4\"%'")
     rec = json.loads(rec)
     assert rec["state"] == "bisecting" and "complete" not in rec and rec["culprit"] is None
+
+
+def test_a_bisect_the_machine_breaks_under_is_left_for_the_next_night(tmp_path, loopback):
+    """Tonight's head is regressed, and then the good end crashes every run
+    of the bisect (a new driver the old commits cannot load): the night
+    exited 0 and posted "no culprit could be isolated", and no later night
+    bisected it again (a tester's). It is left, unposted, exit 154, and the
+    next night on a working machine finds the culprit and posts it."""
+    api, reqs = loopback
+    lv, culprit = _regressed_levels(tmp_path)
+    post = ("--post-to", "acme/kvserve#7", "--offline")
+    up = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api}
+    broken = nightly(lv.path, "d4", *post, env={**up, "KL_BROKEN_BELOW": "0.006"})
+    assert broken.returncode == 154 and "left for the next night" in broken.stderr, broken.stderr
+    obj = json.loads(broken.stdout.strip().splitlines()[-1])
+    assert obj["verdict"] == "regressed" and obj["culprit"] is None and obj["exit_code"] == 154
+    assert _comments(reqs) == []
+    lv.commit("Docs d5 (#401)")
+    p5 = nightly(lv.path, "d5", *post, env=up)
+    assert p5.returncode == 0, p5.stderr
+    assert "its bisect failed on its night" in p5.stderr, p5.stderr
+    obj = json.loads(p5.stdout.strip().splitlines()[-1])
+    assert [e["night"] for e in obj["earlier"]] == ["d4"] and obj["earlier"][0]["culprit"] == culprit
+    [body] = _comments(reqs)
+    assert culprit[:12] in body and "nightly d4" in body
+
+
+def test_a_force_push_that_drops_the_culprit_says_so(tmp_path):
+    """A force-push rewrote the newest commits only: the regressed night's
+    head is gone, the good nights' heads are still there. Dropping the
+    culprit made a quiet good night, with no word of the open regression
+    (a tester's); the night says the regression is no longer tracked."""
+    lv, culprit = _regressed_levels(tmp_path)
+    assert tail_json(nightly(lv.path, "d4"))["culprit"] == culprit
+    git(lv.path, "reset", "-q", "--hard", f"{culprit}~1")
+    lv.commit("Tidy module 0 again (#310)")
+    p5 = nightly(lv.path, "d5")
+    assert tail_json(p5)["regressed"] is False
+    assert f"the regression found on d4 ({culprit[:12]} (#200)) is no longer tracked" in p5.stderr, p5.stderr
+    assert "the rewrite may have dropped it" in p5.stderr
+
+
+def test_a_force_push_that_rebases_the_culprit_names_it_as_carried_over(tmp_path):
+    """The same rewrite with the culprit rebased onto it (a new sha, the same
+    PR): bisected again, the night says it is the culprit of before."""
+    lv, culprit = _regressed_levels(tmp_path)
+    assert tail_json(nightly(lv.path, "d4"))["culprit"] == culprit
+    git(lv.path, "reset", "-q", "--hard", f"{culprit}~1")
+    again = lv.commit("Quantize the KV cache (#200)", 0.008)
+    lv.commit("Docs d5 (#401)")
+    p5 = nightly(lv.path, "d5")
+    r5 = tail_json(p5)
+    assert r5["culprit"] == again and r5["pr"] == 200, p5.stderr
+    assert "its culprit is not in tonight's history" in p5.stderr, p5.stderr
+    assert f"the same PR (#200) as the culprit {culprit[:12]}" in p5.stderr
 
 
 def test_two_jobs_of_one_night_post_once_while_github_is_slow(tmp_path):

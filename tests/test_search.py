@@ -587,6 +587,24 @@ def test_a_culprit_crashing_like_every_commit_is_run_again_past_twelve_crashes()
     assert plan(cs, Model.fit(GOODV, BADV), 0.99).done.indices == [20, 21]
 
 
+def test_a_culprit_crashing_like_the_bad_end_is_run_again():
+    """Only bad commits crash (a regression that runs out of memory 40% of
+    the time): pooled over both sides the rate is half the culprit's, and six
+    crashes in a row at the culprit wrote it off into the block [culprit,
+    next]. The bad end's own crashes set how many crashes are luck."""
+    cs = commits_for(40)
+    cs[40].crashes = 4                                       # 6 values, 4 crashes
+    for i in (3, 5, 8, 10, 13, 15, 17, 19):
+        cs[i].values = [0.0044] * 3
+    for i in (21, 25, 30):
+        cs[i].values, cs[i].crashes = [0.011] * 3, 2
+    cs[20].crashes = 6                                       # pooled over both sides: 1 run in 5 crashes
+    pl = plan(cs, Model.fit(GOODV, BADV), 0.99)
+    assert pl.done is None and pl.next == [20]
+    cs[20].crashes = 12                                      # 0.4 ** 12: not luck
+    assert plan(cs, Model.fit(GOODV, BADV), 0.99).done.indices == [20, 21]
+
+
 def fenced_posterior(values, fence):
     return _parts_posterior(integrated_parts(values, fence))
 
