@@ -80,6 +80,7 @@ GOOD_VERDICTS = ("good", "baseline")
 OPEN_VERDICTS = ("regressed", "known")
 TREND_NIGHTS = 4   # times --baseline-nights: the good nights nightly.judge_trend looks back over
 POST_RETRY_NIGHTS = 14   # how far back a failed post is tried again, in nightly sessions
+BISECT_TRIES = 3         # nights a bisect that fails on the machine (154) is tried before it is posted as failed
 OPEN_RUNS = 6   # fresh runs of an open regression's head to judge later nights against (a bisect's endpoint)
 
 
@@ -655,13 +656,15 @@ def _untracked(ws, head: str, last: dict) -> str:
     return f"the regression found on {since} ({named}) is no longer tracked: {gone}"
 
 
-def _rewritten_open(ws, probe_key: str, head: str, sid: int | None = None) -> dict | None:
-    """The last judged night (suspect ones aside) when it left a regression
-    open on a head that is not in tonight's history while older nights'
-    heads are (a force-push that rewrote only the newest commits): the
-    night was skipped as if it had never been, so a dropped culprit read as
-    a quiet good night and a rebased one as a new regression (a tester's)."""
-    nights = [r for r in _judged_nights(ws, probe_key, sid) if r["verdict"] != "suspect"]
+def _rewritten_open(ws, probe_key: str, head: str, branch: str, sid: int | None = None) -> dict | None:
+    """The last judged night of ``branch`` (suspect ones aside) when it left
+    a regression open on a head that is not in tonight's history (a
+    force-push that rewrote only the newest commits; called when older
+    nights' heads are there and no open regression is): the night was
+    skipped as if it had never been, so a dropped culprit read as a quiet
+    good night and a rebased one as a new regression (a tester's)."""
+    nights = [r for r in _judged_nights(ws, probe_key, sid)
+              if r["verdict"] != "suspect" and r.get("branch", branch) == branch]
     last = nights[-1] if nights else None
     if last is None or last["verdict"] not in OPEN_VERDICTS or last["head"] == head \
             or gitrepo.is_ancestor(ws.repo, last["head"], head):
@@ -720,10 +723,18 @@ def _unfinished_nights(ws, probe_key: str, head: str, night: str, target) -> lis
             and "complete" not in found:
         out[found["session"]] = (found, "its bisect failed on its night" if found.get("unfinished_error")
                                  else "its bisect was interrupted")
+    recent = _nightly_sessions(st, probe_key)[-POST_RETRY_NIGHTS:]
+    # a regression a later night found fixed is old news: the fix's post names it
+    fixed = {(s.result or {}).get("fixed", {}).get("known_since") for s in recent}
+    for s in recent:
+        # a bisect the machine failed, of a regression a later one (worse again) took the
+        # open place of: it was left for good, never posted (a reviewer's)
+        r = s.result or {}
+        if s.id != sid and s.id not in out and r.get("verdict") == "regressed" and r.get("state") == "bisecting" \
+                and r.get("unfinished_error") and "complete" not in r and r["night"] not in fixed \
+                and gitrepo.is_ancestor(ws.repo, r["head"], head):
+            out[s.id] = (r, "its bisect failed on its night")
     if target is not None:
-        recent = _nightly_sessions(st, probe_key)[-POST_RETRY_NIGHTS:]
-        # a regression a later night found fixed is old news: the fix's post names it
-        fixed = {(s.result or {}).get("fixed", {}).get("known_since") for s in recent}
         for s in recent:
             r = s.result or {}
             if s.id == sid or s.id in out or not r.get("post_to") or not _to_post(r) \
@@ -1164,7 +1175,7 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
                             + series_text(others))
     apart = (_apart_from(ws, probe_key, head, sid) if j.verdict == "baseline" and not baseline_shas and not same
              else None)
-    rewritten = None if apart else _rewritten_open(ws, probe_key, head, sid)
+    rewritten = None if apart or openr is not None else _rewritten_open(ws, probe_key, head, opts.branch, sid)
     if apart or rewritten:
         note = (_apart_note(ws, head, *apart) if apart else
                 f"night {rewritten.get('night', '')}'s head {rewritten['head'][:12]} is not in {head[:12]}'s "
@@ -1638,16 +1649,21 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
                                     "night's until they decide")
             progress(f"nightly {rec['night']}: {rec['verdict'].upper()}: the bisect did not confirm it: "
                      f"{e.message}")
-        elif keep_unfinished or e.code == EXIT_NO_SIGNAL:
+        elif (keep_unfinished or e.code == EXIT_NO_SIGNAL) and rec.get("bisect_failures", 0) + 1 < BISECT_TRIES:
             # what failed is tonight's machine (endpoints that no longer build or run), not
             # the night's answer: the next night tries again. Tonight's own bisect too: "no
-            # culprit could be isolated" was posted, and no later night took it up.
+            # culprit could be isolated" was posted, and no later night took it up. Not for
+            # good: old commits a new driver cannot load fail every night, and the issue must
+            # hear of the regression.
+            rec["bisect_failures"] = rec.get("bisect_failures", 0) + 1
             rec["unfinished_error"] = e.message
-            progress(f"nightly {rec['night']}: its bisect failed tonight, left for the next night: {e.message}")
+            progress(f"nightly {rec['night']}: its bisect failed tonight, left for the next night "
+                     f"({rec['bisect_failures']} of {BISECT_TRIES} tries): {e.message}")
             _save(path, rec)
             return rec
         else:
-            rec["notes"].append(f"bisect failed: {e.message}")
+            tries = rec.get("bisect_failures", 0) + 1
+            rec["notes"].append(f"bisect failed{f' on {tries} nights' if tries > 1 else ''}: {e.message}")
             progress(f"nightly {rec['night']}: bisect failed: {e.message}")
             rec["report"] = _write_failed_report(path, opts, rec)
     rec["state"] = "bisecting" if rec.get("complete") is False else "done"
@@ -1834,7 +1850,8 @@ def summary(rec: dict) -> dict:
     "culprit", "pr", "report", "posted", "exit_code"}; ``posted`` is the
     comment's URL, false when posting failed (or was a dry run), null when
     nothing was to be posted. ``regressed`` is true while a regression is
-    open ("regressed": found tonight; "known": found on an earlier night);
+    open ("regressed": found tonight; "known": found on an earlier night),
+    null on a crashed night (nothing measured);
     ``exit_code`` is the command's, with ``error`` when it is not 0."""
     post = rec.get("post")
     if post is None:
@@ -1883,10 +1900,10 @@ def exit_code(rec: dict) -> int:
     post = rec.get("post") or {}
     if post.get("error"):
         return EXIT_POST_FAILED
-    if rec.get("verdict") == "regressed" and rec.get("complete") is False:
-        return EXIT_NOT_SURE
     if rec.get("verdict") == "crashed" or rec.get("unfinished_error"):
         return EXIT_NO_SIGNAL
+    if rec.get("verdict") == "regressed" and rec.get("complete") is False:
+        return EXIT_NOT_SURE
     if rec.get("report_error"):
         return EXIT_USAGE
     # tonight went well, an earlier night finished tonight did not: the cron job must see that too

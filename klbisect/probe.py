@@ -145,6 +145,10 @@ class CommandProbe:
             extra["python"] = self.python
         # the shell ignores whitespace around the command, so neither does its identity (a
         # tester's cron line with a trailing space started the nightly baseline afresh)
+        if self.metric_regex and ("^" in self.metric_regex or "$" in self.metric_regex):
+            # anchors match at every line since 2026-12-07 (metric.REGEX_FLAGS): runs an
+            # anchored regex read before, from the whole text, were read otherwise
+            extra["regex_flags"] = "m"
         return config_key("cmd", cmd=self.cmd.strip(), regex=self.metric_regex, **extra)
 
     def describe(self) -> str:

@@ -531,8 +531,10 @@ def plan(commits: Sequence[CommitRuns], model, confidence: float = 0.99, k: int 
     # (a regression that runs out of memory 40% of the time), the rate pooled
     # over both sides is half the culprit's, and a culprit that crashed six
     # times in a row was written off as untestable (a tester's 98.7% right).
-    answer_rate = max([rate] + [_flaky_crash_rate(commits[i:i + 1]) for i in (0, n)
-                                if commits[i].values and commits[i].crashes])
+    # Not on one crash: smoothed over a few runs, it doubled the runs spent on
+    # a commit that never works (a reviewer's).
+    answer_rate = max([rate] + [c.crashes / (c.crashes + len(c.values)) for c in (commits[0], commits[n])
+                                if c.values and c.crashes >= 2])
     answer_limit = _crashes_for(answer_rate, crash_limit, ANSWER_FALSE_ALARM, cap=ANSWER_MAX_CRASHES)
     crash_limit = _crashes_for(rate, crash_limit, GIVE_UP_FALSE_ALARM)
     untestable = np.array([c.build_failed or (not c.values and c.crashes >= crash_limit)

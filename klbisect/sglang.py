@@ -43,7 +43,7 @@ import requests
 from . import proc
 from .build import DEFAULT_BUILD_TIMEOUT, BuildResult, matches_any
 from .errors import EXIT_USAGE, KlbisectError, shown
-from .metric import JSON_PREFIX, fmt_count
+from .metric import JSON_PREFIX, REGEX_FLAGS, fmt_count
 from .probe import DEFAULT_TIMEOUT, RunResult, Slot, config_key
 from .runs import STATUS_CRASH, STATUS_NOSERVER, STATUS_OK, STATUS_TIMEOUT
 from .proc import child_environ, kill_tree, log_tail, run_logged
@@ -1398,7 +1398,7 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
         shown = shlex.quote(metric_regex)
         m = None
         with contextlib.suppress(re.error):
-            m = re.search(metric_regex, log)
+            m = re.search(metric_regex, log, REGEX_FLAGS)
         if m is not None:
             raw = m.groupdict().get("value") if "value" in m.re.groupindex else (m.group(1) if m.re.groups else m[0])
             return (f"--metric-regex {shown} matched {m[0][:80]!r}, but its value {raw!r} is not a number: "

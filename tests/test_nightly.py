@@ -1127,6 +1127,69 @@ def test_a_force_push_that_rebases_the_culprit_names_it_as_carried_over(tmp_path
     assert f"the same PR (#200) as the culprit {culprit[:12]}" in p5.stderr
 
 
+def test_a_bisect_the_machine_fails_every_night_is_posted_as_failed_at_last(tmp_path, loopback):
+    """The old commits stay unloadable (the new driver is there for good):
+    a bisect left for the next night was tried every night after, 154 each,
+    and the issue never heard of the regression (a reviewer's). After
+    BISECT_TRIES nights it is posted as a regression whose bisect failed."""
+    from klbisect.nightly import BISECT_TRIES
+    api, reqs = loopback
+    lv, culprit = _regressed_levels(tmp_path)
+    post = ("--post-to", "acme/kvserve#7", "--offline")
+    env = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api, "KL_BROKEN_BELOW": "0.006"}
+    for k, night in enumerate(["d4", "d5", "d6"][:BISECT_TRIES]):
+        if k:
+            lv.commit(f"Docs {night} (#4{k}0)")
+        p = nightly(lv.path, night, *post, env=env)
+        if k < BISECT_TRIES - 1:
+            assert p.returncode == 154 and _comments(reqs) == [], p.stderr
+    [body] = _comments(reqs)
+    assert "nightly d4" in body and f"bisect failed on {BISECT_TRIES} nights" in body, body
+
+
+def test_a_failed_bisect_is_taken_up_after_a_worse_regression(tmp_path, loopback):
+    """d4's bisect failed on a broken machine, and d5, still on it, found the
+    branch worse again (a bisect from d4's head, which still runs): d5's
+    regression took the open place, and d4's was never bisected nor posted
+    once the machine worked (a reviewer's)."""
+    api, reqs = loopback
+    lv, culprit = _regressed_levels(tmp_path)
+    post = ("--post-to", "acme/kvserve#7", "--offline")
+    up = {"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api}
+    broken = {**up, "KL_BROKEN_BELOW": "0.006"}
+    assert nightly(lv.path, "d4", *post, env=broken).returncode == 154
+    worse = lv.commit("Quantize the MoE weights (#600)", 0.016)
+    lv.commit("Docs (#601)")
+    assert nightly(lv.path, "d5", *post, env=broken).returncode == 154
+    [body5] = _comments(reqs)
+    assert worse[:12] in body5 and "nightly d5" in body5
+    lv.commit("Docs (#602)")
+    p6 = nightly(lv.path, "d6", *post, env=up)
+    assert p6.returncode == 0, p6.stderr
+    assert "its bisect failed on its night: finishing it first" in p6.stderr
+    assert any(culprit[:12] in b and "nightly d4" in b for b in _comments(reqs)[1:]), _comments(reqs)
+
+
+def test_no_rewrite_is_said_of_a_regression_still_open_or_of_another_branch(tmp_path):
+    """The force-push note fired where nothing of the open regression was
+    lost: a rewrite of a later known night's commits only, and a night of
+    another --branch with the same probe (a reviewer's)."""
+    lv, culprit = _regressed_levels(tmp_path)
+    assert tail_json(nightly(lv.path, "d4"))["culprit"] == culprit
+    h4 = git(lv.path, "rev-parse", "HEAD").strip()
+    git(lv.path, "branch", "exp", f"{culprit}~1")
+    lv.commit("Docs d5 (#401)")
+    assert tail_json(nightly(lv.path, "d5"))["regressed"] is True
+    git(lv.path, "reset", "-q", "--hard", h4)            # d5's newest commit force-pushed away
+    lv.commit("Docs d6 (#402)")
+    p6 = nightly(lv.path, "d6")
+    assert tail_json(p6)["regressed"] is True and "rewritten" not in p6.stderr, p6.stderr
+    git(lv.path, "checkout", "-q", "exp")
+    lv.commit("Docs e1 (#403)")
+    pe = nightly(lv.path, "e1", "--branch", "exp")
+    assert "rewritten" not in pe.stderr, pe.stderr
+
+
 def test_two_jobs_of_one_night_post_once_while_github_is_slow(tmp_path):
     """The second job started while the first one's POST was in flight: both
     saw "not posted yet" and the issue got the comment twice. Posting holds
