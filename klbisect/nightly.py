@@ -651,7 +651,8 @@ def _untracked(ws, head: str, last: dict) -> str:
     if not culprit:
         return f"the regression found on {since} is no longer tracked"
     named = f"{culprit[:12]}" + (f" (#{last['pr']})" if last.get("pr") else "")
-    gone = ("its culprit is not in tonight's history, so the rewrite may have dropped it (not posted as fixed)"
+    gone = ("its culprit is not in tonight's history: the rewrite dropped it or rebased it (a regression found "
+            "tonight whose bisect names the same PR is it; not posted as fixed)"
             if not gitrepo.is_ancestor(ws.repo, culprit, head) else "its culprit is in tonight's history")
     return f"the regression found on {since} ({named}) is no longer tracked: {gone}"
 
@@ -1200,7 +1201,8 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
         src = found if found is not None and found.get("bisect_session") else openr
         known = {"culprit": src.get("culprit"), "pr": src.get("pr"), "report": src.get("report"),
                  "bisect_session": src.get("bisect_session"),
-                 "known_since": openr.get("known_since") or openr["night"]}
+                 "known_since": openr.get("known_since") or openr["night"],
+                 "unfinished": bool(src.get("unfinished_error")) and "complete" not in src}
         unsure = found is not None and found.get("complete") is False
     if j.worse_again:
         # from the head the comparison was made against (the night that found the open
@@ -1595,10 +1597,14 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
         rec.update(culprit=res.culprit, pr=res.pr, bisect_session=res.session,
                    candidates=res.candidates, confidence=res.confidence, complete=res.complete)
         was = rec.get("rewritten_open") or {}
-        if res.pr and was.get("pr") == res.pr and was.get("culprit") != res.culprit:
-            rec["notes"].append(f"the same PR (#{res.pr}) as the culprit {was['culprit'][:12]} of the regression "
-                                f"found on {was['night']}, before the branch was rewritten: the rewrite "
-                                "carried it over")
+        if res.complete and res.culprit and (res.culprit == was.get("culprit") or res.pr and was.get("pr") == res.pr):
+            # a force-push of the commits after the culprit (or of the culprit itself) made the
+            # open regression look new: posted twice (a tester's)
+            same = ("the culprit" if res.culprit == was["culprit"] else
+                    f"the same PR (#{res.pr}) as the culprit {was['culprit'][:12]}")
+            rec["notes"].append(f"{same} of the regression found on {was['night']}, before the branch was "
+                                "rewritten: the rewrite carried it over; known, not posted again")
+            rec.update(verdict="known", known_since=was["night"])
         if not res.complete:
             # the most likely commit, not an answer: not posted, exit 157, and the
             # night's bisect resumes when the night is run again
@@ -1649,13 +1655,15 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
                                     "night's until they decide")
             progress(f"nightly {rec['night']}: {rec['verdict'].upper()}: the bisect did not confirm it: "
                      f"{e.message}")
-        elif (keep_unfinished or e.code == EXIT_NO_SIGNAL) and rec.get("bisect_failures", 0) + 1 < BISECT_TRIES:
+        elif (keep_unfinished or e.code == EXIT_NO_SIGNAL) and (
+                opts.dry_run or rec.get("bisect_failures", 0) + 1 < BISECT_TRIES):
             # what failed is tonight's machine (endpoints that no longer build or run), not
             # the night's answer: the next night tries again. Tonight's own bisect too: "no
             # culprit could be isolated" was posted, and no later night took it up. Not for
             # good: old commits a new driver cannot load fail every night, and the issue must
             # hear of the regression.
-            rec["bisect_failures"] = rec.get("bisect_failures", 0) + 1
+            # (a --dry-run night's try is not counted: it would give up where nothing is posted)
+            rec["bisect_failures"] = rec.get("bisect_failures", 0) + (not opts.dry_run)
             rec["unfinished_error"] = e.message
             progress(f"nightly {rec['night']}: its bisect failed tonight, left for the next night "
                      f"({rec['bisect_failures']} of {BISECT_TRIES} tries): {e.message}")
@@ -1747,7 +1755,8 @@ def fixed_body(rec: dict) -> str:
     """What nightly posts the night the open regression is shown fixed."""
     fx = rec["fixed"]
     what = (f"culprit `{fx['culprit'][:12]}`" + (f" (#{fx['pr']})" if fx.get("pr") else "")
-            if fx.get("culprit") else "no single culprit")
+            if fx.get("culprit") else "its bisect failed on a broken machine, no culprit named"
+            if fx.get("unfinished") else "no single culprit")
     return redact(f"**klbisect nightly {rec['night']}**: `{rec['branch']}` at `{rec['head'][:12]}` "
                   f"{fmt_subject(rec.get('subject') or '')}: the regression found on {fx['known_since']} "
                   f"({what}) is fixed.\n\n> {rec['reason']}\n")

@@ -522,6 +522,13 @@ class _Search:
                              f"{', ...' if len(old) > 3 else ''}): building {'it' if len(old) == 1 else 'them'} "
                              "once more, as the search needs")
                     continue
+            if pl.done and not ex.in_flight() and len(pl.done.indices) > 1 and self.streak \
+                    and {shas[i] for i in pl.done.indices[:-1]} <= set(self.streak):
+                # a block of commits that all failed in this command's last runs: untestable, or
+                # a machine that broke in a range too small for CANARY_STREAK (a tester's five
+                # "untestable: build failed", the good nights' head among them, were posted)
+                self.canary(good)
+                continue
             if pl.done and not ex.in_flight():
                 recheck = (reused_boundary(ws, sid, probe_key, shas, pl.done, pl.model, cfg.timeout,
                                            cfg.command_after_run)

@@ -24,6 +24,26 @@ from klbisect.simulate import simulate_bisect
 from bench_bisect import capacity_of   # scripts/ is on the path when run as a script
 
 
+def tally(trials) -> tuple[float, int, int, float, float, list]:
+    """Of (trial, culprit, block named or None, runs, why) tuples: accuracy
+    in %, wrong answers, give-ups, mean and 95th-percentile runs, and the
+    misses (the shape scripts' one summary)."""
+    trials = list(trials)
+    runs = np.array([x[3] for x in trials], float)
+    misses = [x for x in trials if x[2] != [x[1]]]
+    return (100 * (1 - len(misses) / len(trials)), sum(1 for x in misses if x[2] is not None),
+            sum(1 for x in misses if x[2] is None), runs.mean(), np.percentile(runs, 95), misses)
+
+
+def print_tally(label: str, n: int, trials, desc: str = "") -> None:
+    """One row of a shape script's table (``tally``'s numbers), then its misses."""
+    trials = list(trials)
+    acc, wrong, gave, mean, p95, misses = tally(trials)
+    print(f"{label:25} {n:>5} {len(trials):>6} {acc:6.1f}% {wrong:>5} {gave:>6} {mean:7.1f} {p95:5.0f}   {desc}")
+    for t, c, block, runs, why in misses:
+        print(f"    miss {label} trial {t}: culprit {c} -> {block} {why} ({runs} runs)")
+
+
 def sig(x, d):
     return float(f"{x:.{d}g}")
 

@@ -23,6 +23,8 @@ import numpy as np
 from klbisect.simulate import simulate_bisect
 from klbisect.metric import NONFINITE
 
+from heldout_models import print_tally   # scripts/ is on the path when run as a script
+
 
 def ln(r, med, s):
     return med * math.exp(s * r.standard_normal())
@@ -140,18 +142,9 @@ def main():
             res.append(x)
             print(f"TRIAL {x[0]} t={x[1]} culprit={x[2]} named={x[3]} runs={x[4]} {x[5]}", flush=True)
     print(f"command: python scripts/newuser_shapes.py {' '.join(sys.argv[1:])}  ({time.time() - t0:.0f} s wall)")
-    print(f"{'shape':14} {'N':>6} {'trials':>6} {'acc':>7} {'wrong':>5} {'gaveup':>6} {'mean':>7} {'p95':>5}")
+    print(f"{'shape':25} {'N':>5} {'trials':>6} {'acc':>7} {'wrong':>5} {'gaveup':>6} {'mean':>7} {'p95':>5}")
     for m in names:
-        r = [x for x in res if x[0] == m]
-        ok = [x[3] == [x[2]] for x in r]
-        runs = np.array([x[4] for x in r], float)
-        wrong = sum(1 for x in r if x[3] is not None and x[3] != [x[2]])
-        gave = sum(1 for x in r if x[3] is None)
-        print(f"{m:14} {a.commits:>6} {len(r):>6} {100 * np.mean(ok):6.1f}% {wrong:>5} {gave:>6} "
-              f"{runs.mean():7.1f} {np.percentile(runs, 95):5.0f}   {SHAPES[m][0]}")
-        for x in r:
-            if x[3] != [x[2]]:
-                print(f"    miss {m} trial {x[1]}: culprit {x[2]} -> {x[3]} {x[5]} ({x[4]} runs)")
+        print_tally(m, a.commits, [x[1:6] for x in res if x[0] == m], SHAPES[m][0])
     if a.dump:
         import pickle
         pickle.dump([x for x in res if x[6] is not None], open(a.dump, "wb"))

@@ -22,7 +22,7 @@ import numpy as np
 from klbisect.simulate import simulate_bisect
 from klbisect.search import Posterior, decided
 
-from heldout_models import Model   # scripts/ is on the path when run as a script
+from heldout_models import Model, print_tally   # scripts/ is on the path when run as a script
 
 
 class M(Model):
@@ -308,19 +308,10 @@ def main():
     with ProcessPoolExecutor(a.jobs) as ex:
         res = list(ex.map(one, jobs, chunksize=1))
     print(f"command: python scripts/sglang_shapes.py {' '.join(sys.argv[1:])}  ({time.time() - t0:.0f} s wall)")
-    print(f"{'model':16} {'strat':8} {'N':>5} {'trials':>6} {'acc':>7} {'wrong':>5} {'gaveup':>6} {'mean':>7} {'p95':>5}")
+    print(f"{'model/strategy':25} {'N':>5} {'trials':>6} {'acc':>7} {'wrong':>5} {'gaveup':>6} {'mean':>7} {'p95':>5}")
     for m in names:
         for s in a.strategies.split(","):
-            r = [x for x in res if x[0] == m and x[1] == s]
-            ok = [x[4] == [x[3]] for x in r]
-            runs = np.array([x[5] for x in r], float)
-            wrong = sum(1 for x in r if x[4] is not None and x[4] != [x[3]])
-            gave = sum(1 for x in r if x[4] is None)
-            print(f"{m:16} {s:8} {a.commits:>5} {len(r):>6} {100 * np.mean(ok):6.1f}% {wrong:>5} {gave:>6} "
-                  f"{runs.mean():7.1f} {np.percentile(runs, 95):5.0f}")
-            for x in r:
-                if x[4] != [x[3]]:
-                    print(f"    miss {m}/{s} trial {x[2]}: culprit {x[3]} -> {x[4]} {x[6]} ({x[5]} runs)")
+            print_tally(f"{m}/{s}", a.commits, [x[2:7] for x in res if x[0] == m and x[1] == s])
     if a.dump:
         import pickle
         pickle.dump([x for x in res if x[7] is not None], open(a.dump, "wb"))

@@ -569,17 +569,23 @@ sys.exit(p.returncode)
 """
 
 
+def breaking_run(history, tmp_path, n_commits: int, broken_after: int):
+    """A history and `run` arguments whose probe crashes from its
+    ``broken_after``-th run for as long as the returned file exists."""
+    h = history(n_commits=n_commits, seed=14, noise=SEPARATED)
+    wrapper, broken = tmp_path / "breaks.py", tmp_path / "gpu-lost"
+    wrapper.write_text(BREAKS_PROBE)
+    broken.touch()
+    return h, ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd",
+               f"{PY} {wrapper} {tmp_path / 'n'} {broken_after} {broken}", "--json"), broken
+
+
 def test_an_environment_that_breaks_mid_search_stops_it_and_a_rerun_resumes(history, tmp_path):
     """Once the endpoints are learned every run crashes (a lost GPU): after a
     few crashes in a row at several commits, one run of the good endpoint
     crashes too, and the search stops (154) instead of calling commit after
     commit untestable. Fixed, the same command resumes and names the culprit."""
-    h = history(n_commits=200, seed=14, noise=SEPARATED)
-    wrapper, broken = tmp_path / "breaks.py", tmp_path / "gpu-lost"
-    wrapper.write_text(BREAKS_PROBE)
-    broken.touch()
-    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd",
-            f"{PY} {wrapper} {tmp_path / 'n'} 14 {broken}", "--json")
+    h, args, broken = breaking_run(history, tmp_path, n_commits=200, broken_after=14)
     p = klb(*args, cwd=h.path)
     line = error_line(p, 154)
     assert "environment broke" in line and h.good[:12] in line
@@ -589,6 +595,17 @@ def test_an_environment_that_breaks_mid_search_stops_it_and_a_rerun_resumes(hist
     again = klb(*args, cwd=h.path)
     assert again.returncode == 0, again.stderr
     assert json_tail(again.stdout)["culprit"] == h.culprit
+
+
+def test_an_environment_that_breaks_in_a_small_range_is_not_a_block_of_untestable_commits(history, tmp_path):
+    """Two commits inside the range: once the endpoints are learned every run
+    crashes, too few crashes for the canary's streak, and the answer was the
+    whole range as "untestable" (a tester's nightly posted five). A block of
+    commits that all failed in this command's last runs checks the good end
+    first."""
+    h, args, _ = breaking_run(history, tmp_path, n_commits=3, broken_after=12)
+    line = error_line(klb(*args, cwd=h.path), 154)
+    assert "environment broke" in line and h.good[:12] in line, line
 
 
 def test_a_culprit_on_a_merged_branch_gets_its_merges_pr(tmp_path):

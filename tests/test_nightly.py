@@ -1109,22 +1109,32 @@ def test_a_force_push_that_drops_the_culprit_says_so(tmp_path):
     p5 = nightly(lv.path, "d5")
     assert tail_json(p5)["regressed"] is False
     assert f"the regression found on d4 ({culprit[:12]} (#200)) is no longer tracked" in p5.stderr, p5.stderr
-    assert "the rewrite may have dropped it" in p5.stderr
+    assert "the rewrite dropped it or rebased it" in p5.stderr
 
 
 def test_a_force_push_that_rebases_the_culprit_names_it_as_carried_over(tmp_path):
     """The same rewrite with the culprit rebased onto it (a new sha, the same
-    PR): bisected again, the night says it is the culprit of before."""
+    PR): bisected again, the night says it is the culprit of before, a
+    known regression (it was posted again as new). A rewrite of the commits
+    after the culprit only: the same."""
     lv, culprit = _regressed_levels(tmp_path)
     assert tail_json(nightly(lv.path, "d4"))["culprit"] == culprit
+    d4 = git(lv.path, "rev-parse", "HEAD").strip()
     git(lv.path, "reset", "-q", "--hard", f"{culprit}~1")
     again = lv.commit("Quantize the KV cache (#200)", 0.008)
     lv.commit("Docs d5 (#401)")
     p5 = nightly(lv.path, "d5")
     r5 = tail_json(p5)
-    assert r5["culprit"] == again and r5["pr"] == 200, p5.stderr
+    assert r5["culprit"] == again and r5["pr"] == 200 and r5["regressed"] is True, p5.stderr
     assert "its culprit is not in tonight's history" in p5.stderr, p5.stderr
     assert f"the same PR (#200) as the culprit {culprit[:12]}" in p5.stderr
+    assert "known, not posted again" in p5.stderr
+    assert json.loads(p5.stdout.strip().splitlines()[-1])["verdict"] == "known"
+    git(lv.path, "reset", "-q", "--hard", f"{d4}~2")          # the culprit kept, the two commits above d4 rewritten
+    lv.commit("Tidy module 2 again, reworded (#312)")
+    p6 = nightly(lv.path, "d6")
+    o6 = json.loads(p6.stdout.strip().splitlines()[-1])
+    assert o6["verdict"] == "known" and o6["culprit"] == culprit, p6.stderr
 
 
 def test_a_bisect_the_machine_fails_every_night_is_posted_as_failed_at_last(tmp_path, loopback):
