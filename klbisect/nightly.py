@@ -643,6 +643,16 @@ def _apart_note(ws, head: str, n: int, night: str, last: dict) -> str:
     return f"{note}; {_untracked(ws, head, last)}"
 
 
+def _same_line(a: str, b: str) -> bool:
+    """Whether two nights' --branch name one line of history: the same
+    name, or both a commit's sha (a CI job that passes the sha it checked
+    out: every night's differs; a tester's same culprit was posted twice)."""
+    return a == b or bool(_SHA.fullmatch(a) and _SHA.fullmatch(b))
+
+
+_SHA = re.compile(r"[0-9a-f]{7,40}")
+
+
 def _untracked(ws, head: str, last: dict) -> str:
     """What becomes of the regression ``last`` left open when its head is
     not in tonight's history."""
@@ -665,7 +675,7 @@ def _rewritten_open(ws, probe_key: str, head: str, branch: str, sid: int | None 
     skipped as if it had never been, so a dropped culprit read as a quiet
     good night and a rebased one as a new regression (a tester's)."""
     nights = [r for r in _judged_nights(ws, probe_key, sid)
-              if r["verdict"] != "suspect" and r.get("branch", branch) == branch]
+              if r["verdict"] != "suspect" and _same_line(r.get("branch", branch), branch)]
     last = nights[-1] if nights else None
     if last is None or last["verdict"] not in OPEN_VERDICTS or last["head"] == head \
             or gitrepo.is_ancestor(ws.repo, last["head"], head):
@@ -1202,7 +1212,9 @@ def _night_record(ws, cfg, opts, night, head, subj, sid, sides: _Sides, probe, p
         known = {"culprit": src.get("culprit"), "pr": src.get("pr"), "report": src.get("report"),
                  "bisect_session": src.get("bisect_session"),
                  "known_since": openr.get("known_since") or openr["night"],
-                 "unfinished": bool(src.get("unfinished_error")) and "complete" not in src}
+                 # the night that found it: its bisect failed, or waits for a machine that works
+                 "unfinished": found is not None and "complete" not in found
+                 and bool(found.get("unfinished_error") or found.get("bisect_failed"))}
         unsure = found is not None and found.get("complete") is False
     if j.worse_again:
         # from the head the comparison was made against (the night that found the open
@@ -1665,13 +1677,16 @@ def _bisect_and_report(path, cfg, opts: NightlyOptions, rec: dict, progress: Pro
             # (a --dry-run night's try is not counted: it would give up where nothing is posted)
             rec["bisect_failures"] = rec.get("bisect_failures", 0) + (not opts.dry_run)
             rec["unfinished_error"] = e.message
-            progress(f"nightly {rec['night']}: its bisect failed tonight, left for the next night "
-                     f"({rec['bisect_failures']} of {BISECT_TRIES} tries): {e.message}")
+            tries = (f"{rec['bisect_failures']} of {BISECT_TRIES} tries" if not opts.dry_run else
+                     f"a --dry-run try, not counted: {rec['bisect_failures']} of {BISECT_TRIES} so far")
+            progress(f"nightly {rec['night']}: its bisect failed tonight, left for the next night ({tries}): "
+                     f"{e.message}")
             _save(path, rec)
             return rec
         else:
             tries = rec.get("bisect_failures", 0) + 1
             rec["notes"].append(f"bisect failed{f' on {tries} nights' if tries > 1 else ''}: {e.message}")
+            rec["bisect_failed"] = True     # for the fix's post: no culprit, and why
             progress(f"nightly {rec['night']}: bisect failed: {e.message}")
             rec["report"] = _write_failed_report(path, opts, rec)
     rec["state"] = "bisecting" if rec.get("complete") is False else "done"
@@ -1755,7 +1770,7 @@ def fixed_body(rec: dict) -> str:
     """What nightly posts the night the open regression is shown fixed."""
     fx = rec["fixed"]
     what = (f"culprit `{fx['culprit'][:12]}`" + (f" (#{fx['pr']})" if fx.get("pr") else "")
-            if fx.get("culprit") else "its bisect failed on a broken machine, no culprit named"
+            if fx.get("culprit") else "its bisect failed, no culprit named"
             if fx.get("unfinished") else "no single culprit")
     return redact(f"**klbisect nightly {rec['night']}**: `{rec['branch']}` at `{rec['head'][:12]}` "
                   f"{fmt_subject(rec.get('subject') or '')}: the regression found on {fx['known_since']} "

@@ -458,7 +458,7 @@ class _Search:
         will crash. One run of the good endpoint, which printed values, tells
         them apart before the search spends its budget on crashes."""
         n = len(self.streak)
-        self.progress(f"the last {n} runs crashed (or builds failed) at {len(set(self.streak))} commits: running "
+        self.progress(f"the last {n} runs crashed (or builds failed) at {fmt_count(len(set(self.streak)), 'commit')}: running "
                       f"the good endpoint {sha[:12]} once to check the environment")
         self.execute([sha])
         last = self.ws.store.runs(self.probe_key, [sha])[-1:]
@@ -523,7 +523,8 @@ class _Search:
                              "once more, as the search needs")
                     continue
             if pl.done and not ex.in_flight() and len(pl.done.indices) > 1 and self.streak \
-                    and {shas[i] for i in pl.done.indices[:-1]} <= set(self.streak):
+                    and {shas[i] for i in pl.done.indices[:-1]} <= set(self.streak) \
+                    and cfg.runs_left(len(st.session_runs(sid))) > 0:
                 # a block of commits that all failed in this command's last runs: untestable, or
                 # a machine that broke in a range too small for CANARY_STREAK (a tester's five
                 # "untestable: build failed", the good nights' head among them, were posted)

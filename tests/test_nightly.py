@@ -1155,6 +1155,18 @@ def test_a_bisect_the_machine_fails_every_night_is_posted_as_failed_at_last(tmp_
             assert p.returncode == 154 and _comments(reqs) == [], p.stderr
     [body] = _comments(reqs)
     assert "nightly d4" in body and f"bisect failed on {BISECT_TRIES} nights" in body, body
+    lv.commit("Revert \"Quantize the KV cache (#200)\" (#500)", 0.004)
+    fixed = nightly(lv.path, "d9", *post, env={k: v for k, v in env.items() if k != "KL_BROKEN_BELOW"})
+    assert json.loads(fixed.stdout.strip().splitlines()[-1])["verdict"] == "good", fixed.stderr
+    # not "(no single culprit)": no bisect of it ever finished
+    assert "(its bisect failed, no culprit named) is fixed" in _comments(reqs)[-1], _comments(reqs)
+
+
+def test_nights_of_a_sha_given_as_branch_are_one_line():
+    from klbisect.nightly import _same_line
+    assert _same_line("main", "main") and not _same_line("main", "exp")
+    assert _same_line("3f2c1ab", "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d")
+    assert not _same_line("main", "3f2c1ab")
 
 
 def test_a_failed_bisect_is_taken_up_after_a_worse_regression(tmp_path, loopback):
