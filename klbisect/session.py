@@ -458,8 +458,9 @@ class _Search:
         will crash. One run of the good endpoint, which printed values, tells
         them apart before the search spends its budget on crashes."""
         n = len(self.streak)
-        self.progress(f"the last {n} runs crashed (or builds failed) at {fmt_count(len(set(self.streak)), 'commit')}: running "
-                      f"the good endpoint {sha[:12]} once to check the environment")
+        self.progress(f"the last {n} runs crashed (or builds failed) at "
+                      f"{fmt_count(len(set(self.streak)), 'commit')}: running the good endpoint {sha[:12]} once to "
+                      "check the environment")
         self.execute([sha])
         last = self.ws.store.runs(self.probe_key, [sha])[-1:]
         if last and (last[0].value is None or last[0].status == STATUS_TIMEOUT):

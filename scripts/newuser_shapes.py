@@ -79,7 +79,8 @@ SHAPES = {
                 lambda r, bad: acc_labels(r, bad, (0.78, 0.62, 0.85), (1319, 500, 200), 0, 0.02)),
     "acc-one": ("accuracy: one label k/1319 at p .78 + run sd .005, bad drops .015 (the test's --worse lower)",
                 lambda r, bad: acc_labels(r, bad, (0.78,), (1319,), 0, 0.015)),
-    "acc-min-corr": ("accuracies near 1: 4 labels .97-.99 via e^-x, shared factor; one label .98->.968 (under .97 label), rel sd .004+.004; min",
+    "acc-min-corr": ("accuracies near 1: 4 labels .97-.99 via e^-x, shared factor; one label .98->.968 "
+                     "(under .97 label), rel sd .004+.004; min",
                      lambda r, bad: multi_corr(r, bad, (0.99, 0.98, 0.975, 0.97), 1, 0.988, 0.004, 0.004, "lower")),
     # (d) large but rare
     "rare3x": ("log-normal .004 sigma .1; BAD runs x3 in 15% of runs, otherwise identical",

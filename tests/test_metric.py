@@ -150,6 +150,16 @@ def test_regex_anchors_match_at_every_line():
     assert parse_values(text, rx) == {"gsm8k": 0.78, "mmlu": 0.62, "arc": 0.85}
 
 
+def test_an_anchored_regex_starts_a_new_series_of_runs():
+    """Runs an anchored regex recorded before anchors matched at every line
+    were read from the whole text: the probe's identity changes, so they are
+    not mixed with runs read the new way; an unanchored regex keeps its own."""
+    from klbisect.probe import CommandProbe, config_key
+    for rx, changed in ((r"^kl=(?P<value>[0-9.]+)$", True), (r"kl=(?P<value>[0-9.]+)", False)):
+        before = config_key("cmd", cmd="python probe.py", regex=rx)
+        assert (CommandProbe("python probe.py", metric_regex=rx).key != before) is changed
+
+
 def test_regex_disables_the_default_format():
     assert parse_values("avg_kl_div=0.1\nscore=0.7", r"score=(?P<value>[0-9.]+)") == {DEFAULT_LABEL: 0.7}
 
