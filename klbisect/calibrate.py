@@ -21,9 +21,9 @@ import numpy as np
 from . import repo as gitrepo
 from .buildenv import close_builder, hold_env
 from .config import BisectConfig, make_builder, make_probe
-from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, Model, bits_interval, endpoint_crash_limit,
-                     exceedance_lower_bound, exceedance_upper_bound, exceedances, info_per_run, recommend_threshold,
-                     runs_lower_bound, sample_bits, separation, summarize, worse_tail)
+from .decide import (MAX_TOTAL_RUNS, NO_THRESHOLD_REACHES, OUTLIER_ALPHA, Model, bits_interval, endpoint_crash_limit,
+                     exceedance_lower_bound, exceedance_upper_bound, exceedances, high_outliers, info_per_run,
+                     recommend_threshold, runs_lower_bound, sample_bits, separation, summarize, worse_tail)
 from .endpoints import ended_on_errors, endpoint_problem
 from .errors import EXIT_NO_SIGNAL, EXIT_REVISION, EXIT_USAGE, KlbisectError
 from .labels import clearer_label, label_hint, silent_when_passing
@@ -289,7 +289,9 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
                 f"[{raised}]'s: the max fails whenever [{raised}] does; the max's own recommendation was {own}")
     for ls in out:
         if ls.recommended is not None:
-            ls.recommended_bound = recommendation_bound(values[ls.label], ls.recommended, rate, confidence)
+            b = ls.recommended_bound = recommendation_bound(values[ls.label], ls.recommended, rate, confidence)
+            if not b["distribution_free"]:
+                b["outliers"] = high_outliers([v for v in values[ls.label] if not broke(v)])
     return out
 
 
@@ -687,16 +689,24 @@ def recommendation_lines(ls: LabelStats, rate: float, confidence: float, side: s
         return [f"      recommended threshold for <= {rate:g} false failures: {fmt_value(ls.recommended)} "
                 f"({seen}, any distribution; {ls.recommended_how})"]
     # an order statistic short of its bound: the nan runs (which fail any threshold) are what it lacks
-    short = ("the runs alone do not bound it at this rate" if ls.recommended_how.startswith("order statistic")
-             else "a bound only if the tail is log-normal")
-    lines = [f"      recommended threshold for {rate:g} false failures: {fmt_value(ls.recommended)} "
-             f"({ls.recommended_how}): {short}; {seen}"]
+    if ls.recommended_how.startswith("order statistic"):     # stored before nan runs were counted in it
+        lines = [f"      recommended threshold for {rate:g} false failures: {fmt_value(ls.recommended)} "
+                 f"({ls.recommended_how}): the runs alone do not bound it at this rate; {seen}"]
+    else:
+        # the condition first: a maintainer copied the number into CI and missed it at the line's end (a tester's)
+        lines = [f"      recommended threshold for {rate:g} false failures, a bound only if the tail is log-normal: "
+                 f"{fmt_value(ls.recommended)} ({ls.recommended_how}); {seen}"]
     if tail_refuted(b["above"], b["runs"], rate):
         # a tester's good runs had 8% outliers: the fit's 0.0102 failed 5.5% of them, 3 of 100 here
         lines.append(f"      the runs contradict the tail fit: {b['above']} of {b['runs']} already at or {side} it, "
                      f"where {rate:g} false failures would put {rate * b['runs']:.2g} "
                      f"(p={tail_p(b['above'], b['runs'], rate):.2g}); the tail is heavier than log-normal, so this "
                      "threshold fails good commits more often")
+    elif b.get("outliers"):
+        top = "the top run stands" if b["outliers"] == 1 else f"the top {b['outliers']} runs stand"
+        lines.append(f"      {top} apart from the rest (generalized ESD on the logs, p < {OUTLIER_ALPHA:g}): the tail "
+                     "is likely heavier than log-normal, so this threshold may fail good commits more often than "
+                     f"{rate:g}; only a bound from the runs alone holds whatever the tail")
     if b["runs"] < b["runs_for_bound"]:
         lines.append(f"      {needs_runs(rate, confidence)}")
     return lines

@@ -150,10 +150,11 @@ class _SessionId(click.ParamType):
         try:
             n = int(value)
         except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a session number (1, 2, ...: `klbisect log` lists them)", param, ctx)
+            self.fail(f"{value!r} is not a session number (1, 2, ...: `klbisect log --sessions` lists them)",
+                      param, ctx)
         if not 1 <= n <= 2**63 - 1:
             self.fail(f"{n} is not a session number: {'they start at 1' if n < 1 else 'no session has it'} "
-                      "(`klbisect log` lists them)", param, ctx)
+                      "(`klbisect log --sessions` lists them)", param, ctx)
         return n
 
 
@@ -496,7 +497,7 @@ def probe(repo):
 @cli.command()
 @repo_option
 @click.option("--session", "session_id", type=SESSION_ID, default=None,
-              help="An earlier session (its number, as `history` and `report` show it).")
+              help="An earlier session (its number, as `klbisect log --sessions` lists it).")
 @click.option("--json", "as_json", is_flag=True)
 def status(repo, session_id, as_json):
     """Commits probed, their values and verdicts, the most likely culprit."""
@@ -513,11 +514,20 @@ def status(repo, session_id, as_json):
 @cli.command()
 @repo_option
 @click.option("--session", "session_id", type=SESSION_ID, default=None)
+@click.option("--sessions", "list_sessions", is_flag=True,
+              help="List every session instead: its number, kind, state, runs and answer.")
 @click.option("--json", "as_json", is_flag=True)
-def log(repo, session_id, as_json):
+def log(repo, session_id, list_sessions, as_json):
     """Every probe run of the session, with its log file."""
-    from .report import format_log
-    from .status import log as get_log
+    from .report import format_log, format_sessions
+    from .status import log as get_log, sessions
+    if list_sessions:
+        rows = sessions(repo)
+        if as_json:
+            _emit_json(rows)
+        else:
+            click.echo(format_sessions(rows))
+        return 0
     rows = get_log(repo, session_id)
     if as_json:
         _emit_json(rows)

@@ -49,8 +49,9 @@ def report(repo, fmt, out, session_id, plot, offline):
 @click.option("--min-effect", type=float, default=0.1, show_default=True,
               help="The head's median must be at least (1 + this) x the baseline's.")
 @click.option("--night", default=None, help="Name of this night (default: today's UTC date).")
-@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True,
-              help="Format of the report written on a regression.")
+@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default=None,
+              help="Format of the report written on a regression (default: from -o's extension, .html or "
+                   ".json, else md).")
 @click.option("-o", "--output", "out", default=None, metavar="FILE", help="Report file on a regression.")
 @click.option("--post-to", default=None, metavar="OWNER/REPO#N", help="Post the report as a comment on this issue (API: $KLBISECT_GITHUB_API, else "
                    "$GITHUB_API_URL, else api.github.com).")
@@ -69,8 +70,10 @@ def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, 
     GITHUB_TOKEN (from the environment) is used for posting."""
     from .nightly import NightlyOptions, exit_code, format_night, run_nightly, summary
     cfg = make_config({**kw, "good": "", "bad": ""})
+    from .report import format_of
+    # a tester's -o n5.html held Markdown, where `report -o` writes HTML
     opts = NightlyOptions(branch=branch, runs=runs, baseline_nights=baseline_nights, alpha=alpha,
-                          min_effect=min_effect, night=night, report_format=fmt, report_path=out,
+                          min_effect=min_effect, night=night, report_format=fmt or format_of(out), report_path=out,
                           post_to=post_to, post_issue=post_issue, dry_run=dry_run, offline=offline)
     rec = run_nightly(repo, cfg, opts)
     click.echo(format_night(rec), err=as_json)

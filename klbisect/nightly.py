@@ -558,6 +558,8 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         said = getattr(e, "message", None) or "interrupted"
         what = ("its answer is saved and the next nightly posts it" if "complete" in rec
                 else "its bisect is saved: the next nightly finishes it")
+        if opts.dry_run:    # a dry run's night is never posted later (a tester read this as a promise)
+            what = f"its {'answer' if 'complete' in rec else 'bisect'} is saved; a --dry-run night is never posted"
         stop = Interrupted(f"{said.split(';')[0]}; night {night} was judged REGRESSED and {what} (or run this "
                            "night again)")
         # so a --json reader still sees the regression, and what earlier nights' work was done
@@ -716,6 +718,10 @@ def _finish(path, cfg, opts: NightlyOptions, rec: dict, target, progress: Progre
         rec = _bisect_and_report(path, cfg, opts, rec, progress, keep_unfinished=bool(why))
     if target is not None and _to_post(rec) and not rec.get("unfinished_error"):
         rec = _post(path, opts, rec, target, progress, post_out)
+    elif target is None and opts.dry_run and _to_post(rec) and not rec.get("unfinished_error"):
+        # "--dry-run prints what it would post": with nowhere to post, a tester saw no word of it
+        progress("--dry-run: nothing would be posted (no --post-to or --post-issue); `klbisect report` "
+                 "shows the report")
     return rec
 
 

@@ -86,7 +86,8 @@ def check_writable(out: str | Path, option: str = "-o") -> None:
             try:
                 tempfile.TemporaryFile(dir=up).close()    # root passes os.access even in /proc
             except OSError as e:
-                why = f"{up}: {e.strerror or e}"
+                # "/proc: No such file or directory" read as /proc missing (a tester's)
+                why = f"no file can be created in {up} ({e.strerror or e})"
     if why:
         raise KlbisectError(f"cannot write {out}: {why}; give {option} a path you can write", EXIT_USAGE)
 

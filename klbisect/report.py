@@ -166,6 +166,28 @@ def format_log(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def format_sessions(rows: list[dict]) -> str:
+    """``klbisect log --sessions``: a line a session, newest first."""
+    import time  # noqa: PLC0415
+    if not rows:
+        return "No klbisect session in this repository."
+    out = []
+    for r in rows:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
+        span = f"{(r['good'] or '?')[:12]}..{(r['bad'] or '?')[:12]}" if r["good"] else (r["bad"] or "")[:12]
+        if r["kind"] == "nightly":
+            said = f"night {r['night']}: {r['verdict'] or 'not judged'}"
+        elif r["culprit"]:
+            said = (f"{'first bad' if r['complete'] else 'most likely (NOT sure)'} {r['culprit'][:12]}"
+                    + (f" at {fmt_confidence(r['confidence'])}" if r.get("confidence") is not None else ""))
+        else:
+            said = ""
+        out.append(f"{r['session']:>4}  {when}  {r['kind']:<9} {r['state']:<9} {fmt_count(r['runs'], 'run'):>9}  "
+                   f"{span}  {said}".rstrip())
+    out.append("(`klbisect status --session N`, `log --session N`, `report --session N` show one)")
+    return "\n".join(out)
+
+
 UNFINISHED_SHOWN = 2    # other unfinished sessions status describes in full
 
 
@@ -949,6 +971,12 @@ def default_plot_path(data: dict, out: str | None) -> str:
     return str(base / f"session-{data['result'].get('session')}.png")
 
 
+def format_of(out: str | None) -> str:
+    """A report's format from its file name: .html/.htm, .json, else md."""
+    ext = out.rsplit(".", 1)[-1].lower() if out and "." in out else ""
+    return {"html": "html", "htm": "html", "json": "json"}.get(ext, "md")
+
+
 def write_report(path=None, fmt: str | None = "md", out: str | None = None, session_id: int | None = None,
                  plot: str | None = None, offline: bool = False, data: dict | None = None) -> dict:
     """Build the report of a session: returns ``{"text", "path", "plot",
@@ -962,8 +990,7 @@ def write_report(path=None, fmt: str | None = "md", out: str | None = None, sess
     from .errors import EXIT_USAGE, KlbisectError  # noqa: PLC0415
     from .plots import session_plot  # noqa: PLC0415
     if fmt is None:
-        ext = out.rsplit(".", 1)[-1].lower() if out and "." in out else ""
-        fmt = {"html": "html", "htm": "html", "json": "json"}.get(ext, "md")
+        fmt = format_of(out)
     if fmt not in ("md", "html", "json"):
         raise KlbisectError(f"unknown report format {fmt!r}; use md, html or json", EXIT_USAGE)
     data = data if data is not None else report_data(path, session_id, offline)

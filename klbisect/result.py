@@ -17,7 +17,7 @@ from .decide import (BAD, GOOD, SKIP, UNDECIDED, VERDICT_LR, Model, ThresholdMod
 from .errors import KlbisectError
 from .metric import fmt_count, fmt_subject, fmt_value, over_labels
 from .runs import STATUS_NOSERVER, valued_runs
-from .search import plan
+from .search import integrated_mark, plan
 from .store import SessionRow
 from .workspace import Workspace, all_commits_key, commit_runs
 
@@ -148,12 +148,18 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
                      "masses")
     if single and not first_parent:
         notes += _order_notes(ws, cands, top.last, {r.sha for r in runs})
-    if single and first_parent:
+    # a merge note on a guess far from sure sent a new user to --all-commits, not to more runs
+    if single and first_parent and (complete or top.mass >= 0.5):
         side = gitrepo.side_commits(ws.repo, first[0], cands[0][0])
         if side:
             notes.append(f"{first[0][:12]} is a merge that brings in {fmt_count(side, 'commit')} of a side branch; "
                          "any of them may be the cause: rerun with --all-commits to search them too (the runs "
                          "so far are kept)")
+    conf = float(sess_cfg.get("confidence", 0.99))
+    if not complete and pl.integrated and top.mass >= conf:
+        # "0.9936 (NOT reached ...)" read as a contradiction of --confidence 0.99 (a new user's)
+        reason += (f"; where good and bad runs overlap the mark for --confidence {conf:g} is "
+                   f"{integrated_mark(conf):.4g} on the runs' values (docs/statistics.rst)")
     pr = first[2] if single else None
     if single and pr is None and not first_parent:
         # a side branch's commit: the PR is its merge's

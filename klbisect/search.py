@@ -294,6 +294,9 @@ def _strict(confidence: float) -> float:
     return 1 - (1 - confidence) * INTEGRATED_STRICTNESS
 
 
+integrated_mark = _strict
+
+
 def _outside_loglik(below: np.ndarray, above: np.ndarray, m: np.ndarray) -> np.ndarray | float:
     """The fence's two rate channels, below and above apart: a good side's
     low tail and a bad side's high one are evidence, where pooled they

@@ -29,8 +29,8 @@ def _shown_session(ws: Workspace, session_id: int | None = None, runs_only: bool
         if session_id is not None:
             sess = st.session(session_id)
             if sess is None:
-                raise KlbisectError(f"no klbisect session {session_id} {where}: `klbisect status` names the "
-                                    "latest", EXIT_USAGE)
+                raise KlbisectError(f"no klbisect session {session_id} {where}: `klbisect log --sessions` lists "
+                                    "them", EXIT_USAGE)
         else:
             # the newer of the two by its last run: an interrupted session of an older question
             # must not hide the bisect that finished after it, and a `run` that resumed an
@@ -176,6 +176,25 @@ def status(path: str | Path | None, session_id: int | None = None) -> dict:
         top = (out.get("top") or [None])[0]
         # as status's text reads it: "No commit stands out" names no place (a script's flag for it)
         out["stands_out"] = out["complete"] or (not out["no_signal"] and top_stands_out(top, out["n_commits"]))
+        return out
+    finally:
+        ws.close()
+
+
+def sessions(path: str | Path | None) -> list[dict]:
+    """Every session of the repository, newest first: the numbers --session
+    takes (a tester was sent to `log` for them, which showed one session's runs)."""
+    ws = Workspace(path)
+    try:
+        out = []
+        for sess, n_runs in ws.store.session_table():
+            res = sess.result or {}
+            out.append({"session": sess.id, "kind": sess.kind, "state": sess.state, "created": sess.created,
+                        "good": sess.good, "bad": sess.bad, "runs": n_runs,
+                        "night": res.get("night") if sess.kind == "nightly" else None,
+                        "verdict": res.get("verdict") if sess.kind == "nightly" else None,
+                        "culprit": res.get("culprit"), "complete": res.get("complete"),
+                        "confidence": res.get("confidence") if sess.kind != "nightly" else None})
         return out
     finally:
         ws.close()

@@ -324,6 +324,12 @@ class Store:
             args = (kind,)
         return self._session(self.db.execute(q + " ORDER BY id DESC LIMIT 1", args).fetchone())
 
+    def session_table(self) -> list[tuple[SessionRow, int]]:
+        """Every session, newest first, with the number of runs it recorded."""
+        rows = self.db.execute("SELECT s.*, (SELECT COUNT(*) FROM runs r WHERE r.session_id = s.id) AS n_runs "
+                               "FROM sessions s ORDER BY s.id DESC").fetchall()
+        return [(self._session(r), int(r["n_runs"])) for r in rows]
+
     def active_sessions(self, kinds: tuple[str, ...]) -> list[SessionRow]:
         """Every unfinished session of ``kinds``, newest first."""
         rows = self.db.execute(f"SELECT * FROM sessions WHERE state NOT IN ('done', 'ended') AND kind IN "

@@ -648,6 +648,12 @@ def test_a_culprit_on_a_merged_branch_gets_its_merges_pr(tmp_path):
                for n in res["notes"]), res
     text = klb(*args[:-1], cwd=repo).stdout
     assert "  Merge pull request #77 from dev/fast-prefill\n" in text
+    # a guess far from sure does not send the user to --all-commits (a new user's, at 0.04)
+    git(repo, "bisect", "reset", check=False)
+    fresh = [*args, "--fresh", "--max-total-runs", "13"]
+    res = json_tail(klb(*fresh, cwd=repo).stdout)
+    assert not res["complete"] and res["confidence"] < 0.5, res
+    assert not any("--all-commits" in n for n in res["notes"]), res
     assert "  quantize the prefill path  (PR #77)\n" in klb(*args[:-1], "--all-commits", cwd=repo).stdout
 
 
@@ -1109,6 +1115,13 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
     assert any(c["sha"] == h.culprit for c in s["commits"])
     st_text = klb("status", "--repo", repo, cwd=elsewhere)
     assert st_text.returncode == 0 and h.culprit[:12] in st_text.stdout and "Most likely" in st_text.stdout
+    # the session numbers --session takes, listed (a tester was sent to `log`, which showed runs)
+    listed = json.loads(klb("log", "--sessions", "--json", "--repo", repo, cwd=elsewhere).stdout)
+    assert [(x["session"], x["kind"], x["culprit"], x["runs"]) for x in listed] == \
+        [(s["session"], "run", h.culprit, len(rows))]
+    text = klb("log", "--sessions", "--repo", repo, cwd=elsewhere).stdout
+    assert re.search(rf"^ +{s['session']} .* run +done +{len(rows)} runs  {h.good[:12]}\.\.{h.bad[:12]}  "
+                     rf"first bad {h.culprit[:12]} at ", text, re.M), text
 
     # a linked worktree shares the state of the repository
     git(repo, "worktree", "add", "--detach", str(tmp_path / "linked"), h.shas[5])
@@ -1137,7 +1150,7 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
     for bad, words in (("0", "they start at 1"), ("abc", "'abc' is not a session number"),
                        (str(2**64), "no session has it")):
         line = error_line(klb("status", "--session", bad, "--repo", repo, cwd=elsewhere), 150)
-        assert words in line and "klbisect log" in line and "<=" not in line, line
+        assert words in line and "klbisect log --sessions" in line and "<=" not in line, line
 
 
 def test_a_range_whose_values_fell_is_a_fix_not_a_regression(history):
@@ -1597,6 +1610,23 @@ def test_classic_threshold_that_does_not_reproduce(history):
             cwd=h.path)
     line = error_line(p, 154)
     assert "do not reproduce" in line and "0.5" in line and "leave --threshold and --votes out" in line
+
+
+def test_a_stop_above_confidence_names_the_mark_it_missed(history):
+    """A new user's "Confidence: 0.9936 (NOT reached ...)" beside --confidence
+    0.99: where good and bad runs overlap, the values must reach 0.9997. The
+    stop names that mark. (These draws stop at 0.993 after 90 runs; a change
+    to the search may need another --max-total-runs here.)"""
+    h = history(n_commits=30, seed=1, merges=0,
+                noise=NoiseModel(kind="lognormal", good=(0.004, 0.25), bad=(0.0052, 0.25)))
+    args = ("run", "--good", h.good, "--bad", h.bad, "--probe-cmd", probe_cmd(), "--max-total-runs", "90")
+    p = klb(*args, "--json", cwd=h.path)
+    res = json_tail(p.stdout)
+    assert p.returncode == 157 and not res["complete"] and 0.99 <= res["confidence"] < 0.9997, res
+    assert res["reason"].endswith("where good and bad runs overlap the mark for --confidence 0.99 is 0.9997 on the "
+                                  "runs' values (docs/statistics.rst)"), res["reason"]
+    text = klb(*args, cwd=h.path).stdout
+    assert re.search(r"Confidence: 0\.99\d+ +\(NOT reached: .* the mark for --confidence 0\.99 is 0\.9997", text), text
 
 
 def test_run_that_stops_short_of_confidence_exits_157_with_json(history):

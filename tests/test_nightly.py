@@ -215,7 +215,8 @@ def test_day_by_day(tmp_path, loopback):
     d.docs(4, 31020)
     culprit = d.set_json(4, d.spec["bad_when"], d.spec["bad_when"]["value"], f"{REG_TITLE} (#{REG_PR})")
     d.docs(4, 31024)
-    report = tmp_path / "nightly-4.md"
+    # -o's extension picks the format, as `report -o` does (a tester's n5.html held Markdown)
+    report = tmp_path / "nightly-4.html"
     p4 = nightly(repo, "2025-03-04", "-o", str(report), "--post-to", "acme/kvserve#77", "--dry-run",
                  env={"GITHUB_TOKEN": TOKEN, "KLBISECT_GITHUB_API": api})
     r4 = tail_json(p4)
@@ -224,7 +225,8 @@ def test_day_by_day(tmp_path, loopback):
     assert Path(r4["report"]) == report and report.exists()
     text = report.read_text()
     assert culprit[:12] in text and f"#{REG_PR}" in text and REG_TITLE in text
-    assert report.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert text.startswith("<!DOCTYPE html>") and "data:image/png;base64," in text, text[:200]
+    assert not report.with_suffix(".png").exists()         # the page carries its plot
     # --dry-run: the body on stdout, the token nowhere, nothing sent
     assert "would POST" in p4.stdout and "acme/kvserve/issues/77/comments" in p4.stdout
     assert f"#{REG_PR}" in p4.stdout and culprit[:12] in p4.stdout
@@ -313,6 +315,11 @@ def test_a_regression_on_the_second_night_is_not_left_suspect_by_a_young_baselin
     r = tail_json(p)
     assert r["regressed"] is True and r["culprit"] == culprit, p.stderr
     assert "baseline runs cannot reach p <= 0.001" in p.stderr
+    # --dry-run "prints what it would post": with no target, it says there is none (a tester's saw nothing)
+    assert "nothing would be posted" not in p.stderr
+    dry = nightly(d.path, "2025-03-02", "--dry-run")
+    assert tail_json(dry)["culprit"] == culprit
+    assert "--dry-run: nothing would be posted (no --post-to or --post-issue)" in dry.stderr, dry.stderr
 
 
 def test_no_probe_and_bad_post_target_are_usage_errors(tmp_path):
