@@ -689,7 +689,10 @@ def recommendation_lines(ls: LabelStats, rate: float, confidence: float, side: s
         return [f"      recommended threshold for <= {rate:g} false failures: {fmt_value(ls.recommended)} "
                 f"({seen}, any distribution; {ls.recommended_how})"]
     # an order statistic short of its bound: the nan runs (which fail any threshold) are what it lacks
-    if ls.recommended_how.startswith("order statistic"):     # stored before nan runs were counted in it
+    if ls.recommended_how.startswith("every one of"):
+        lines = [f"      recommended threshold for {rate:g} false failures, if the test stays deterministic: "
+                 f"{fmt_value(ls.recommended)} ({ls.recommended_how}); {seen}"]
+    elif ls.recommended_how.startswith("order statistic"):     # stored before nan runs were counted in it
         lines = [f"      recommended threshold for {rate:g} false failures: {fmt_value(ls.recommended)} "
                  f"({ls.recommended_how}): the runs alone do not bound it at this rate; {seen}"]
     else:
@@ -748,7 +751,7 @@ def format_calibration(c: Calibration) -> str:
                 lines.append("      no recommended threshold to try: the good commit had none for this label")
             elif ls.recommended is not None:
                 lines.extend(recommendation_lines(ls, c.false_fail_rate, c.confidence, side))
-            elif NO_THRESHOLD_REACHES in ls.recommended_how:     # more runs would not help
+            elif NO_THRESHOLD_REACHES in ls.recommended_how:     # it says itself whether more runs would help
                 lines.append(f"      no threshold recommended: {ls.recommended_how}")
             else:
                 lines.append(f"      no threshold recommended: {ls.recommended_how}; "

@@ -522,6 +522,9 @@ def log(repo, session_id, list_sessions, as_json):
     from .report import format_log, format_sessions
     from .status import log as get_log, sessions
     if list_sessions:
+        if session_id is not None:
+            raise KlbisectError("--sessions lists every session: leave out --session (or --sessions, to see "
+                                "that session's runs)", EXIT_USAGE)
         rows = sessions(repo)
         if as_json:
             _emit_json(rows)

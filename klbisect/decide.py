@@ -980,7 +980,9 @@ def _nan_runs_for_bound(k: int, total: int, rate: float, confidence: float) -> i
     share = k / total
 
     def enough(m: int) -> bool:
-        return _order_statistic(m, rate, confidence) < m - round(share * m)
+        # the share's exact upper bound at a fractional count: rounding k made the test saw-toothed
+        # in m, and a bisection on it landed anywhere among the edges (a reviewer's)
+        return float(_stats().beta.ppf(confidence, share * m + 1, m - share * m)) < rate
     if share >= rate:
         return None
     lo, hi = total, total
@@ -1034,7 +1036,9 @@ def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
     v = np.sort(_arr(values))
     n = v.size
     if n == 0:
-        return None, "no values"
+        # all nan: "no values ... needs 299 runs" let the max borrow another label's threshold
+        return None, (f"every one of the {nonfinite} runs printed nan or inf, which fail any threshold: "
+                      f"{NO_THRESHOLD_REACHES} {false_fail_rate:g} false failures" if nonfinite else "no values")
     total = n + nonfinite
     # a nan or inf sits above every value, so the rank must land among the finite ones
     j = _order_statistic(total, false_fail_rate, confidence)
@@ -1056,6 +1060,10 @@ def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
                       + (f"; at that share about {more} runs would (--runs {more})" if more else ""))
     if n < 5:
         return None, f"too few runs ({n})"
+    if v[0] == v[-1]:
+        # just above it: exp(log(x)) can land an ulp under x, a threshold every run fails
+        return float(v[-1]) * (1 + 1e-9), (f"every one of the {n} runs read the same value: no spread to fit a tail "
+                                           "to, so this holds only while the test stays deterministic")
     if not np.all(v > 0):
         return None, f"{int(np.sum(v <= 0))} of {n} values are <= 0: no log-normal tail fit"
     y = np.log(v)
@@ -1067,9 +1075,6 @@ def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
     # the fit's own estimate of the level, beside the bound: at 20 runs the bound sits
     # well above it (a tester read the two as one and lost most of the test's power)
     point = math.exp(mu + zp * sd)
-    if sd <= 0:
-        return float(math.exp(mu)), (f"every one of the {n} runs read {math.exp(mu):.4g}: no spread to fit a tail "
-                                     "to, so this holds only while the test stays deterministic")
     return float(math.exp(mu + k * sd)), (
         f"log-normal tail fit, its {confidence:.0%} upper confidence value: {n} runs are too few for a "
         f"distribution-free bound at {false_fail_rate:g}; the fit's own estimate of the level is "

@@ -558,8 +558,8 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         said = getattr(e, "message", None) or "interrupted"
         what = ("its answer is saved and the next nightly posts it" if "complete" in rec
                 else "its bisect is saved: the next nightly finishes it")
-        if opts.dry_run:    # a dry run's night is never posted later (a tester read this as a promise)
-            what = f"its {'answer' if 'complete' in rec else 'bisect'} is saved; a --dry-run night is never posted"
+        if opts.dry_run and "complete" in rec:     # a dry run's answer is never posted later (a tester's)
+            what = "its answer is saved; a --dry-run night is not posted"
         stop = Interrupted(f"{said.split(';')[0]}; night {night} was judged REGRESSED and {what} (or run this "
                            "night again)")
         # so a --json reader still sees the regression, and what earlier nights' work was done

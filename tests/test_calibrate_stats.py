@@ -42,11 +42,17 @@ def test_runs_that_print_nan_count_against_the_false_failure_rate():
         f"1 of 200 runs printed nan or inf, which fail any threshold: their share (0.005) may be as high as {hi:.2g} "
         "(95% confidence), so no threshold can reach 0.01 false failures from these runs; at that share about ")
     more = int(re.search(r"--runs (\d+)", ls.recommended_how).group(1))
-    for m, enough in ((more, True), (more - 1, False)):
+    for m, enough in ((int(more * 1.1), True), (int(more * 0.9), False)):     # "about": at the share seen
         nan = round(m / 200)
         t, _ = decide.recommend_threshold(lognormal_runs(m - nan, 3), 0.01, 0.95, nonfinite=nan)
         assert (t is not None) == enough, m
     assert "needs at least" not in text([ls])
+    # a label that printed nan in every run: no threshold, and the max is not lent another label's
+    runs = [{"a": NONFINITE, "b": v} for v in lognormal_runs(400, 4)]
+    a, b, whole = label_stats(runs, None, 0.01, 0.95)
+    assert a.recommended is None and whole.recommended is None and b.recommended is not None
+    assert a.recommended_how == ("every one of the 400 runs printed nan or inf, which fail any threshold: no threshold "
+                                 "can reach 0.01 false failures")
     # the max fails whenever any label prints nan: past the rate on its own, it is not raised to a label's
     runs = [{"a": x, "b": y} for x, y in zip(lognormal_runs(200, 10), lognormal_runs(200, 11))]
     runs[0]["a"] = runs[1]["b"] = runs[2]["b"] = NONFINITE
@@ -98,7 +104,11 @@ def test_runs_that_stand_apart_are_named_beside_a_tail_fit():
     assert false <= 9
     # a deterministic test: said, not fitted
     t, how = decide.recommend_threshold([0.1] * 6, 0.01, 0.95)
-    assert t == pytest.approx(0.1) and how.startswith("every one of the 6 runs read 0.1: no spread")
+    assert t == pytest.approx(0.1) and t > 0.1 and how.startswith("every one of the 6 runs read the same value")
+    for x in (0.0123, 0.8, 3e-5):    # exp(log(x)) an ulp under x read as a threshold every run failed
+        ls, = label_stats([{"kl": x}] * 30, None, 0.01, 0.95)
+        assert ls.recommended > x and ls.recommended_bound["above"] == 0, ls
+        assert "if the test stays deterministic: " in text([ls], 30) and "log-normal" not in text([ls], 30)
 
 
 def test_values_at_or_below_zero_are_named_as_why_there_is_no_tail_fit():

@@ -1119,6 +1119,8 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
     listed = json.loads(klb("log", "--sessions", "--json", "--repo", repo, cwd=elsewhere).stdout)
     assert [(x["session"], x["kind"], x["culprit"], x["runs"]) for x in listed] == \
         [(s["session"], "run", h.culprit, len(rows))]
+    both = klb("log", "--sessions", "--session", str(s["session"]), "--repo", repo, cwd=elsewhere)
+    assert "--sessions lists every session: leave out --session" in error_line(both, 150)
     text = klb("log", "--sessions", "--repo", repo, cwd=elsewhere).stdout
     assert re.search(rf"^ +{s['session']} .* run +done +{len(rows)} runs  {h.good[:12]}\.\.{h.bad[:12]}  "
                      rf"first bad {h.culprit[:12]} at ", text, re.M), text
