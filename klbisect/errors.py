@@ -36,8 +36,10 @@ EXIT_CODES = {
                      "no value"),
     EXIT_PROBE_MISSING: "the probe command was not found",
     EXIT_STORAGE: "state could not be written (disk full, read-only, damaged or deleted); recorded runs are kept",
-    EXIT_NOT_SURE: "the search stopped before reaching --confidence (see candidates)",
-    EXIT_POST_FAILED: "nightly: a regression was found and reported, but posting the report failed",
+    EXIT_NOT_SURE: ("the search stopped before reaching --confidence (its reason says which cap to raise); "
+                    "probe: it stopped git bisect, commits undecided or --max-total-runs spent"),
+    EXIT_POST_FAILED: "nightly: a report it owed (a regression or its fix, tonight's or an earlier night's) "
+                      "could not be posted",
     EXIT_INTERNAL: "internal error in klbisect (a bug; the message says where)",
 }
 
