@@ -1053,7 +1053,8 @@ def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
         share, share_hi = nonfinite / total, exceedance_upper_bound(nonfinite, total, confidence)
         said = f"{nonfinite} of {total} runs printed nan or inf, which fail any threshold"
         if share >= false_fail_rate:
-            return None, f"{said}: at that share ({share:.2g}) {NO_THRESHOLD_REACHES} {false_fail_rate:g} false failures"
+            return None, (f"{said}: at that share ({share:.2g}) {NO_THRESHOLD_REACHES} {false_fail_rate:g} "
+                          "false failures")
         more = _nan_runs_for_bound(nonfinite, total, false_fail_rate, confidence)
         return None, (f"{said}: their share ({share:.2g}) may be as high as {share_hi:.2g} ({confidence:.0%} "
                       f"confidence), so {NO_THRESHOLD_REACHES} {false_fail_rate:g} false failures from these runs"
