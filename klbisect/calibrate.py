@@ -261,7 +261,8 @@ def label_stats(values_by_run: list[dict], thresholds: list[float] | None, rate:
         # would drag percentiles and candidate thresholds up to 1e9: those use the rest
         finite = [v for v in vals if not broke(v)]
         summary = {**summarize(finite), "nan": len(vals) - len(finite)}
-        ths = thresholds or good_lines.get(lab) or sorted({*candidates(finite or vals), *shared})
+        # no finite run: no line of its own (nan's 1e9 stand-in made "0/30 at or above 2e+09")
+        ths = thresholds or good_lines.get(lab) or sorted({*(candidates(finite) if finite else []), *shared})
         ex = [{"threshold": t, "above": k, "runs": n,
                "rate_upper_bound": exceedance_upper_bound(k, n, confidence),
                "rate_lower_bound": exceedance_lower_bound(k, n, confidence)}

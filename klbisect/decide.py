@@ -974,15 +974,20 @@ def _order_statistic(total: int, rate: float, confidence: float) -> int:
     return int(_stats().binom.ppf(confidence, total, 1.0 - rate))
 
 
+NAN_COUNT_MARGIN = 1.28   # standard deviations: the runs suggested are enough for nine draws in ten
+
+
 def _nan_runs_for_bound(k: int, total: int, rate: float, confidence: float) -> int | None:
     """Runs at which nan or inf at the share seen (k of total) leave the order
     statistic on a finite run; None where that share is the rate or more."""
     share = k / total
 
     def enough(m: int) -> bool:
-        # the share's exact upper bound at a fractional count: rounding k made the test saw-toothed
-        # in m, and a bisection on it landed anywhere among the edges (a reviewer's)
-        return float(_stats().beta.ppf(confidence, share * m + 1, m - share * m)) < rate
+        # the share's exact upper bound at a fractional count (rounding k made the test saw-toothed
+        # in m, a reviewer's), with the count drawn a little high: at the share itself, a rerun
+        # with that many runs drew one nan too many about half the time (a tester's)
+        k = share * m + NAN_COUNT_MARGIN * math.sqrt(m * share * (1 - share))
+        return float(_stats().beta.ppf(confidence, k + 1, max(m - k, 1e-9))) < rate
     if share >= rate:
         return None
     lo, hi = total, total
@@ -1058,7 +1063,8 @@ def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
         more = _nan_runs_for_bound(nonfinite, total, false_fail_rate, confidence)
         return None, (f"{said}: their share ({share:.2g}) may be as high as {share_hi:.2g} ({confidence:.0%} "
                       f"confidence), so {NO_THRESHOLD_REACHES} {false_fail_rate:g} false failures from these runs"
-                      + (f"; at that share about {more} runs would (--runs {more})" if more else ""))
+                      + (f"; at that share about {more} runs would, about nine times in ten (--runs {more})"
+                         if more else ""))
     if n < 5:
         return None, f"too few runs ({n})"
     if v[0] == v[-1]:

@@ -174,7 +174,10 @@ def format_sessions(rows: list[dict]) -> str:
     out = []
     for r in rows:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))
-        span = f"{(r['good'] or '?')[:12]}..{(r['bad'] or '?')[:12]}" if r["good"] else (r["bad"] or "")[:12]
+        if r["kind"] == "calibrate":    # one --rev, and --bad-rev when given
+            span = f"rev {(r['good'] or '?')[:12]}" + (f" bad-rev {r['bad'][:12]}" if r["bad"] else "")
+        else:
+            span = f"{(r['good'] or '?')[:12]}..{(r['bad'] or '?')[:12]}" if r["good"] else (r["bad"] or "")[:12]
         if r["kind"] == "nightly":
             said = f"night {r['night']}: {r['verdict'] or 'not judged'}"
         elif r["culprit"]:
@@ -184,7 +187,7 @@ def format_sessions(rows: list[dict]) -> str:
             said = ""
         out.append(f"{r['session']:>4}  {when}  {r['kind']:<9} {r['state']:<9} {fmt_count(r['runs'], 'run'):>9}  "
                    f"{span}  {said}".rstrip())
-    out.append("(`klbisect status --session N`, `log --session N`, `report --session N` show one)")
+    out.append("(`klbisect status --session N` and `log --session N` show one; `report --session N` a bisect)")
     return "\n".join(out)
 
 

@@ -1124,6 +1124,7 @@ def test_run_metric_label_repo_option_status_log_reset(history, tmp_path):
     text = klb("log", "--sessions", "--repo", repo, cwd=elsewhere).stdout
     assert re.search(rf"^ +{s['session']} .* run +done +{len(rows)} runs  {h.good[:12]}\.\.{h.bad[:12]}  "
                      rf"first bad {h.culprit[:12]} at ", text, re.M), text
+    assert "`report --session N` a bisect" in text
 
     # a linked worktree shares the state of the repository
     git(repo, "worktree", "add", "--detach", str(tmp_path / "linked"), h.shas[5])
