@@ -1063,7 +1063,7 @@ def recommend_threshold(values: Sequence[float], false_fail_rate: float = 0.01,
         more = _nan_runs_for_bound(nonfinite, total, false_fail_rate, confidence)
         return None, (f"{said}: their share ({share:.2g}) may be as high as {share_hi:.2g} ({confidence:.0%} "
                       f"confidence), so {NO_THRESHOLD_REACHES} {false_fail_rate:g} false failures from these runs"
-                      + (f"; at that share about {more} runs would, about nine times in ten (--runs {more})"
+                      + (f"; at that share {more} runs would, about nine times in ten (--runs {more})"
                          if more else ""))
     if n < 5:
         return None, f"too few runs ({n})"

@@ -40,7 +40,7 @@ def test_runs_that_print_nan_count_against_the_false_failure_rate():
     hi = stats.beta.ppf(0.95, 2, 199)
     assert ls.recommended is None and ls.recommended_how.startswith(
         f"1 of 200 runs printed nan or inf, which fail any threshold: their share (0.005) may be as high as {hi:.2g} "
-        "(95% confidence), so no threshold can reach 0.01 false failures from these runs; at that share about ")
+        "(95% confidence), so no threshold can reach 0.01 false failures from these runs; at that share ")
     more = int(re.search(r"nine times in ten \(--runs (\d+)\)", ls.recommended_how).group(1))
     # "nine times in ten": a rerun that draws nan a little over the share seen still gets one (a
     # tester's, at the bare share, drew one too many half the time); at half as many runs, it does not
