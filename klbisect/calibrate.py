@@ -689,7 +689,7 @@ def recommendation_lines(ls: LabelStats, rate: float, confidence: float, side: s
     if b["distribution_free"]:
         return [f"      recommended threshold for <= {rate:g} false failures: {fmt_value(ls.recommended)} "
                 f"({seen}, any distribution; {ls.recommended_how})"]
-    # an order statistic short of its bound: the nan runs (which fail any threshold) are what it lacks
+    # not distribution-free: a sample of one value, a stored order statistic aimed at a nan share, or a tail fit
     if ls.recommended_how.startswith("every one of"):
         lines = [f"      recommended threshold for {rate:g} false failures, if the test stays deterministic: "
                  f"{fmt_value(ls.recommended)} ({ls.recommended_how}); {seen}"]
