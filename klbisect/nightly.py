@@ -565,6 +565,7 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         # so a --json reader still sees the regression, and what earlier nights' work was done
         stop.json_partial = summary(_with_earlier(dict(rec), earlier))
         raise stop from None
+    rec = _report_again(path, opts, rec, progress)
     post = rec.get("post") or {}
     if opts.dry_run and post.get("error"):
         # a night judged before, whose post failed then: this run posted nothing and the exit
@@ -573,6 +574,28 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
                "notes": [*rec.get("notes", []), f"its post to {post.get('target')} failed when the night was "
                          f"judged ({post['error']}); the next nightly with --post-to posts it"]}
     return _with_earlier(rec, earlier)
+
+
+def _report_again(path, opts: NightlyOptions, rec: dict, progress: Progress) -> dict:
+    """A night whose report was written before, run again with another -o:
+    written there too (a tester's rerun with a new -o wrote nothing, and
+    said nothing). The stored record keeps the first path."""
+    from .report import write_report  # noqa: PLC0415
+    if not (opts.report_path and rec.get("report")) or rec["report"] == os.path.abspath(opts.report_path):
+        return rec
+    if rec.get("bisect_session"):
+        try:
+            out = write_report(path, fmt=opts.report_format, out=os.path.abspath(opts.report_path),
+                               session_id=rec["bisect_session"], offline=opts.offline)["path"]
+        except KlbisectError as e:
+            return {**rec, "report_error": f"{e.message}; its report is still at {rec['report']}"}
+    else:
+        again = {**rec, "notes": list(rec.get("notes", []))}
+        out = _write_failed_report(path, opts, again)
+        if out is None:
+            return {**rec, "report_error": again["report_error"]}
+    progress(f"nightly {rec['night']}: judged before; its report written again, to {out}")
+    return {**rec, "report": out}
 
 
 def _judged_nights(ws, probe_key: str, sid: int | None = None) -> list[dict]:

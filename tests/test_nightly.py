@@ -252,6 +252,14 @@ def test_day_by_day(tmp_path, loopback):
     assert tail_json(again) == r4
     assert db(repo, "SELECT COUNT(*) FROM runs")[0][0] == n_runs
     assert db(repo, "SELECT COUNT(*) FROM sessions")[0][0] == n_sess
+    # ... and with another -o, the report is written there too (a tester's rerun wrote nothing, silently)
+    md = tmp_path / "again.md"
+    other = nightly(repo, "2025-03-04", "-o", str(md))
+    assert tail_json(other) == {**r4, "report": str(md)}
+    assert culprit[:12] in md.read_text() and f"#{REG_PR}" in md.read_text()
+    assert not md.read_text().startswith("<"), md.read_text()[:100]
+    assert f"its report written again, to {md}" in other.stderr
+    assert db(repo, "SELECT COUNT(*) FROM runs")[0][0] == n_runs
 
     # the same night, now really posted to the loopback "GitHub": once
     posted = nightly(repo, "2025-03-04", "-o", str(report), "--post-to", "acme/kvserve#77",
