@@ -69,8 +69,8 @@ def nightly(repo, branch, runs, baseline_nights, alpha, min_effect, night, fmt, 
     recent good nightlies, and on a regression bisect, report and post.
     GITHUB_TOKEN (from the environment) is used for posting."""
     from .nightly import NightlyOptions, exit_code, format_night, run_nightly, summary
-    cfg = make_config({**kw, "good": "", "bad": ""})
     from .report import format_of
+    cfg = make_config({**kw, "good": "", "bad": ""})
     # a tester's -o n5.html held Markdown, where `report -o` writes HTML
     opts = NightlyOptions(branch=branch, runs=runs, baseline_nights=baseline_nights, alpha=alpha,
                           min_effect=min_effect, night=night, report_format=fmt or format_of(out), report_path=out,

@@ -739,9 +739,11 @@ def _finish(path, cfg, opts: NightlyOptions, rec: dict, target, progress: Progre
             ws.close()
     if rec["verdict"] == "regressed" and rec.get("state") != "done":
         rec = _bisect_and_report(path, cfg, opts, rec, progress, keep_unfinished=bool(why))
-    if target is not None and _to_post(rec) and not rec.get("unfinished_error"):
+    if not _to_post(rec) or rec.get("unfinished_error"):
+        pass
+    elif target is not None:
         rec = _post(path, opts, rec, target, progress, post_out)
-    elif target is None and opts.dry_run and _to_post(rec) and not rec.get("unfinished_error"):
+    elif opts.dry_run:
         # "--dry-run prints what it would post": with nowhere to post, a tester saw no word of it
         progress("--dry-run: nothing would be posted (no --post-to or --post-issue); `klbisect report` "
                  "shows the report")

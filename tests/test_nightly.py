@@ -1823,3 +1823,48 @@ def test_a_regression_its_fresh_runs_do_not_show_is_suspect_not_bisected(tmp_pat
     assert "regressed on label prefill: confirming it on 8 fresh runs" in p.stderr
     assert "not confirmed: head median" in p.stderr, p.stderr
     assert "bisect" not in p.stderr.split("confirming it on")[1].lower(), p.stderr
+
+
+def test_a_regressed_night_interrupted_says_what_was_kept(tmp_path, monkeypatch):
+    """Ctrl-C after the night is judged regressed: the one line says what the
+    next run does with it. A --dry-run night's answer is kept but never
+    posted later (a tester's dry run promised "the next nightly posts it");
+    a bisect cut short is finished by the next night."""
+    from klbisect import session
+    from klbisect.config import BisectConfig
+    from klbisect.errors import Interrupted
+    from klbisect.nightly import NightlyOptions, run_nightly
+    lv = Levels(tmp_path)
+    cfg = BisectConfig(good="", bad="", probe_cmd=f"{PY} probe.py")
+    quiet = []
+    for night in ("d1", "d2", "d3"):
+        lv.commit(f"Docs {night} (#1{night[1]})")
+        run_nightly(lv.path, cfg, NightlyOptions(night=night), progress=quiet.append)
+    culprit = lv.commit("Quantize the KV cache (#200)", 0.008)
+
+    def ctrl_c(body):
+        raise KeyboardInterrupt
+    dry = NightlyOptions(night="d4", post_to="acme/kvserve#7", dry_run=True)
+    with pytest.raises(Interrupted) as e:
+        run_nightly(lv.path, cfg, dry, progress=quiet.append, post_out=ctrl_c)
+    assert ("night d4 was judged REGRESSED and its answer is saved; a --dry-run night is not posted"
+            in e.value.message), e.value.message
+    assert e.value.json_partial["culprit"] == culprit
+    posted = []
+    assert run_nightly(lv.path, cfg, dry, progress=quiet.append, post_out=posted.append)["culprit"] == culprit
+    assert len(posted) == 1 and "#200" in posted[0]
+
+    lv.commit("Docs d5 (#15)")
+    lv.commit("Fuse the norm into the GEMM (#300)", 0.016)
+    real = session.run_bisect
+
+    def cut_short(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(session, "run_bisect", cut_short)
+    with pytest.raises(Interrupted) as e:
+        run_nightly(lv.path, cfg, NightlyOptions(night="d5"), progress=quiet.append)
+    assert "night d5 was judged REGRESSED and its bisect is saved: the next nightly finishes it" in e.value.message
+    monkeypatch.setattr(session, "run_bisect", real)
+    said = []
+    rec = run_nightly(lv.path, cfg, NightlyOptions(night="d6"), progress=said.append)
+    assert rec["earlier"][0]["night"] == "d5" and rec["earlier"][0]["pr"] == 300, rec["earlier"]
