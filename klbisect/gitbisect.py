@@ -22,9 +22,9 @@ from .endpoints import calibrate_endpoints, never_built
 from .errors import EXIT_NOT_SURE, EXIT_NO_SIGNAL, EXIT_REPO_STATE, EXIT_USAGE, KlbisectError
 from .executors import port_bases
 from .measure import Measurer
-from .metric import fmt_subject, fmt_value
+from .metric import fmt_count, fmt_subject, fmt_value
 from .probe import Probe, Slot
-from .result import Result, build_result, current_analysis
+from .result import GIT_ANSWER_DOUBTED, Result, build_result, current_analysis
 from .runs import STATUS_TIMEOUT, run_shown, typical_values, usual_labels
 from .search import CommitRuns
 from .store import SessionRow
@@ -317,6 +317,10 @@ def _judge_head(job: _HeadJob):
     """Measure HEAD until its runs decide: (verdict, its runs)."""
     ws, sess, cfg, sha, probe = job.ws, job.sess, job.cfg, job.sha, job.probe
     build_key, built_key, model, progress = job.build_key, job.built_key, job.model, job.progress
+    if job.before.values:
+        # its runs are numbered on from these: "run 2" with no run 1 read as a lost run (a tester's)
+        shown = ", ".join(fmt_value(x) for x in job.before.values[:6]) + (" ..." if len(job.before.values) > 6 else "")
+        progress(f"klbisect: {sha[:12]}: {fmt_count(len(job.before.values), 'earlier run')} reused [{shown}]")
     checked = False
     while True:
         cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_after=job.first_build)[sha],
@@ -526,14 +530,24 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
                    "measures until sure" + _max_runs_left_out(cfg)
                    + _stale_dissent(ws, sess.id, probe_key, shas, between, pl.model))
     # git's answer past skipped commits is the block ("could be any of"), and so is the mass
-    said = (f"its answer {shas[between[-1]][:12]}" if len(between) == 1 else
-            f"its answer, the {len(between)} commits {shas[between[0]][:12]}..{shas[between[-1]][:12]}")
+    named = (shas[between[-1]][:12] if len(between) == 1 else
+             f"the {len(between)} commits {shas[between[0]][:12]}..{shas[between[-1]][:12]}")
+    said = f"its answer {named}" if len(between) == 1 else f"its answer, {named}"
     if best.indices != between and best.mass > mass and (mass < 0.5 or best.mass >= cfg.confidence):
         # "most likely (NOT sure)" must name the most likely: after one wrong verdict (a
         # hand-typed `git bisect bad`, say) git's answer may hold next to nothing
         pl.done = best
         if best.mass < cfg.confidence:
             instead = f"; the most likely is {shas[best.last][:12]} at {best.mass:.1%}" + instead
+    if pl.done is best and best.mass >= cfg.confidence:
+        # the confidence shown is the runs' answer's, above --confidence: "0.9956 (NOT reached: git
+        # bisect finished ..." read as a contradiction (a tester's); which verdict git was given
+        # against the runs, the commit table says
+        return build_result(ws, sess.id, cands, pl, False,
+                            f"{GIT_ANSWER_DOUBTED} {named}, "
+                            f"on which all the runs put only {mass:.1%}: a verdict git was given may be wrong "
+                            "(`klbisect status` marks one given by hand against the runs)" + instead,
+                            probe_key, build_key)
     return build_result(ws, sess.id, cands, pl, False,
                         f"git bisect finished, but all the runs put only {mass:.1%} on {said} (below "
                         f"--confidence {cfg.confidence:g}): a verdict may be wrong" + instead,

@@ -11,7 +11,7 @@ from .decide import Model
 from .metric import fmt_confidence, fmt_count, fmt_ratio, fmt_span, fmt_subject, fmt_value, over_labels, pad
 from .plots import write_out
 from .redact import redact_json, redact_text
-from .result import Result, said_once, stands_out, top_stands_out
+from .result import GIT_ANSWER_DOUBTED, Result, said_once, stands_out, top_stands_out
 from .search import POOL_P, PROVISIONAL_POOL_P
 from .workspace import answered as answer_of, shown_session
 
@@ -45,6 +45,12 @@ def _with_pr(subject: str, pr: int | None) -> str:
 SIDES = "the commits placed on a side at 99%"
 
 
+def unmet(r: dict) -> str:
+    """What an unfinished answer's confidence falls short of: --confidence,
+    or, where the runs are sure of another commit, git bisect's answer."""
+    return "NOT git bisect's answer" if r["reason"].startswith(GIT_ANSWER_DOUBTED) else "NOT reached"
+
+
 def format_result(res: Result | dict) -> str:
     r = res if isinstance(res, dict) else res.to_json()
     lines = []
@@ -52,7 +58,7 @@ def format_result(res: Result | dict) -> str:
         lines.append(f"No commit stands out yet: {_flat_line(r)}")
     elif r["culprit"]:
         # a guess short of the mark does not read as the answer
-        lines.append(f"{_first_bad(r.get('complete', True))}: {r['culprit']}")
+        lines.append(f"{_first_bad(r)}: {r['culprit']}")
         lines.append(f"  {_with_pr(r['subject'], r['pr'])}")
     else:
         lines.append(f"{'First bad commit is' if r.get('complete', True) else 'Most likely (NOT sure), the first bad commit is'}"
@@ -61,7 +67,7 @@ def format_result(res: Result | dict) -> str:
             lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
     lines.append(f"Stopped: {_stop_words(r['reason'])}" if _flat(r) else
                  f"Confidence: {fmt_confidence(r['confidence'])}"
-                 f"{'' if r['complete'] else '  (NOT reached: ' + r['reason'] + ')'}")
+                 f"{'' if r['complete'] else f'  ({unmet(r)}: ' + r['reason'] + ')'}")
     reused = f" + {r['reused_runs']} reused from other sessions" if r.get("reused_runs") else ""
     lines.append(f"Probe runs: {r['probe_runs']}{reused} ({r['probe_seconds']:.0f}s probing, slots added up"
                  + (f", {r['build_seconds']:.0f}s building" if r.get("build_seconds") else "")
@@ -137,9 +143,13 @@ def _flat_line(r: dict) -> str:
     return flat_words(r["confidence"], r["n_commits"], max(len(r.get("candidates") or []), 1))
 
 
-def _first_bad(complete: bool) -> str:
+def _first_bad(r: dict) -> str:
     """How an answer is introduced: a guess short of the mark does not read as one."""
-    return "First bad commit" if complete else "Most likely (NOT sure) first bad commit"
+    if r.get("complete", True):
+        return "First bad commit"
+    if r["reason"].startswith(GIT_ANSWER_DOUBTED):
+        return "First bad commit by all the runs, not git bisect's"
+    return "Most likely (NOT sure) first bad commit"
 
 
 def format_log(rows: list[dict]) -> str:
@@ -651,7 +661,8 @@ def _headline(data: dict) -> str:
                 return (f"{kl} regression: not found yet (best guess {r['culprit'][:12]} at "
                         f"{fmt_confidence(r['confidence'])})")
             return (f"{kl} regression: most likely first bad commit {r['culprit'][:12]}{pr} "
-                    f"(confidence {fmt_confidence(r['confidence'])}, not reached)")
+                    f"(confidence {fmt_confidence(r['confidence'])}, "
+                    + ("not git bisect's answer)" if r["reason"].startswith(GIT_ANSWER_DOUBTED) else "not reached)"))
         return f"{kl} regression: first bad commit {r['culprit'][:12]}{pr}"
     if _flat(r):
         return f"{kl} regression: not found yet (no commit stands out)"
@@ -750,7 +761,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
         pr = _pr_suffix(c, prs, slug)
         meta = prs.get(str(c["pr"])) if c.get("pr") else None
         author = f" by @{meta['author']}" if meta and meta.get("author") else ""
-        head.append(f"**{_first_bad(r.get('complete', True))}:** "
+        head.append(f"**{_first_bad(r)}:** "
                     f"{_sha_link(c['sha'], slug)} "
                     f"{_md_cell(_culprit_title(c, prs), 200)}{pr}{author}")
     else:
@@ -769,7 +780,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
     conf = (f"**Stopped:** {_md_cell(_stop_words(r['reason']), 2000, code=True)}" if data.get("no_signal") or _flat(r)
             else
         f"**Confidence:** {fmt_confidence(r['confidence'])}"
-        + ("" if r["complete"] else f" — NOT reached: {_md_cell(r['reason'], 2000, code=True)}"))
+        + ("" if r["complete"] else f" — {unmet(r)}: {_md_cell(r['reason'], 2000, code=True)}"))
     head.append(conf + "  ")
     head.append(f"**Range:** good {_sha_link(r['good'], slug)} → bad {_sha_link(r['bad'], slug)}, "
                 f"{fmt_count(r['n_commits'], 'candidate commit')}  ")
@@ -894,7 +905,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
         title = e(_culprit_title(c, prs))
         link = pr_url(c)
         title_html = f'<a href="{e(link)}">{title}</a>' if link else title
-        parts.append(f"<p><b>{_first_bad(r.get('complete', True))}:</b> {sha_a(c['sha'])} {title_html}"
+        parts.append(f"<p><b>{_first_bad(r)}:</b> {sha_a(c['sha'])} {title_html}"
                      + (f" ({pr_a(c['pr'])})" if c.get("pr") else "") + "</p>")
     else:
         info = {i["sha"]: i for i in r.get("candidate_info", [])}
@@ -908,7 +919,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
     stopped = data.get("no_signal") or _flat(r)
     parts.append((f"<p><b>Stopped:</b> {e(_stop_words(r['reason']))}" if stopped else
                   f"<p><b>Confidence:</b> {e(fmt_confidence(r['confidence']))}"
-                  + ("" if r["complete"] else f" (NOT reached: {e(r['reason'])})")) + "<br>"
+                  + ("" if r["complete"] else f" ({unmet(r)}: {e(r['reason'])})")) + "<br>"
                  f"<b>Range:</b> good {sha_a(r['good'])} → bad {sha_a(r['bad'])}, "
                  f"{fmt_count(r['n_commits'], 'candidate commit')}<br>"
                  f"<b>Cost:</b> {r['probe_runs']} probe runs, {r['probe_seconds']:.0f} s probing (slots added up)"

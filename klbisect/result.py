@@ -22,6 +22,11 @@ from .store import SessionRow
 from .workspace import Workspace, all_commits_key, commit_runs
 
 
+# how a git bisect's answer the runs doubt begins, where the runs' own answer is sure: its
+# confidence is not "NOT reached" (report.unmet)
+GIT_ANSWER_DOUBTED = "git bisect finished on"
+
+
 @dataclass
 class Result:
     culprit: str | None
@@ -122,10 +127,12 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         judged = {"name": f"{over_labels(ws.worse)} over labels", "before": summarize(before_v),
                   "after": summarize(after_v)}
     first = cands[top.last]
+    by_hand = set(hand_skipped(ws, ws.store.session(sid), {r.sha for r in counted if r.values}))
     info = []
     for i in top.indices:
         sha, subj, pr = cands[i]
         why = "untestable: build failed" if (build_key and ws.store.failed_build(build_key, sha)) else (
+            "untestable: skipped by hand (git bisect skip)" if sha in by_hand else
             "untestable: every run crashed" if pl.untestable[i] else "first bad")
         info.append({"sha": sha, "subject": subj, "pr": pr, "why": why})
     sess_runs = ws.store.session_runs(sid)
@@ -305,6 +312,11 @@ def explain_commit(entry: dict, model) -> str:
     parts = []
     if entry.get("build_failed"):
         parts.append("its build failed, so it cannot be measured (untestable)")
+    if entry.get("skipped_by_hand"):
+        parts.append("skipped by hand (`git bisect skip`): never measured, untestable as git takes it")
+    if entry.get("git_marked"):
+        parts.append(f"git bisect holds it {entry['git_marked'].upper()}, against this verdict: marked by hand "
+                     "(`git bisect log` shows it), and git's answer follows that mark")
     if entry.get("crashes") and entry.get("no_server", 0) >= entry["crashes"]:
         parts.append(f"{entry['crashes']} run(s) gave no value: its server did not start (not counted as evidence)")
     elif entry.get("crashes"):
@@ -387,12 +399,19 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     no_server: dict[str, int] = {}
     for r in ws.store.runs(sess.probe_key, [c[0] for c in cands if runs[c[0]].crashes]):
         no_server[r.sha] = no_server.get(r.sha, 0) + (r.status == STATUS_NOSERVER)
+    # git's own marks, where a hand-typed one disagrees with klbisect's verdict (a tester's wrong
+    # `git bisect good` showed as "BAD" in the table, with nothing to say git holds it good)
+    held = gitrepo.bisect_refs(ws.repo) if sess.kind == "gitbisect" and sess.state == "bisecting" else None
+    # and the commits the user skipped, which a tester missed from the table
+    by_hand = set(hand_skipped(ws, sess, {c[0] for c in cands if runs[c[0]].values}))
     for i, (sha, subj, pr) in enumerate(cands):
         cr = runs[sha]
-        if not cr.values and not cr.crashes and not cr.build_failed:
+        if not cr.values and not cr.crashes and not cr.build_failed and sha not in by_hand:
             continue
         entry = {"index": i, "sha": sha, "subject": subj, "pr": pr, "values": list(cr.values),
                  "crashes": cr.crashes, "build_failed": cr.build_failed, "no_server": no_server.get(sha, 0)}
+        if sha in by_hand:
+            entry["skipped_by_hand"] = True
         if pl is not None:
             entry["p_bad"] = float(pl.posterior.p_bad[i])
             entry["log_lr"] = pl.model.commit_log_lr(cr.values)
@@ -416,6 +435,8 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
             entry["verdict"], entry["reason"] = "", "endpoint: no value yet"
         elif cr.build_failed:
             entry["verdict"], entry["reason"] = SKIP, "build failed"
+        elif sha in by_hand:
+            entry["verdict"], entry["reason"] = SKIP, ""
         elif pl is not None and pl.integrated and sess.kind == "run":
             # its verdict is where P(bad), shown beside it, stands now
             p, sure = entry["p_bad"], 1 - cfg.confidence
@@ -428,6 +449,9 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
                 # --max-runs without a verdict is a skip to git bisect; `run` skips nothing,
                 # and the search may still place it from its neighbours (good*/bad*)
                 entry["verdict"] = UNDECIDED
+        git_says = held and 0 < i < n and (GOOD if sha in held["good"] else BAD if sha in held["bad"][:1] else None)
+        if git_says and entry.get("verdict") in (GOOD, BAD) and entry["verdict"] != git_says:
+            entry["git_marked"] = git_says
         out.append(entry)
     if pl is not None and pl.integrated:
         _own_evidence(out, len(cands) - 1)
@@ -460,6 +484,17 @@ def _own_evidence(commits: list[dict], last: int) -> None:
                      else (pools[GOOD], np.concatenate([own[:lo], own[hi:]])))
         if len(good) >= 2 and len(bad) >= 2:
             c["own_log_lr"] = predictive_log_lr(c["values"], good, bad)
+
+
+def hand_skipped(ws: Workspace, sess: SessionRow, measured: set[str]) -> list[str]:
+    """Interior commits of a git bisect in progress that git holds skipped
+    and klbisect never measured: the user's `git bisect skip` (or a wrapper's
+    exit 125)."""
+    if sess.kind != "gitbisect" or sess.state != "bisecting":
+        return []
+    judged = ws.store.verdicts(sess.id)       # klbisect's own skips (crashes, builds) are not the user's
+    return [s for s in gitrepo.bisect_refs(ws.repo)["skip"]
+            if s not in measured and s not in judged and s not in (sess.good, sess.bad)]
 
 
 def current_analysis(ws: Workspace, sess: SessionRow):

@@ -1389,6 +1389,12 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
     --probe-cmd output only, the SGLang probe writes its own lines. ``log``:
     the run's last lines, where a KL line in another form is quoted."""
     if probe_key and probe_key.startswith("sglang:"):
+        refused = re.search(r"(/generate answered 4\d\d\b.*)", log)
+        if refused:
+            # a prompts file made with another tokenizer was blamed on the server (a tester's)
+            return (f"the server refused klbisect's requests ({refused.group(1).strip()[:300]}): one it refuses "
+                    "once it refuses every time; check --prompts (token ids of this model's tokenizer, e.g. from "
+                    "`klbisect make-prompts`, within its context length) and --max-new-tokens")
         return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "
                 "the server's own log lies beside it; check --model-path, --server-args and --sglang-python")
     if _pytest_kept_quiet(log):

@@ -694,6 +694,13 @@ def test_after_a_wrong_hand_verdict_the_most_likely_commit_is_named_not_gits(his
     assert f"on its answer {git_answer[:12]}" in s["result"]["reason"] and "the most likely is" in \
         s["result"]["reason"], s["result"]["reason"]
     assert s["confidence"] > 0.01
+    # the table says which verdict git holds against the runs (a tester's showed it BAD, no more)
+    text = klb("status", cwd=repo).stdout
+    marked = "GOOD" if said == 1 else "BAD"
+    assert f"git bisect holds it {marked}, against this verdict: marked by hand" in text, text
+    if s["confidence"] >= 0.99:
+        # sure of another commit: not "0.9956 (NOT reached" (a tester's)
+        assert "(NOT git bisect's answer: git bisect finished on " in text and "NOT reached" not in text, text
     klb("reset", cwd=repo)
 
 
@@ -744,6 +751,10 @@ def test_the_run_a_doubted_git_answer_advises_weighs_that_sessions_runs(history,
     # git bisect still names its commit; status says where all the runs now put the answer
     reason = json_tail(klb("status", "--json", cwd=repo).stdout)["result"]["reason"]
     assert f"on {h.culprit[:12]}" in reason and "instead" in reason and "klbisect run" not in reason, reason
+    # sure of that commit: its confidence is not "NOT reached" (a tester's "0.9956 (NOT reached")
+    text = klb("status", cwd=repo).stdout
+    assert "First bad commit" in text and "(NOT git bisect's answer: git bisect finished on " in text, text
+    assert "NOT reached" not in text, text
     klb("reset", cwd=repo)
 
 
@@ -776,6 +787,11 @@ def test_commits_skipped_by_hand_are_part_of_the_answer(history, tmp_path):
     assert f"`{h.culprit[:12]}`" in rep.stdout and f"`{after[:12]}`" in rep.stdout
     status = json.loads(klb("status", "--json", cwd=h.path).stdout)
     assert status["complete"] is True and set(status["candidates"]) == {h.culprit, after}
+    # the skipped one is not called "first bad", and the commit table shows it (a tester's)
+    why = {c["sha"]: c["why"] for c in status["result"]["candidate_info"]}
+    assert why == {h.culprit: "untestable: skipped by hand (git bisect skip)", after: "first bad"}, why
+    [row] = [c for c in status["commits"] if c["sha"] == h.culprit]
+    assert row["verdict"] == "skip" and "skipped by hand (`git bisect skip`): never measured" in row["explain"]
     klb("reset", cwd=h.path)
 
 
@@ -860,6 +876,8 @@ def test_probe_checks_runs_earlier_sessions_recorded_before_leaning_on_them(hist
     for i, _ in judged:
         own = db_query(h.path, "SELECT value FROM runs WHERE sha=? AND session_id=?", (h.shas[i], sid))
         assert len(own) >= 2, (i, text)          # reused, yet measured again before git trusts it
+        # and said so: its runs are numbered on from the reused ones (a tester read "run 2" as one lost)
+        assert re.search(rf"klbisect: {h.shas[i][:12]}: \d+ earlier runs? reused \[", text), text
     klb("reset", cwd=h.path)
 
     moved = session({"KL_DRIVER_HIDE": "1"})

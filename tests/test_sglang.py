@@ -1051,6 +1051,22 @@ def test_a_server_that_never_starts_stops_the_run_after_two_launches(repo, tmp_p
     assert all(f.stat().st_mode & 0o077 == 0 for f in state_dir(clone).glob("state.db*"))
 
 
+def test_prompts_the_server_refuses_are_blamed_on_the_prompts_not_the_server(repo, tmp_path):
+    """A tester's prompts file held ids past the vocabulary: every request
+    answered 400, and the line said to check --model-path, --server-args
+    and --sglang-python."""
+    from conftest import error_line, klb
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(repo.path), str(clone)], check=True)
+    bad = tmp_path / "other_tokenizer.json"
+    bad.write_text("[[1, 2, 3], [99999999]]")
+    p = klb("run", "--good", repo.good, "--bad", repo.bad, "--probe", "sglang", "--model-path", "fake-tiny",
+            "--prompts", str(bad), "--max-new-tokens", "8", "--labels", "logprobs_match", cwd=clone)
+    line = error_line(p, 154)
+    assert "the server refused klbisect's requests (/generate answered 400" in line, line
+    assert "token id out of range" in line and "check --prompts" in line and "--model-path" not in line, line
+
+
 @pytest.mark.parametrize("noenv", [False, True])
 def test_a_server_worker_that_left_its_tree_goes_with_the_server(repo, tmp_path, noenv):
     """A reviewer's: a worker that called setsid and lost its parent is
