@@ -672,6 +672,19 @@ def _headline(data: dict) -> str:
     return f"{kl} regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
 
+def _extra_cells(c: dict) -> list[str]:
+    """What a probed commit's row says beside its values: crashes, and the
+    last one's cause (a tester's "2 crashed" sent them to the log files)."""
+    out = []
+    if c["crashes"]:
+        out.append(f"{c['crashes']} crashed" + (f" ({c['crash_cause']})" if c.get("crash_cause") else ""))
+    if c["build_failed"]:
+        out.append("build failed")
+    if c.get("skipped_by_hand"):
+        out.append("skipped by hand (git bisect skip)")
+    return out
+
+
 def _commit_rows_md(data: dict, rows: list[dict]) -> list[str]:
     slug = data.get("slug")
     label = (data.get("session") or {}).get("metric")
@@ -680,11 +693,7 @@ def _commit_rows_md(data: dict, rows: list[dict]) -> list[str]:
            "|---:|---|---|---|---|---|---:|"]
     starred = False
     for c in rows:
-        extra = []
-        if c["crashes"]:
-            extra.append(f"{c['crashes']} crashed")
-        if c["build_failed"]:
-            extra.append("build failed")
+        extra = [_md_cell(x, 160) for x in _extra_cells(c)]
         vals = _vals(c["values"]) + ("; " if c["values"] and extra else "") + "; ".join(extra)
         shown, star = shown_verdict(c["verdict"], c["p_bad"])
         starred = starred or star
@@ -950,8 +959,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                  "<th>P(bad)</th></tr>")
     starred = False
     for c in data.get("commits", []):
-        extra = "; ".join(x for x in (f"{c['crashes']} crashed" if c["crashes"] else "",
-                                      "build failed" if c["build_failed"] else "") if x)
+        extra = "; ".join(_extra_cells(c))
         shown, star = shown_verdict(c["verdict"], c["p_bad"])
         starred = starred or star
         cls = "bad" if shown.startswith("bad") else "good" if shown.startswith("good") else ""

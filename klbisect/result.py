@@ -15,7 +15,8 @@ from .config import BisectConfig, make_builder
 from .decide import (BAD, GOOD, SKIP, UNDECIDED, VERDICT_LR, Model, ThresholdModel, fmt_odds, is_undecided_skip, judge,
                      predictive_log_lr, separation, summarize)
 from .errors import KlbisectError
-from .metric import fmt_count, fmt_subject, fmt_value, over_labels
+from .metric import fmt_count, fmt_subject, fmt_value, last_exception, over_labels
+from .proc import log_tail
 from .runs import STATUS_NOSERVER, valued_runs
 from .search import integrated_mark, plan
 from .store import SessionRow
@@ -324,6 +325,8 @@ def explain_commit(entry: dict, model) -> str:
                      "--metric label"
                      + (f"; {entry['no_server']} of them: its server did not start" if entry.get("no_server") else "")
                      + "; not evidence)")
+    if entry.get("crashes") and entry.get("crash_cause"):
+        parts.append(f"the last one's log ends on {entry['crash_cause']}")
     if vals:
         shown = ", ".join(fmt_value(v) for v in vals[:6]) + (" ..." if len(vals) > 6 else "")
         llr = entry.get("log_lr", 0.0)
@@ -397,8 +400,11 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     n = len(cands) - 1
     out = []
     no_server: dict[str, int] = {}
+    crashed_log: dict[str, str] = {}
     for r in ws.store.runs(sess.probe_key, [c[0] for c in cands if runs[c[0]].crashes]):
         no_server[r.sha] = no_server.get(r.sha, 0) + (r.status == STATUS_NOSERVER)
+        if r.value is None and r.log_path:
+            crashed_log[r.sha] = r.log_path
     # git's own marks, where a hand-typed one disagrees with klbisect's verdict (a tester's wrong
     # `git bisect good` showed as "BAD" in the table, with nothing to say git holds it good)
     held = gitrepo.bisect_refs(ws.repo) if sess.kind == "gitbisect" and sess.state == "bisecting" else None
@@ -412,6 +418,10 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
                  "crashes": cr.crashes, "build_failed": cr.build_failed, "no_server": no_server.get(sha, 0)}
         if sha in by_hand:
             entry["skipped_by_hand"] = True
+        if cr.crashes and sha in crashed_log:
+            # why, from its last crashed run's log: a broken commit and a broken environment look
+            # alike as "2 crashed" (a tester's ModuleNotFoundError was in the log files alone)
+            entry["crash_cause"] = crash_cause(crashed_log[sha])
         if pl is not None:
             entry["p_bad"] = float(pl.posterior.p_bad[i])
             entry["log_lr"] = pl.model.commit_log_lr(cr.values)
@@ -484,6 +494,12 @@ def _own_evidence(commits: list[dict], last: int) -> None:
                      else (pools[GOOD], np.concatenate([own[:lo], own[hi:]])))
         if len(good) >= 2 and len(bad) >= 2:
             c["own_log_lr"] = predictive_log_lr(c["values"], good, bad)
+
+
+def crash_cause(log_path: str) -> str | None:
+    """The last exception line of a run's log, the server's lines a failed
+    launch copied into it included."""
+    return last_exception(re.sub(r"(?m)^server\| ", "", log_tail(log_path, 40)))
 
 
 def hand_skipped(ws: Workspace, sess: SessionRow, measured: set[str]) -> list[str]:

@@ -2396,7 +2396,7 @@ def test_interior_commits_that_crashed_for_the_environment_are_measured_again(sm
     full.touch()
     ends = f"{small.good} {git(small.path, 'rev-parse', 'main').strip()}"
     cmd = (f'h=$(git rev-parse HEAD); if [ -e {full} ] && ! echo "{ends}" | grep -q "$h"; then '
-           f'echo "No space left on device" >&2; exit 1; fi; {probe_cmd()}')
+           f'echo "OSError: [Errno 28] No space left on device" >&2; exit 1; fi; {probe_cmd()}')
     # the user sees crash after crash and stops it (here: at 30 runs; the endpoints take 12, or 20
     # when six runs a side do not look decisive)
     first = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, "--max-total-runs", "30",
@@ -2404,6 +2404,13 @@ def test_interior_commits_that_crashed_for_the_environment_are_measured_again(sm
     assert first.returncode == 157, first.stderr
     crashed = {r["sha"] for r in db_query(small.path, "SELECT sha FROM runs WHERE value IS NULL")}
     assert len(crashed) >= 3                                 # two crashes each: untestable, this command
+    # status says why they crashed, from their logs (a tester's cause was in the log files alone)
+    shown = json.loads(klb("status", "--json", cwd=small.path).stdout)["commits"]
+    said = [c["explain"] for c in shown if c["sha"] in crashed]
+    assert said and all("the last one's log ends on OSError: [Errno 28] No space left on device" in e
+                        for e in said), said
+    rep = klb("report", "--offline", cwd=small.path)
+    assert "crashed (OSError: [Errno 28] No space left on device)" in rep.stdout, rep.stdout + rep.stderr
     full.unlink()
     again = klb("run", "--good", small.good, "--bad", "main", "--probe-cmd", cmd, cwd=small.path)
     assert again.returncode == 0, again.stderr

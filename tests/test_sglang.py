@@ -1294,6 +1294,9 @@ def test_server_crash_at_start_is_a_crash(repo, tmp_path):
     assert "server failed to start: server exited with code 1" in text
     assert "server| ModuleNotFoundError" in text          # the server's log tail, prefixed
     assert parse_values(text) == {}
+    # what status says of the commit's crashes (a tester found it in the log files alone)
+    from klbisect.result import crash_cause
+    assert crash_cause(res.log_path) == "ModuleNotFoundError: No module named 'sglang.srt'", text
     # the broken launcher dies before it writes a pid file: check the tree and port
     assert not [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
     assert _port_free(port)
@@ -1536,6 +1539,11 @@ def test_bisect_finds_planted_sglang_commit(repo, tmp_path):
     result = run_bisect(repo.path, cfg, progress=said.append)
     assert result.culprit == repo.culprit, result
     assert not [c for c in psutil.Process().children(recursive=True) if not _gone(c.pid)]
+    from conftest import klb
+    commits = json.loads(klb("status", "--json", cwd=repo.path).stdout)["commits"]
+    for c in commits:
+        if c["sha"] == repo.broken:
+            assert "the last one's log ends on ModuleNotFoundError: No module named 'sglang.srt'" in c["explain"]
     # each launch is said on the console, with its commit (a tester's was silent for minutes)
     assert f"  {repo.good[:12]}: launching the server (up to --launch-timeout 60 s; log: " in "\n".join(said), said
 
