@@ -705,25 +705,27 @@ def judge(values: Sequence[float], crashes: int, model: "Model | ThresholdModel 
     while more runs would help. ``skip`` when it cannot be measured."""
     n = len(values)
     max_runs = runs_per_commit(model, max_runs)
+    # "is GOOD: 2 runs" under three crash lines read as the crashes counted for good (a tester's)
+    crashed = f" ({crashes} more crashed, not evidence)" if crashes else ""
     if isinstance(model, ThresholdModel):
         fails = int(np.sum(model.fails(values)))
         passes = n - fails
         need = model.votes // 2 + 1
         llr = float((fails - passes) * math.log(model.cap)) if n else 0.0
         if fails >= need:
-            return Verdict(BAD, n, crashes, llr, f"{fails}/{n} runs at or above {model.threshold:g}")
+            return Verdict(BAD, n, crashes, llr, f"{fails}/{n} runs at or above {model.threshold:g}{crashed}")
         if passes >= need:
-            return Verdict(GOOD, n, crashes, llr, f"{passes}/{n} runs below {model.threshold:g}")
+            return Verdict(GOOD, n, crashes, llr, f"{passes}/{n} runs below {model.threshold:g}{crashed}")
     else:
         llr = model.commit_log_lr(values)
         bound = math.log(verdict_lr)
         both = f" (the weaker of {model.explain(values)})" if isinstance(model, PredictiveModel) and n else ""
         if llr >= bound:
             return Verdict(BAD, n, crashes, llr,
-                           f"{n} runs, likelihood ratio {fmt_odds(llr)}{both}")
+                           f"{n} runs{crashed}, likelihood ratio {fmt_odds(llr)}{both}")
         if llr <= -bound:
             return Verdict(GOOD, n, crashes, llr,
-                           f"{n} runs, likelihood ratio {fmt_odds(llr)}{both}")
+                           f"{n} runs{crashed}, likelihood ratio {fmt_odds(llr)}{both}")
     if n == 0 and crashes >= crash_limit:
         return Verdict(SKIP, n, crashes, 0.0, f"{crashes} runs crashed or timed out without a usable value")
     if n >= max_runs:

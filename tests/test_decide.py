@@ -142,6 +142,11 @@ def test_two_agreeing_runs_decide(model):
     vg = judge([0.0045, 0.0044], 0, model, 10)
     assert vg.decision == GOOD and vg.log_lr <= -math.log(VERDICT_LR)
     assert "for good" in vg.lr_text
+    # crashes beside them are said, and not as evidence (a tester read "is GOOD: 2 runs" under
+    # three crash lines as the crashes counted)
+    vc = judge([0.0045, 0.0044], 3, model, 10)
+    assert vc.decision == GOOD and vc.reason.startswith("2 runs (3 more crashed, not evidence), likelihood"), vc
+    assert "crashed" not in vg.reason
 
 
 def test_one_outlier_never_flips_a_verdict(model):
