@@ -45,6 +45,19 @@ def own_bisect(ws: Workspace, sess: SessionRow, repo=None) -> bool:
     return now is not None and (not began or ":" in began or began == now)
 
 
+def session_refs(ws: Workspace, sess: SessionRow) -> dict[str, list[str]]:
+    """git's bisect refs (bad, good-*, skip-*) of this session's own bisect,
+    read in the checkout it runs in (refs/bisect/* are a worktree's own);
+    none after a `git bisect reset`, or for a bisect the user began since."""
+    empty: dict[str, list[str]] = {"bad": [], "good": [], "skip": []}
+    if sess.kind != "gitbisect":
+        return empty
+    repo, _ = bisect_checkout(ws, sess)
+    if repo is None or not own_bisect(ws, sess, repo):
+        return empty
+    return gitrepo.bisect_refs(repo)
+
+
 def bisect_checkout(ws: Workspace, sess: SessionRow):
     """The repository (worktree) a `klbisect start` session's git bisect
     runs in, and its path when it is not the asking one; None when that
@@ -320,7 +333,8 @@ def _judge_head(job: _HeadJob):
     if job.before.values:
         # its runs are numbered on from these: "run 2" with no run 1 read as a lost run (a tester's)
         shown = ", ".join(fmt_value(x) for x in job.before.values[:6]) + (" ..." if len(job.before.values) > 6 else "")
-        progress(f"klbisect: {sha[:12]}: {fmt_count(len(job.before.values), 'earlier run')} reused [{shown}]")
+        progress(f"klbisect: {sha[:12]}: {fmt_count(len(job.before.values), 'earlier run')} reused [{shown}]"
+                 + (f" and {job.before.crashes} that crashed" if job.before.crashes else ""))
     checked = False
     while True:
         cr = since(commit_runs(ws, probe.key, build_key, [sha], cfg.timeout, failed_after=job.first_build)[sha],
@@ -490,7 +504,7 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     cfg, cands, runs, pl, probe_key, build_key = analysis or current_analysis(ws, sess)
     if pl is None:
         return None
-    refs = gitrepo.bisect_refs(ws.repo)
+    refs = session_refs(ws, sess)
     shas = [c[0] for c in cands]
     at = {s: i for i, s in enumerate(shas)}
     verdicts = ws.store.verdicts(sess.id)

@@ -542,6 +542,7 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         with ws.locked():
             rec = _measure_and_judge(ws, cfg, opts, night, head, probe, builder, probe_key, build_key,
                                      progress, [shallow] if shallow else [])
+            judged_before = rec.pop(JUDGED_BEFORE, False)
             if target is not None and not opts.dry_run and _to_post(rec) and "post_to" not in rec:
                 # kept, so that a kill before the post leaves the next night something to finish
                 # (a --dry-run posts nothing and owes nothing: a tester's dry run had its night's
@@ -565,7 +566,8 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
         # so a --json reader still sees the regression, and what earlier nights' work was done
         stop.json_partial = summary(_with_earlier(dict(rec), earlier))
         raise stop from None
-    rec = _report_again(path, opts, rec, progress)
+    if judged_before:
+        rec = _report_again(path, opts, rec, progress)
     post = rec.get("post") or {}
     if opts.dry_run and post.get("error"):
         # a night judged before, whose post failed then: this run posted nothing and the exit
@@ -576,26 +578,34 @@ def _run_night(path, cfg, opts: NightlyOptions, night: str, target, progress: Pr
     return _with_earlier(rec, earlier)
 
 
+JUDGED_BEFORE = "_judged_before"     # on a stored record _open_night returns; never saved
+
+
 def _report_again(path, opts: NightlyOptions, rec: dict, progress: Progress) -> dict:
     """A night whose report was written before, run again with another -o:
     written there too (a tester's rerun with a new -o wrote nothing, and
     said nothing). The stored record keeps the first path."""
     from .report import write_report  # noqa: PLC0415
-    if not (opts.report_path and rec.get("report")) or rec["report"] == os.path.abspath(opts.report_path):
+    # a report that failed to write before (report None, report_error set) is written now too
+    had = rec.get("report") or rec.get("report_error")
+    if not (opts.report_path and had) or rec.get("report") == os.path.abspath(opts.report_path):
+        return rec
+    if not (rec.get("bisect_session") or rec.get("bisect_failed")):
         return rec
     if rec.get("bisect_session"):
         try:
             out = write_report(path, fmt=opts.report_format, out=os.path.abspath(opts.report_path),
                                session_id=rec["bisect_session"], offline=opts.offline)["path"]
         except KlbisectError as e:
-            return {**rec, "report_error": f"{e.message}; its report is still at {rec['report']}"}
+            return {**rec, "report_error": e.message + (f"; its report is still at {rec['report']}"
+                                                        if rec.get("report") else "")}
     else:
         again = {**rec, "notes": list(rec.get("notes", []))}
         out = _write_failed_report(path, opts, again)
         if out is None:
             return {**rec, "report_error": again["report_error"]}
     progress(f"nightly {rec['night']}: judged before; its report written again, to {out}")
-    return {**rec, "report": out}
+    return {**rec, "report": out, "report_error": None}
 
 
 def _judged_nights(ws, probe_key: str, sid: int | None = None) -> list[dict]:
@@ -887,7 +897,7 @@ def _open_night(ws, cfg, opts, night, head, probe_key, progress):
     if sess is not None and sess.result and sess.result.get("verdict") not in (None, "crashed"):
         progress(f"nightly {night} for {head[:12]} already judged (session {sess.id}): "
                  f"{sess.result['verdict']}")
-        return dict(sess.result)
+        return {**sess.result, JUDGED_BEFORE: True}
     if sess is not None and sess.result:
         # no value is no verdict: the cron job's retry after a fixed environment measures it
         progress(f"nightly {night} for {head[:12]} gave no value when it ran before (session {sess.id}): "

@@ -45,10 +45,23 @@ def _with_pr(subject: str, pr: int | None) -> str:
 SIDES = "the commits placed on a side at 99%"
 
 
+def doubted(r: dict) -> bool:
+    """A git bisect answer the runs doubt, where they are sure of another:
+    their answer's confidence is above the mark, not short of it."""
+    return not r.get("complete", True) and r["reason"].startswith(GIT_ANSWER_DOUBTED)
+
+
 def unmet(r: dict) -> str:
     """What an unfinished answer's confidence falls short of: --confidence,
     or, where the runs are sure of another commit, git bisect's answer."""
-    return "NOT git bisect's answer" if r["reason"].startswith(GIT_ANSWER_DOUBTED) else "NOT reached"
+    return "NOT git bisect's answer" if doubted(r) else "NOT reached"
+
+
+def _block_intro(r: dict) -> str:
+    """How a block answer opens in a report: "The", or what keeps it from being one."""
+    if r.get("complete", True):
+        return "The"
+    return "By all the runs (not git bisect's answer), the" if doubted(r) else "Most likely (NOT sure), the"
 
 
 def format_result(res: Result | dict) -> str:
@@ -61,8 +74,9 @@ def format_result(res: Result | dict) -> str:
         lines.append(f"{_first_bad(r)}: {r['culprit']}")
         lines.append(f"  {_with_pr(r['subject'], r['pr'])}")
     else:
-        lines.append(f"{'First bad commit is' if r.get('complete', True) else 'Most likely (NOT sure), the first bad commit is'}"
-                     f" one of {len(r['candidates'])} commits that cannot be told apart (untestable ones are in the way):")
+        lines.append(f"{'First bad commit is' if r.get('complete', True) or doubted(r) else 'Most likely (NOT sure), the first bad commit is'}"
+                     f" one of {len(r['candidates'])} commits that cannot be told apart (untestable ones are in the way)"
+                     + (", by all the runs, not git bisect's:" if doubted(r) else ":"))
         for c in r.get("candidate_info", []):
             lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
     lines.append(f"Stopped: {_stop_words(r['reason'])}" if _flat(r) else
@@ -147,7 +161,7 @@ def _first_bad(r: dict) -> str:
     """How an answer is introduced: a guess short of the mark does not read as one."""
     if r.get("complete", True):
         return "First bad commit"
-    if r["reason"].startswith(GIT_ANSWER_DOUBTED):
+    if doubted(r):
         return "First bad commit by all the runs, not git bisect's"
     return "Most likely (NOT sure) first bad commit"
 
@@ -662,13 +676,14 @@ def _headline(data: dict) -> str:
                         f"{fmt_confidence(r['confidence'])})")
             return (f"{kl} regression: most likely first bad commit {r['culprit'][:12]}{pr} "
                     f"(confidence {fmt_confidence(r['confidence'])}, "
-                    + ("not git bisect's answer)" if r["reason"].startswith(GIT_ANSWER_DOUBTED) else "not reached)"))
+                    + ("not git bisect's answer)" if doubted(r) else "not reached)"))
         return f"{kl} regression: first bad commit {r['culprit'][:12]}{pr}"
     if _flat(r):
         return f"{kl} regression: not found yet (no commit stands out)"
     if not r.get("complete", True):
         return (f"{kl} regression: most likely one of {len(r['candidates'])} commits that cannot be told apart "
-                f"(confidence {fmt_confidence(r['confidence'])}, not reached)")
+                f"(confidence {fmt_confidence(r['confidence'])}, "
+                + ("not git bisect's answer)" if doubted(r) else "not reached)"))
     return f"{kl} regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
 
@@ -774,7 +789,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
                     f"{_sha_link(c['sha'], slug)} "
                     f"{_md_cell(_culprit_title(c, prs), 200)}{pr}{author}")
     else:
-        head.append(f"**{'The' if r.get('complete', True) else 'Most likely (NOT sure), the'} first bad commit is one "
+        head.append(f"**{_block_intro(r)} first bad commit is one "
                     f"of these {len(r['candidates'])} commits** (untestable commits stand in the way):")
         head.append("")
         info = {i["sha"]: i for i in r.get("candidate_info", [])}
@@ -918,7 +933,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
                      + (f" ({pr_a(c['pr'])})" if c.get("pr") else "") + "</p>")
     else:
         info = {i["sha"]: i for i in r.get("candidate_info", [])}
-        parts.append(f"<p><b>{'The' if r.get('complete', True) else 'Most likely (NOT sure), the'} first bad commit is "
+        parts.append(f"<p><b>{_block_intro(r)} first bad commit is "
                      f"one of these {len(r['candidates'])} commits</b> (untestable commits stand in the way):</p><ul>")
         for c in data.get("culprit_commits", []):
             parts.append(f"<li>{sha_a(c['sha'])} {e(_culprit_title(c, prs))}"

@@ -17,7 +17,8 @@ from .decide import (BAD, GOOD, SKIP, UNDECIDED, VERDICT_LR, Model, ThresholdMod
 from .errors import KlbisectError
 from .metric import fmt_count, fmt_subject, fmt_value, last_exception, over_labels
 from .proc import log_tail
-from .runs import STATUS_NOSERVER, valued_runs
+from .redact import redact_text
+from .runs import STATUS_NOSERVER, STATUS_TIMEOUT, valued_runs
 from .search import integrated_mark, plan
 from .store import SessionRow
 from .workspace import Workspace, all_commits_key, commit_runs
@@ -128,7 +129,7 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         judged = {"name": f"{over_labels(ws.worse)} over labels", "before": summarize(before_v),
                   "after": summarize(after_v)}
     first = cands[top.last]
-    by_hand = set(hand_skipped(ws, ws.store.session(sid), {r.sha for r in counted if r.values}))
+    by_hand = set(hand_skipped(ws, ws.store.session(sid), {r.sha for r in counted if r.values and r.session_id == sid}))
     info = []
     for i in top.indices:
         sha, subj, pr = cands[i]
@@ -403,13 +404,14 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     crashed_log: dict[str, str] = {}
     for r in ws.store.runs(sess.probe_key, [c[0] for c in cands if runs[c[0]].crashes]):
         no_server[r.sha] = no_server.get(r.sha, 0) + (r.status == STATUS_NOSERVER)
-        if r.value is None and r.log_path:
+        if r.value is None and r.log_path and r.status != STATUS_TIMEOUT:    # a timeout's last line is no cause
             crashed_log[r.sha] = r.log_path
     # git's own marks, where a hand-typed one disagrees with klbisect's verdict (a tester's wrong
     # `git bisect good` showed as "BAD" in the table, with nothing to say git holds it good)
-    held = gitrepo.bisect_refs(ws.repo) if sess.kind == "gitbisect" and sess.state == "bisecting" else None
+    from .gitbisect import session_refs  # noqa: PLC0415 - gitbisect builds on this module
+    held = session_refs(ws, sess) if sess.state == "bisecting" else None
     # and the commits the user skipped, which a tester missed from the table
-    by_hand = set(hand_skipped(ws, sess, {c[0] for c in cands if runs[c[0]].values}))
+    by_hand = set(hand_skipped(ws, sess, {r.sha for r in ws.store.session_runs(sess.id) if r.value is not None}))
     for i, (sha, subj, pr) in enumerate(cands):
         cr = runs[sha]
         if not cr.values and not cr.crashes and not cr.build_failed and sha not in by_hand:
@@ -499,17 +501,20 @@ def _own_evidence(commits: list[dict], last: int) -> None:
 def crash_cause(log_path: str) -> str | None:
     """The last exception line of a run's log, the server's lines a failed
     launch copied into it included."""
-    return last_exception(re.sub(r"(?m)^server\| ", "", log_tail(log_path, 40)))
+    # redacted before last_exception cuts the line: a cut token no longer looks like one, and the
+    # logs keep what the probe printed
+    return last_exception(redact_text(re.sub(r"(?m)^server\| ", "", log_tail(log_path, 40))))
 
 
 def hand_skipped(ws: Workspace, sess: SessionRow, measured: set[str]) -> list[str]:
     """Interior commits of a git bisect in progress that git holds skipped
-    and klbisect never measured: the user's `git bisect skip` (or a wrapper's
-    exit 125)."""
+    and this session never measured: the user's `git bisect skip` (or a
+    wrapper's exit 125). ``measured``: the commits with values of its own."""
+    from .gitbisect import session_refs  # noqa: PLC0415 - gitbisect builds on this module
     if sess.kind != "gitbisect" or sess.state != "bisecting":
         return []
     judged = ws.store.verdicts(sess.id)       # klbisect's own skips (crashes, builds) are not the user's
-    return [s for s in gitrepo.bisect_refs(ws.repo)["skip"]
+    return [s for s in session_refs(ws, sess)["skip"]
             if s not in measured and s not in judged and s not in (sess.good, sess.bad)]
 
 

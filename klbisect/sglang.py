@@ -1389,7 +1389,9 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
     --probe-cmd output only, the SGLang probe writes its own lines. ``log``:
     the run's last lines, where a KL line in another form is quoted."""
     if probe_key and probe_key.startswith("sglang:"):
-        refused = re.search(r"(/generate answered 4\d\d\b.*)", log)
+        # 400 (a token id out of range, a prompt past the context), 413, 422: the request itself;
+        # not 401 (the API key) or 404 (the server), which have their own advice in the log line
+        refused = re.search(r"(/generate answered (?:400|413|422)\b.*)", log)
         if refused:
             # a prompts file made with another tokenizer was blamed on the server (a tester's)
             return (f"the server refused klbisect's requests ({refused.group(1).strip()[:300]}): one it refuses "

@@ -450,6 +450,9 @@ def test_git_bisect_reports_the_pair_next_to_an_always_crashing_commit(history):
     res = json.loads(klb("status", "--json", cwd=repo).stdout)["result"]
     assert res["culprit"] is None
     assert res["candidates"] == [crasher, h.culprit]
+    # klbisect's own skip is not the user's (a reviewer's worry: git holds both as skip-* refs)
+    why = {c["sha"]: c["why"] for c in res["candidate_info"]}
+    assert why == {crasher: "untestable: every run crashed", h.culprit: "first bad"}, why
     assert klb("reset", cwd=repo).returncode == 0
 
 
@@ -698,9 +701,6 @@ def test_after_a_wrong_hand_verdict_the_most_likely_commit_is_named_not_gits(his
     text = klb("status", cwd=repo).stdout
     marked = "GOOD" if said == 1 else "BAD"
     assert f"git bisect holds it {marked}, against this verdict: marked by hand" in text, text
-    if s["confidence"] >= 0.99:
-        # sure of another commit: not "0.9956 (NOT reached" (a tester's)
-        assert "(NOT git bisect's answer: git bisect finished on " in text and "NOT reached" not in text, text
     klb("reset", cwd=repo)
 
 

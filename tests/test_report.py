@@ -566,6 +566,42 @@ def test_status_keeps_its_columns_under_subjects_in_chinese(bisected):
     assert len({cells(ln[:ln.index("P(bad)=")]) for ln in lines}) == 1, "\n".join(lines)
 
 
+def test_an_answer_the_runs_are_sure_of_against_git_bisects_is_not_called_unsure():
+    """git bisect followed a wrong hand-typed verdict; all the runs are sure
+    of another answer. A tester read "Confidence: 0.9956 (NOT reached" as a
+    contradiction; a reviewer found a block answer still "NOT sure"."""
+    from klbisect.report import _headline, format_result
+    from klbisect.result import GIT_ANSWER_DOUBTED
+    a, b = "a" * 40, "b" * 40
+    r = {"culprit": None, "candidates": [a, b], "pr": None, "subject": "x | y", "confidence": 0.995,
+         "complete": False, "reason": f"{GIT_ANSWER_DOUBTED} cccccccccccc, on which all the runs put only 0.0%",
+         "candidate_info": [{"sha": a, "subject": "x", "pr": None, "why": "untestable: every run crashed"},
+                            {"sha": b, "subject": "y", "pr": None, "why": "first bad"}],
+         "probe_runs": 9, "n_commits": 20, "probe_seconds": 1.0, "good": "g" * 40, "bad": "h" * 40}
+    text = format_result(r)
+    assert "by all the runs, not git bisect's:" in text and "NOT sure" not in text, text
+    assert "Confidence: 0.9950  (NOT git bisect's answer: " in text and "NOT reached" not in text, text
+    head = _headline({"result": r})
+    assert head.endswith("(confidence 0.9950, not git bisect's answer)"), head
+    one = {**r, "culprit": b, "candidates": [b], "subject": "y"}
+    assert format_result(one).startswith("First bad commit by all the runs, not git bisect's: " + b)
+    short = {**r, "reason": "git bisect finished, but all the runs put only 3.0% on its answer"}
+    assert "NOT sure" in format_result(short) and "(NOT reached: " in format_result(short)
+
+
+def test_a_crash_cause_is_redacted_before_it_is_cut(tmp_path):
+    """status and reports quote a crash's exception line from the run's log,
+    which keeps what the probe printed; cut to one short line first, a
+    token no longer looked like one and most of it would reach a report."""
+    from klbisect.result import crash_cause
+    token = "hf_" + "Q7x" * 12
+    log = tmp_path / "run.log"
+    log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   f"server| OSError: {'could not fetch the model config from the hub ' * 3}with {token}\n")
+    cause = crash_cause(str(log))
+    assert cause.startswith("OSError: could not fetch") and token[:8] not in cause, cause
+
+
 def test_a_verdict_surer_than_its_commits_p_bad_says_why():
     """A tester's git bisect status: "2 runs, likelihood ratio 1.6e+03:1
     for good" beside P(bad)=0.28 read as a contradiction."""
