@@ -74,9 +74,10 @@ def format_result(res: Result | dict) -> str:
         lines.append(f"{_first_bad(r)}: {r['culprit']}")
         lines.append(f"  {_with_pr(r['subject'], r['pr'])}")
     else:
-        lines.append(f"{'First bad commit is' if r.get('complete', True) or doubted(r) else 'Most likely (NOT sure), the first bad commit is'}"
-                     f" one of {len(r['candidates'])} commits that cannot be told apart (untestable ones are in the way)"
-                     + (", by all the runs, not git bisect's:" if doubted(r) else ":"))
+        opening = ("First bad commit is" if r.get("complete", True) or doubted(r) else
+                   "Most likely (NOT sure), the first bad commit is")
+        lines.append(f"{opening} one of {len(r['candidates'])} commits that cannot be told apart (untestable ones "
+                     "are in the way)" + (", by all the runs, not git bisect's:" if doubted(r) else ":"))
         for c in r.get("candidate_info", []):
             lines.append(f"  {c['sha'][:12]}  {_with_pr(c['subject'], c['pr'])}  ({c['why']})")
     lines.append(f"Stopped: {_stop_words(r['reason'])}" if _flat(r) else
