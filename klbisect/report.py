@@ -358,8 +358,10 @@ def format_status(st: dict) -> str:
         lines.append("No commit stands out: the runs of the good and the bad end do not differ, so there is "
                      "no regression here to place" + (f" ({flat_words(top['mass'], n, len(top['candidates']))})"
                                                       if flat else f" (the likeliest place holds {top['mass']:.4f})"))
-    elif flat:
+    elif flat and not (st.get("result") and _flat(st["result"])):    # else the answer's line says it
         lines.append(f"No commit stands out yet: {flat_words(top['mass'], n, len(top['candidates']))}")
+    elif flat:
+        pass     # a tester's status said it twice
     elif top is not None:
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:

@@ -589,6 +589,22 @@ def test_an_answer_the_runs_are_sure_of_against_git_bisects_is_not_called_unsure
     assert "NOT sure" in format_result(short) and "(NOT reached: " in format_result(short)
 
 
+def test_status_says_once_that_no_commit_stands_out():
+    """A tester's git bisect status, after a hand-typed verdict sent git the
+    wrong way: the posterior's top and the answer were both flat, and the
+    same "No commit stands out yet" line came twice."""
+    from klbisect.report import format_status
+    a = "a" * 40
+    res = {"culprit": a, "candidates": [a], "pr": None, "subject": "x", "confidence": 0.07, "complete": False,
+           "reason": "git bisect finished, but all the runs put only 0.0% on its answer", "probe_runs": 6,
+           "n_commits": 15, "probe_seconds": 1.0, "good": "g" * 40, "bad": "h" * 40}
+    st = {"session": 2, "kind": "gitbisect", "state": "bisecting", "good": "g" * 40, "bad": "h" * 40,
+          "n_commits": 15, "probe_runs": 6, "commits": [], "result": res,
+          "top": [{"candidates": [a], "mass": 0.07, "subjects": ["x"]}]}
+    text = format_status(st)
+    assert text.count("No commit stands out yet") == 1, text
+
+
 def test_a_crash_cause_is_redacted_before_it_is_cut(tmp_path):
     """status and reports quote a crash's exception line from the run's log,
     which keeps what the probe printed; cut to one short line first, a
