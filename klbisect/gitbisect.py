@@ -560,7 +560,7 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
         return build_result(ws, sess.id, cands, pl, False,
                             f"{GIT_ANSWER_DOUBTED} {named}, "
                             f"on which all the runs put only {mass:.1%}: a verdict git was given may be wrong "
-                            "(`klbisect status` marks one given by hand against the runs)" + instead,
+                            "(status's commit table marks one given by hand against the runs)" + instead,
                             probe_key, build_key)
     return build_result(ws, sess.id, cands, pl, False,
                         f"git bisect finished, but all the runs put only {mass:.1%} on {said} (below "

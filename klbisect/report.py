@@ -690,6 +690,12 @@ def _headline(data: dict) -> str:
     return f"{kl} regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
 
+def _probed_count(rows: list[dict]) -> str:
+    """The table's count: a commit skipped by hand is listed, never probed (a tester's)."""
+    by_hand = sum(1 for c in rows if c.get("skipped_by_hand"))
+    return f"{len(rows) - by_hand}" + (f", and {by_hand} skipped by hand" if by_hand else "")
+
+
 def _extra_cells(c: dict) -> list[str]:
     """What a probed commit's row says beside its values: crashes, and the
     last one's cause (a tester's "2 crashed" sent them to the log files)."""
@@ -850,7 +856,7 @@ def render_markdown(data: dict, limit: int = GITHUB_COMMENT_LIMIT, plot_note: st
             + (f" · plot (attach it): `{_md_cell(plot_note, 200)}`" if plot_note else "") + "</sub>", ""]
 
     rows = list(data.get("commits", []))
-    title = f"Probed commits ({len(rows)}; each run's value, the first six of a commit shown)"
+    title = f"Probed commits ({_probed_count(rows)}; each run's value, the first six of a commit shown)"
     fixed = "\n".join(head) + "\n".join(tail)
 
     def table(sel: list[dict], omitted: int) -> str:
@@ -972,7 +978,7 @@ def render_html(data: dict, png: bytes | None = None) -> str:
         b64 = base64.b64encode(png).decode("ascii")
         parts.append(f'<h3>Every run, in history order</h3><img alt="{_noun(data)} value of every run by candidate '
                      f'index" src="data:image/png;base64,{b64}">')
-    parts.append(f"<h3>Probed commits ({len(data.get('commits', []))})</h3><table><tr><th>#</th>"
+    parts.append(f"<h3>Probed commits ({_probed_count(data.get('commits', []))})</h3><table><tr><th>#</th>"
                  f"<th>commit</th><th>subject</th><th>PR</th><th>{_noun(data)} values</th><th>verdict</th>"
                  "<th>P(bad)</th></tr>")
     starred = False

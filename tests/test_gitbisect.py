@@ -793,6 +793,8 @@ def test_commits_skipped_by_hand_are_part_of_the_answer(history, tmp_path):
     assert why == {h.culprit: "untestable: skipped by hand (git bisect skip)", after: "first bad"}, why
     [row] = [c for c in status["commits"] if c["sha"] == h.culprit]
     assert row["verdict"] == "skip" and "skipped by hand (`git bisect skip`): never measured" in row["explain"]
+    probed = len([c for c in status["commits"] if c["sha"] != h.culprit])
+    assert f"Probed commits ({probed}, and 1 skipped by hand;" in klb("report", cwd=h.path).stdout
     klb("reset", cwd=h.path)
 
 
