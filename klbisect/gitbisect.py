@@ -529,7 +529,7 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
     from .search import Block  # noqa: PLC0415
     pl.done = Block(between, mass)
     if mass >= cfg.confidence:
-        return build_result(ws, sess.id, cands, pl, True, "git bisect finished", probe_key, build_key)
+        return build_result(ws, sess.id, cands, pl, True, "git bisect finished", probe_key, build_key, refs)
     # git trusts each verdict; when good and bad overlap, a verdict at 500:1 from a
     # model fitted to the endpoints' runs is wrong more often than that, and one
     # wrong verdict moves git's answer. All the runs together say how sure it is.
@@ -561,11 +561,11 @@ def gitbisect_result(ws: Workspace, sess: SessionRow, analysis=None) -> Result |
                             f"{GIT_ANSWER_DOUBTED} {named}, "
                             f"on which all the runs put only {mass:.1%}: a verdict git was given may be wrong "
                             "(status's commit table marks one given by hand against the runs)" + instead,
-                            probe_key, build_key)
+                            probe_key, build_key, refs)
     return build_result(ws, sess.id, cands, pl, False,
                         f"git bisect finished, but all the runs put only {mass:.1%} on {said} (below "
                         f"--confidence {cfg.confidence:g}): a verdict may be wrong" + instead,
-                        probe_key, build_key)
+                        probe_key, build_key, refs)
 
 
 def _stale_dissent(ws: Workspace, sid: int, probe_key: str, shas: list[str], between: list[int], model) -> str:

@@ -358,10 +358,9 @@ def format_status(st: dict) -> str:
         lines.append("No commit stands out: the runs of the good and the bad end do not differ, so there is "
                      "no regression here to place" + (f" ({flat_words(top['mass'], n, len(top['candidates']))})"
                                                       if flat else f" (the likeliest place holds {top['mass']:.4f})"))
-    elif flat and not (st.get("result") and _flat(st["result"])):    # else the answer's line says it
-        lines.append(f"No commit stands out yet: {flat_words(top['mass'], n, len(top['candidates']))}")
     elif flat:
-        pass     # a tester's status said it twice
+        if not (st.get("result") and _flat(st["result"])):    # else the answer's line says it (a tester's twice)
+            lines.append(f"No commit stands out yet: {flat_words(top['mass'], n, len(top['candidates']))}")
     elif top is not None:
         lines.append("Most likely first bad commit:")
         for t in st["top"][:3]:
@@ -678,15 +677,13 @@ def _headline(data: dict) -> str:
                 return (f"{kl} regression: not found yet (best guess {r['culprit'][:12]} at "
                         f"{fmt_confidence(r['confidence'])})")
             return (f"{kl} regression: most likely first bad commit {r['culprit'][:12]}{pr} "
-                    f"(confidence {fmt_confidence(r['confidence'])}, "
-                    + ("not git bisect's answer)" if doubted(r) else "not reached)"))
+                    f"(confidence {fmt_confidence(r['confidence'])}, {unmet(r).replace('NOT', 'not')})")
         return f"{kl} regression: first bad commit {r['culprit'][:12]}{pr}"
     if _flat(r):
         return f"{kl} regression: not found yet (no commit stands out)"
     if not r.get("complete", True):
         return (f"{kl} regression: most likely one of {len(r['candidates'])} commits that cannot be told apart "
-                f"(confidence {fmt_confidence(r['confidence'])}, "
-                + ("not git bisect's answer)" if doubted(r) else "not reached)"))
+                f"(confidence {fmt_confidence(r['confidence'])}, {unmet(r).replace('NOT', 'not')})")
     return f"{kl} regression: narrowed to {len(r['candidates'])} commits that cannot be told apart"
 
 

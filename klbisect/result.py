@@ -110,7 +110,7 @@ def _label_summaries(values_before: list[dict], values_after: list[dict]) -> dic
 
 
 def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None]], pl, complete: bool,
-                 reason: str, probe_key: str, build_key: str | None) -> Result:
+                 reason: str, probe_key: str, build_key: str | None, refs: dict | None = None) -> Result:
     post = pl.posterior
     top = pl.done or post.top()
     shas = [c[0] for c in cands]
@@ -129,7 +129,9 @@ def build_result(ws: Workspace, sid: int, cands: list[tuple[str, str, int | None
         judged = {"name": f"{over_labels(ws.worse)} over labels", "before": summarize(before_v),
                   "after": summarize(after_v)}
     first = cands[top.last]
-    by_hand = set(hand_skipped(ws, ws.store.session(sid), {r.sha for r in counted if r.values and r.session_id == sid}))
+    # ``refs``: a git bisect's own (gitbisect_result's), where the user may have skipped commits by hand
+    by_hand = set(hand_skipped(ws.store.session(sid), refs, ws.store.verdicts(sid),
+                               {r.sha for r in counted if r.values and r.session_id == sid})) if refs else set()
     info = []
     for i in top.indices:
         sha, subj, pr = cands[i]
@@ -411,7 +413,8 @@ def probed_commits(ws: Workspace, sess: SessionRow, cfg: BisectConfig, cands, ru
     from .gitbisect import session_refs  # noqa: PLC0415 - gitbisect builds on this module
     held = session_refs(ws, sess) if sess.state == "bisecting" else None
     # and the commits the user skipped, which a tester missed from the table
-    by_hand = set(hand_skipped(ws, sess, {r.sha for r in ws.store.session_runs(sess.id) if r.value is not None}))
+    by_hand = set(hand_skipped(sess, held, verdicts, {r.sha for r in ws.store.session_runs(sess.id)
+                                                      if r.value is not None})) if held else set()
     for i, (sha, subj, pr) in enumerate(cands):
         cr = runs[sha]
         if not cr.values and not cr.crashes and not cr.build_failed and sha not in by_hand:
@@ -506,16 +509,14 @@ def crash_cause(log_path: str) -> str | None:
     return last_exception(redact_text(re.sub(r"(?m)^server\| ", "", log_tail(log_path, 40))))
 
 
-def hand_skipped(ws: Workspace, sess: SessionRow, measured: set[str]) -> list[str]:
+def hand_skipped(sess: SessionRow, refs: dict, judged: dict, measured: set[str]) -> list[str]:
     """Interior commits of a git bisect in progress that git holds skipped
-    and this session never measured: the user's `git bisect skip` (or a
-    wrapper's exit 125). ``measured``: the commits with values of its own."""
-    from .gitbisect import session_refs  # noqa: PLC0415 - gitbisect builds on this module
+    (``refs``: gitbisect.session_refs) and this session neither judged (its
+    own skips for crashes or builds) nor measured: the user's `git bisect
+    skip` (or a wrapper's exit 125)."""
     if sess.kind != "gitbisect" or sess.state != "bisecting":
         return []
-    judged = ws.store.verdicts(sess.id)       # klbisect's own skips (crashes, builds) are not the user's
-    return [s for s in session_refs(ws, sess)["skip"]
-            if s not in measured and s not in judged and s not in (sess.good, sess.bad)]
+    return [s for s in refs["skip"] if s not in measured and s not in judged and s not in (sess.good, sess.bad)]
 
 
 def current_analysis(ws: Workspace, sess: SessionRow):

@@ -1394,7 +1394,7 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
         refused = re.search(r"(/generate answered (?:400|413|422)\b.*)", log)
         if refused:
             # a prompts file made with another tokenizer was blamed on the server (a tester's)
-            return (f"the server refused klbisect's requests ({refused.group(1).strip()[:300]}): one it refuses "
+            return (f"the server refused klbisect's requests ({redact(refused.group(1).strip())[:300]}): one it refuses "
                     "once it refuses every time; check --prompts (token ids of this model's tokenizer, e.g. from "
                     "`klbisect make-prompts`, within its context length) and --max-new-tokens")
         return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "

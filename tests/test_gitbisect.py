@@ -701,7 +701,6 @@ def test_after_a_wrong_hand_verdict_the_most_likely_commit_is_named_not_gits(his
     text = klb("status", cwd=repo).stdout
     marked = "GOOD" if said == 1 else "BAD"
     assert f"git bisect holds it {marked}, against this verdict: marked by hand" in text, text
-    assert text.count("stands out yet") <= 1, text      # a tester's status said it twice
     klb("reset", cwd=repo)
 
 
