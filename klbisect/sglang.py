@@ -1394,8 +1394,9 @@ def no_value_hint(probe_key: str | None, metric_regex: str | None = None, log: s
         refused = re.search(r"(/generate answered (?:400|413|422)\b.*)", log)
         if refused:
             # a prompts file made with another tokenizer was blamed on the server (a tester's)
-            return (f"the server refused klbisect's requests ({redact(refused.group(1).strip())[:300]}): one it refuses "
-                    "once it refuses every time; check --prompts (token ids of this model's tokenizer, e.g. from "
+            answer = redact(refused.group(1).strip())[:300]
+            return (f"the server refused klbisect's requests ({answer}): one it refuses once it refuses every time; "
+                    "check --prompts (token ids of this model's tokenizer, e.g. from "
                     "`klbisect make-prompts`, within its context length) and --max-new-tokens")
         return ("the SGLang probe measured nothing: its log says why, at server start or in a request, and "
                 "the server's own log lies beside it; check --model-path, --server-args and --sglang-python")
